@@ -1,0 +1,849 @@
+/*
+ * model.c — the typed model's second half: the layer tree with every
+ * parameter (PyTorch names and layouts, design section 9), shard groups
+ * applied bottom-up as FSDP2 applies fully_shard (deeper targets first; the
+ * root takes every parameter left), the shard and train settings with their
+ * defaults, and the `--dump-model` printer. sema.c calls model_build once
+ * the declarations and forward bodies check out.
+ */
+#include "fsdpc.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_NUMEL ((int64_t)1 << 53)
+enum { MAX_LAYER_INSTANCES = 200000, MAX_PREFETCH = 16 };
+
+static const char *const dtype_choices[] = {
+#define X(e, name, bytes) name,
+    DTYPE_LIST(X)
+#undef X
+    NULL};
+static const char *const offload_choices[] = {"none", "cpu", NULL};
+
+static const Signature sig_mixed = {"mixed_precision",
+                                    {{"param", A_ENUM, false, dtype_choices},
+                                     {"reduce", A_ENUM, false, dtype_choices},
+                                     {"output", A_ENUM, false, dtype_choices}}};
+static const Signature sig_prefetch = {"prefetch", {{"forward", A_INT}, {"backward", A_INT}}};
+static const Signature sig_adamw = {"adamw", {{"lr", A_FLOAT, true}, {"betas", A_PAIR},
+                                              {"eps", A_FLOAT}, {"weight_decay", A_FLOAT}}};
+static const Signature sig_sgd = {"sgd", {{"lr", A_FLOAT, true}, {"momentum", A_FLOAT},
+                                          {"weight_decay", A_FLOAT}, {"nesterov", A_BOOL}}};
+static const Signature sig_cosine = {"cosine", {{"warmup", A_INT}, {"min_lr", A_FLOAT}}};
+static const Signature sig_checkpoint = {"checkpoint", {{"every", A_INT, true},
+                                                        {"dir", A_STRING},
+                                                        {"async", A_BOOL},
+                                                        {"keep", A_INT}}};
+
+/* ── instantiation: the layer tree and its parameters ── */
+
+static Param *new_param(Sema *s, Layer *owner, const char *local, int rank, int64_t d0,
+                        int64_t d1, InitKind init)
+{
+    Param *p = arena_alloc(sizeof *p);
+    p->name = arena_printf("%s.%s", owner->path, local);
+    p->local = local;
+    p->rank = rank;
+    p->shape[0] = d0;
+    p->shape[1] = rank > 1 ? d1 : 1;
+    p->numel = d0 * (rank > 1 ? d1 : 1);
+    p->init = init;
+    p->owner = owner;
+    p->group = -1;
+    if (s->nparams == s->cap) {
+        s->cap = s->cap ? s->cap * 2 : 64;
+        Param **np = arena_alloc(sizeof(Param *) * (size_t)s->cap);
+        if (s->nparams)
+            memcpy(np, s->params, sizeof(Param *) * (size_t)s->nparams);
+        s->params = np;
+    }
+    p->index = s->nparams;
+    s->params[s->nparams++] = p;
+    return p;
+}
+
+static Layer *new_layer(Layer *parent, const char *name, Decl *decl, LayerKind kind)
+{
+    Layer *L = arena_alloc(sizeof *L);
+    L->kind = kind;
+    L->name = name;
+    L->path = parent && parent->path[0] ? arena_printf("%s.%s", parent->path, name) : name;
+    L->parent = parent;
+    L->decl = decl;
+    L->loc = decl ? decl->name_loc : (Loc){0, 0};
+    L->group = -1;
+    return L;
+}
+
+static Layer *linear(Sema *s, Layer *parent, const char *name, Decl *decl, int64_t in,
+                     int64_t out, bool bias)
+{
+    Layer *L = new_layer(parent, name, decl, LK_LINEAR);
+    L->in = in;
+    L->out = out;
+    L->bias = bias;
+    L->weight = new_param(s, L, "weight", 2, out, in, INIT_NORMAL);
+    if (bias)
+        L->bias_p = new_param(s, L, "bias", 1, out, 0, INIT_ZEROS);
+    return L;
+}
+
+static void set_children(Layer *L, Layer **kids, int n)
+{
+    L->children = arena_alloc(sizeof(Layer *) * (size_t)n);
+    memcpy(L->children, kids, sizeof(Layer *) * (size_t)n);
+    L->nchildren = n;
+}
+
+static void instantiate_members(Sema *s, Layer *L, ModuleType *mt);
+
+static Layer *instantiate(Sema *s, Layer *parent, const char *name, Decl *d)
+{
+    DeclInfo *di = sema_info(d);
+    Layer *t = &di->tpl;
+    Layer *L = new_layer(parent, name, d, t->kind);
+    L->in = t->in, L->out = t->out, L->n = t->n, L->dim = t->dim, L->heads = t->heads;
+    L->kv_heads = t->kv_heads, L->hidden = t->hidden, L->count = t->count, L->bias = t->bias;
+    L->causal = t->causal, L->eps = t->eps, L->rope_theta = t->rope_theta, L->act = t->act;
+    L->mtype = t->mtype;
+    switch (t->kind) {
+    case LK_LINEAR:
+        if (!di->tie_decl)
+            L->weight = new_param(s, L, "weight", 2, t->out, t->in, INIT_NORMAL);
+        if (t->bias)
+            L->bias_p = new_param(s, L, "bias", 1, t->out, 0, INIT_ZEROS);
+        break;
+    case LK_EMBEDDING:
+        L->weight = new_param(s, L, "weight", 2, t->n, t->dim, INIT_NORMAL);
+        break;
+    case LK_LAYERNORM:
+        L->weight = new_param(s, L, "weight", 1, t->dim, 0, INIT_ONES);
+        L->bias_p = new_param(s, L, "bias", 1, t->dim, 0, INIT_ZEROS);
+        break;
+    case LK_RMSNORM:
+        L->weight = new_param(s, L, "weight", 1, t->dim, 0, INIT_ONES);
+        break;
+    case LK_ATTENTION: {
+        int64_t hd = t->dim / t->heads;
+        Layer *kids[4] = {
+            linear(s, L, "q", d, t->dim, t->heads * hd, t->bias),
+            linear(s, L, "k", d, t->dim, t->kv_heads * hd, t->bias),
+            linear(s, L, "v", d, t->dim, t->kv_heads * hd, t->bias),
+            linear(s, L, "o", d, t->heads * hd, t->dim, t->bias),
+        };
+        set_children(L, kids, 4);
+        break;
+    }
+    case LK_MLP:
+        if (t->act == ACT_SWIGLU) {
+            Layer *kids[3] = {
+                linear(s, L, "gate", d, t->dim, t->hidden, t->bias),
+                linear(s, L, "up", d, t->dim, t->hidden, t->bias),
+                linear(s, L, "down", d, t->hidden, t->dim, t->bias),
+            };
+            set_children(L, kids, 3);
+        } else {
+            Layer *kids[2] = {
+                linear(s, L, "fc", d, t->dim, t->hidden, t->bias),
+                linear(s, L, "proj", d, t->hidden, t->dim, t->bias),
+            };
+            set_children(L, kids, 2);
+        }
+        break;
+    case LK_BLOCK:
+        instantiate_members(s, L, t->mtype);
+        break;
+    case LK_ARRAY: {
+        Layer **kids = arena_alloc(sizeof(Layer *) * (size_t)t->count);
+        for (int64_t i = 0; i < t->count; i++) {
+            kids[i] = new_layer(L, arena_printf("%" PRId64, i), d, LK_BLOCK);
+            kids[i]->mtype = t->mtype;
+            instantiate_members(s, kids[i], t->mtype);
+        }
+        L->children = kids;
+        L->nchildren = (int)t->count;
+        break;
+    }
+    }
+    return L;
+}
+
+static void instantiate_members(Sema *s, Layer *L, ModuleType *mt)
+{
+    int n = 0;
+    for (Decl *d = mt->members; d; d = d->next)
+        n += d->kind == DECL_LAYER;
+    L->children = arena_alloc(sizeof(Layer *) * (size_t)(n ? n : 1));
+    for (Decl *d = mt->members; d; d = d->next)
+        if (d->kind == DECL_LAYER)
+            L->children[L->nchildren++] = instantiate(s, L, d->name, d);
+    /* ties resolve among siblings */
+    for (int i = 0; i < L->nchildren; i++) {
+        Layer *c = L->children[i];
+        DeclInfo *di = sema_info(c->decl);
+        if (c->kind != LK_LINEAR || !di->tie_decl)
+            continue;
+        for (int j = 0; j < L->nchildren; j++)
+            if (L->children[j]->decl == di->tie_decl)
+                c->tie = L->children[j];
+    }
+}
+
+
+/* ── shard groups ── */
+
+typedef struct Target {
+    Layer *layer;     /* NULL: root */
+    Loc loc;
+    int depth;
+    int order;
+} Target;
+
+static int layer_depth(Layer *L)
+{
+    int d = 0;
+    for (; L->parent; L = L->parent)
+        d++;
+    return d;
+}
+
+static Layer *child_named(Layer *L, const char *name)
+{
+    for (int i = 0; i < L->nchildren; i++)
+        if (strcmp(L->children[i]->name, name) == 0)
+            return L->children[i];
+    return NULL;
+}
+
+static const char **child_names(Layer *L)
+{
+    const char **names = arena_alloc(sizeof(char *) * (size_t)(L->nchildren + 1));
+    for (int i = 0; i < L->nchildren; i++)
+        names[i] = L->children[i]->name;
+    return names;
+}
+
+/* Resolves a fully_shard path to layers: tok, blocks, blocks[3],
+ * blocks[*], blocks[*].mlp, root. Returns the count; -1 on error. */
+static int resolve_path(Sema *s, Expr *e, Layer **out, int cap)
+{
+    Diag *D = s->d;
+    Model *m = s->m;
+    if (e->kind == EX_IDENT) {
+        if (strcmp(e->str, "root") == 0) {
+            out[0] = NULL;
+            return 1;
+        }
+        Layer *L = child_named(m->root, e->str);
+        if (!L) {
+            bool o;
+            Scope sc = {s->model_sec->decls, NULL, s->root_type};
+            Decl *d = sema_lookup(&sc, e->str, &o);
+            if (d)
+                diag_error(D, e->loc, "`fully_shard %s`: `%s` is %s (declared at %s), not a "
+                                      "layer",
+                           e->str, e->str, sema_decl_what(d), diag_where(D, d->name_loc));
+            else
+                diag_error(D, e->loc, "`fully_shard %s`: the model has no layer `%s`%s", e->str,
+                           e->str, diag_suggest(e->str, child_names(m->root)));
+            return -1;
+        }
+        out[0] = L;
+        return 1;
+    }
+    if (e->kind == EX_MEMBER || e->kind == EX_INDEX) {
+        Layer **base = arena_alloc(sizeof(Layer *) * (size_t)cap);
+        int nb = resolve_path(s, e->lhs, base, cap);
+        if (nb < 0)
+            return -1;
+        int n = 0;
+        for (int i = 0; i < nb; i++) {
+            Layer *b = base[i];
+            if (!b) {
+                diag_error(D, e->loc, "`root` is the whole model; name its layers directly");
+                return -1;
+            }
+            if (e->kind == EX_MEMBER) {
+                Layer *c = b->kind == LK_ARRAY ? NULL : child_named(b, e->str);
+                if (!c) {
+                    diag_error(D, e->loc, "`%s` has no layer `%s`%s", b->path, e->str,
+                               b->kind == LK_ARRAY ? "; index the array first"
+                                                   : diag_suggest(e->str, child_names(b)));
+                    return -1;
+                }
+                out[n++] = c;
+                continue;
+            }
+            if (b->kind != LK_ARRAY) {
+                diag_error(D, e->loc, "`%s` is not an array; only block arrays are indexed",
+                           b->path);
+                return -1;
+            }
+            if (e->rhs->kind == EX_STAR) {
+                for (int j = 0; j < b->nchildren && n < cap; j++)
+                    out[n++] = b->children[j];
+                continue;
+            }
+            Scope sc = {s->model_sec->decls, NULL, s->root_type};
+            int64_t k;
+            if (!sema_eval_int(s, &sc, e->rhs, "an array index", 0, &k))
+                return -1;
+            if (k >= b->nchildren) {
+                diag_error(D, e->rhs->loc, "index %" PRId64 " is out of range: `%s` has %d "
+                                           "blocks (0..%d)",
+                           k, b->path, b->nchildren, b->nchildren - 1);
+                return -1;
+            }
+            out[n++] = b->children[k];
+        }
+        return n;
+    }
+    diag_error(D, e->loc, "`fully_shard` takes a layer path: `blocks[*]`, `blocks[0].mlp`, "
+                          "`tok` or `root`");
+    return -1;
+}
+
+static void claim(Layer *L, int group)
+{
+    if (L->group >= 0)
+        return;
+    L->group = group;
+    if (L->weight && L->weight->group < 0)
+        L->weight->group = group;
+    if (L->bias_p && L->bias_p->group < 0)
+        L->bias_p->group = group;
+    for (int i = 0; i < L->nchildren; i++)
+        claim(L->children[i], group);
+}
+
+static int cmp_target(const void *a, const void *b)
+{
+    const Target *x = a, *y = b;
+    if (x->depth != y->depth)
+        return y->depth - x->depth;
+    return x->order - y->order;
+}
+
+static void check_tie_groups(Sema *s, Layer *L)
+{
+    if (L->kind == LK_LINEAR && L->tie && L->group != L->tie->group) {
+        Model *m = s->m;
+        DeclInfo *di = sema_info(L->decl);
+        diag_error(s->d, di->tie_loc, "`%s` ties `%s.weight`, but `%s` is in shard group `%s` "
+                                      "(%s) and `%s` in `%s` (%s); a tied weight must stay in "
+                                      "one group",
+                   L->path, L->tie->path, L->path, m->groups[L->group]->name,
+                   diag_where(s->d, m->groups[L->group]->loc), L->tie->path,
+                   m->groups[L->tie->group]->name, diag_where(s->d, m->groups[L->tie->group]->loc));
+    }
+    for (int i = 0; i < L->nchildren; i++)
+        check_tie_groups(s, L->children[i]);
+}
+
+static void plan_groups(Sema *s, Setting *settings)
+{
+    Diag *D = s->d;
+    Model *m = s->m;
+    int cap = 16, n = 0;
+    Target *targets = arena_alloc(sizeof(Target) * (size_t)cap);
+    Loc root_loc = s->shard_sec ? s->shard_sec->kw_loc : s->model_sec->kw_loc;
+    int maxk = MAX_LAYER_INSTANCES + 1;
+    Layer **found = arena_alloc(sizeof(Layer *) * (size_t)maxk);
+    for (Setting *st = settings; st; st = st->next) {
+        if (st->kind != SET_FULLY_SHARD)
+            continue;
+        int k = resolve_path(s, st->value, found, maxk);
+        for (int i = 0; i < k; i++) {
+            if (!found[i])
+                root_loc = st->loc;
+            for (int j = 0; j < n; j++)
+                if (targets[j].layer == found[i]) {
+                    diag_error(D, st->value->loc, "`%s` is claimed by two fully_shard lines: "
+                                                  "here and at %s",
+                               found[i] ? found[i]->path : "root",
+                               diag_where(D, targets[j].loc));
+                    k = 0;
+                    break;
+                }
+            if (!found[i] || !k)
+                continue;
+            if (n == cap) {
+                Target *nt = arena_alloc(sizeof(Target) * (size_t)cap * 2);
+                memcpy(nt, targets, sizeof(Target) * (size_t)cap);
+                targets = nt;
+                cap *= 2;
+            }
+            targets[n] = (Target){found[i], st->loc, layer_depth(found[i]), n};
+            n++;
+        }
+    }
+    /* FSDP2 order: children before parents, so deeper targets claim first;
+     * the root takes every parameter left. */
+    qsort(targets, (size_t)n, sizeof(Target), cmp_target);
+    m->groups = arena_alloc(sizeof(ShardGroup *) * (size_t)(n + 1));
+    for (int i = 0; i <= n; i++) {
+        ShardGroup *g = arena_alloc(sizeof *g);
+        g->index = m->ngroups;
+        g->is_root = i == n;
+        g->target = g->is_root ? NULL : targets[i].layer;
+        g->name = g->is_root ? "root" : targets[i].layer->path;
+        g->loc = g->is_root ? root_loc : targets[i].loc;
+        claim(g->is_root ? m->root : g->target, g->index);
+        m->groups[m->ngroups++] = g;
+    }
+    for (int i = 0; i < m->nparams; i++) {
+        Param *p = m->params[i];
+        ShardGroup *g = m->groups[p->group];
+        g->nparams++;
+        g->numel += p->numel;
+    }
+    for (int gi = 0; gi < m->ngroups; gi++) {
+        ShardGroup *g = m->groups[gi];
+        g->params = arena_alloc(sizeof(Param *) * (size_t)(g->nparams ? g->nparams : 1));
+        g->nparams = 0;
+        if (g->numel == 0 && !g->is_root)
+            diag_warning(D, g->loc, "shard group `%s` has no parameters left to shard", g->name);
+    }
+    for (int i = 0; i < m->nparams; i++) {
+        ShardGroup *g = m->groups[m->params[i]->group];
+        g->params[g->nparams++] = m->params[i];
+    }
+    check_tie_groups(s, m->root);
+}
+
+/* ── shard and train settings ── */
+
+typedef struct SettingSpec {
+    const char *name;
+    SettingKind form;     /* SET_ASSIGN or SET_CALL */
+    const char *example;
+} SettingSpec;
+
+static const SettingSpec shard_settings[] = {
+    {"reshard_after_forward", SET_ASSIGN, "reshard_after_forward = true"},
+    {"mixed_precision", SET_CALL, "mixed_precision(param = bf16, reduce = fp32)"},
+    {"prefetch", SET_CALL, "prefetch(forward = 1, backward = 1)"},
+    {"offload", SET_ASSIGN, "offload = none"},
+    {"memory_budget", SET_ASSIGN, "memory_budget = 70GiB"},
+    {NULL, 0, NULL},
+};
+
+static const SettingSpec train_settings[] = {
+    {"micro_batch", SET_ASSIGN, "micro_batch = 8"},
+    {"grad_accum", SET_ASSIGN, "grad_accum = 4"},
+    {"steps", SET_ASSIGN, "steps = 1000"},
+    {"seed", SET_ASSIGN, "seed = 1337"},
+    {"optimizer", SET_ASSIGN, "optimizer = adamw(lr = 3e-4)"},
+    {"lr_schedule", SET_ASSIGN, "lr_schedule = cosine(warmup = 100, min_lr = 3e-5)"},
+    {"grad_clip", SET_ASSIGN, "grad_clip = 1.0"},
+    {"checkpoint", SET_CALL, "checkpoint(every = 1000, dir = \"ckpt\")"},
+    {"data", SET_ASSIGN, "data = \"train.bin\""},
+    {"val_data", SET_ASSIGN, "val_data = \"val.bin\""},
+    {NULL, 0, NULL},
+};
+
+/* Checks the form of each setting and that none repeats; returns the
+ * settings indexed like specs. */
+static void collect_settings(Sema *s, Section *sec, const SettingSpec *specs, Setting **by)
+{
+    Diag *D = s->d;
+    const char *names[32] = {0};
+    int n = 0;
+    while (specs[n].name) {
+        names[n] = specs[n].name;
+        by[n] = NULL;
+        n++;
+    }
+    if (!sec)
+        return;
+    const char *sname = sec->kind == SEC_SHARD ? "shard" : "train";
+    for (Setting *st = sec->settings; st; st = st->next) {
+        if (st->kind == SET_FULLY_SHARD) {
+            if (sec->kind != SEC_SHARD)
+                diag_error(D, st->loc, "`fully_shard` belongs in the `shard` section");
+            continue;
+        }
+        int i = 0;
+        while (i < n && strcmp(specs[i].name, st->name) != 0)
+            i++;
+        if (i == n) {
+            diag_error(D, st->name_loc, "unknown %s setting `%s`%s", sname, st->name,
+                       diag_suggest(st->name, names));
+            continue;
+        }
+        if (st->kind != specs[i].form) {
+            diag_error(D, st->loc, "`%s` is written `%s`", st->name, specs[i].example);
+            continue;
+        }
+        if (by[i]) {
+            diag_error(D, st->name_loc, "`%s` is already set at %s", st->name,
+                       diag_where(D, by[i]->name_loc));
+            continue;
+        }
+        by[i] = st;
+    }
+}
+
+static void check_shard(Sema *s)
+{
+    Model *m = s->m;
+    ShardConfig *c = &m->shard;
+    Scope sc = {s->model_sec->decls, NULL, s->root_type};
+    *c = (ShardConfig){.reshard_after_forward = -1, .prefetch_forward = 1,
+                       .prefetch_backward = 1};
+    Setting *by[8];
+    collect_settings(s, s->shard_sec, shard_settings, by);
+    if (by[0]) {
+        bool v;
+        if (sema_eval_bool(s, &sc, by[0]->value, "`reshard_after_forward`", &v))
+            c->reshard_after_forward = v;
+    }
+    if (by[1]) {
+        Arg *b[MAX_ARGS];
+        if (sema_bind_args(s, &sig_mixed, by[1]->loc, by[1]->args, b)) {
+            int v;
+            DType *dst[3] = {&c->param_dtype, &c->reduce_dtype, &c->output_dtype};
+            for (int i = 0; i < 3; i++)
+                if (b[i] && sema_eval_enum(s, b[i]->value,
+                                      arena_printf("`mixed_precision` argument `%s`",
+                                                   sig_mixed.args[i].name),
+                                      dtype_choices, &v))
+                    *dst[i] = (DType)v;
+        }
+    }
+    if (by[2]) {
+        Arg *b[MAX_ARGS];
+        if (sema_bind_args(s, &sig_prefetch, by[2]->loc, by[2]->args, b)) {
+            int64_t v;
+            int *dst[2] = {&c->prefetch_forward, &c->prefetch_backward};
+            for (int i = 0; i < 2; i++)
+                if (b[i] && sema_eval_int(s, &sc, b[i]->value,
+                                     arena_printf("`prefetch` argument `%s`",
+                                                  sig_prefetch.args[i].name),
+                                     0, &v)) {
+                    if (v > MAX_PREFETCH)
+                        diag_error(s->d, b[i]->value->loc, "prefetch depth %" PRId64
+                                                           " is more than %d groups ahead",
+                                   v, MAX_PREFETCH);
+                    else
+                        *dst[i] = (int)v;
+                }
+        }
+    }
+    if (by[3]) {
+        int v;
+        if (sema_eval_enum(s, by[3]->value, "`offload`", offload_choices, &v))
+            c->offload_cpu = v == 1;
+    }
+    if (by[4]) {
+        Value v;
+        if (sema_fold(s, &sc, by[4]->value, &v)) {
+            if (v.kind != V_INT || !by[4]->value->is_size)
+                diag_error(s->d, by[4]->value->loc, "`memory_budget` is a size with a unit, "
+                                                    "like 70GiB");
+            else if (v.i <= 0)
+                diag_error(s->d, by[4]->value->loc, "`memory_budget` must be positive");
+            else
+                c->memory_budget_bytes = v.i;
+        }
+    }
+}
+
+static void check_lr_positive(Sema *s, Arg *a, double lr)
+{
+    if (!(lr > 0))
+        diag_error(s->d, a->value->loc, "learning rate must be positive, got %g", lr);
+}
+
+static void check_optimizer(Sema *s, Scope *sc, Expr *e)
+{
+    TrainConfig *t = &s->m->train;
+    Diag *D = s->d;
+    const char *name = e->kind == EX_CALL && e->lhs->kind == EX_IDENT ? e->lhs->str : NULL;
+    Arg *b[MAX_ARGS];
+    if (name && strcmp(name, "adamw") == 0) {
+        t->optimizer = OPT_ADAMW;
+        if (!sema_bind_args(s, &sig_adamw, e->loc, e->args, b))
+            return;
+        if (sema_eval_float(s, sc, b[0]->value, "`adamw` argument `lr`", &t->lr))
+            check_lr_positive(s, b[0], t->lr);
+        if (b[1]) {
+            Expr *p = b[1]->value;
+            double v[2];
+            if (p->kind != EX_TUPLE || !p->args->next || p->args->next->next) {
+                diag_error(D, p->loc, "`betas` is a pair: `betas = (0.9, 0.95)`");
+            } else if (sema_eval_float(s, sc, p->args->value, "beta1", &v[0]) &&
+                       sema_eval_float(s, sc, p->args->next->value, "beta2", &v[1])) {
+                for (int i = 0; i < 2; i++)
+                    if (!(v[i] >= 0 && v[i] < 1))
+                        diag_error(D, (i ? p->args->next : p->args)->value->loc,
+                                   "beta%d must be in [0, 1), got %g", i + 1, v[i]);
+                t->beta1 = v[0];
+                t->beta2 = v[1];
+            }
+        }
+        if (b[2] && sema_eval_float(s, sc, b[2]->value, "`adamw` argument `eps`", &t->eps) &&
+            !(t->eps > 0))
+            diag_error(D, b[2]->value->loc, "`eps` must be positive, got %g", t->eps);
+        if (b[3] && sema_eval_float(s, sc, b[3]->value, "`adamw` argument `weight_decay`",
+                               &t->weight_decay) &&
+            !(t->weight_decay >= 0))
+            diag_error(D, b[3]->value->loc, "`weight_decay` must be zero or more, got %g",
+                       t->weight_decay);
+        return;
+    }
+    if (name && strcmp(name, "sgd") == 0) {
+        t->optimizer = OPT_SGD;
+        t->weight_decay = 0;
+        if (!sema_bind_args(s, &sig_sgd, e->loc, e->args, b))
+            return;
+        if (sema_eval_float(s, sc, b[0]->value, "`sgd` argument `lr`", &t->lr))
+            check_lr_positive(s, b[0], t->lr);
+        if (b[1] && sema_eval_float(s, sc, b[1]->value, "`sgd` argument `momentum`", &t->momentum) &&
+            !(t->momentum >= 0 && t->momentum < 1))
+            diag_error(D, b[1]->value->loc, "`momentum` must be in [0, 1), got %g", t->momentum);
+        if (b[2] && sema_eval_float(s, sc, b[2]->value, "`sgd` argument `weight_decay`",
+                               &t->weight_decay) &&
+            !(t->weight_decay >= 0))
+            diag_error(D, b[2]->value->loc, "`weight_decay` must be zero or more, got %g",
+                       t->weight_decay);
+        if (b[3])
+            sema_eval_bool(s, sc, b[3]->value, "`sgd` argument `nesterov`", &t->nesterov);
+        return;
+    }
+    static const char *const opts[] = {"adamw", "sgd", NULL};
+    diag_error(D, e->loc, "`optimizer` must be `adamw(lr = ...)` or `sgd(lr = ...)`%s",
+               name ? diag_suggest(name, opts)
+               : e->kind == EX_IDENT ? diag_suggest(e->str, opts)
+                                     : "");
+}
+
+static void check_train(Sema *s)
+{
+    Model *m = s->m;
+    Diag *D = s->d;
+    TrainConfig *t = &m->train;
+    Scope sc = {s->model_sec->decls, NULL, s->root_type};
+    *t = (TrainConfig){.micro_batch = 1, .grad_accum = 1, .steps = 1000, .seed = 1337,
+                       .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.01,
+                       .schedule = SCHED_CONSTANT, .ckpt_dir = "ckpt"};
+    Setting *by[16];
+    collect_settings(s, s->train_sec, train_settings, by);
+    int64_t *ints[4] = {&t->micro_batch, &t->grad_accum, &t->steps, &t->seed};
+    for (int i = 0; i < 4; i++)
+        if (by[i])
+            sema_eval_int(s, &sc, by[i]->value, arena_printf("`%s`", train_settings[i].name),
+                     i == 3 ? 0 : 1, ints[i]);
+    if (by[4])
+        check_optimizer(s, &sc, by[4]->value);
+    else if (!D->errors)
+        diag_error(D, s->train_sec ? s->train_sec->kw_loc : s->model_sec->kw_loc,
+                   "%s: `optimizer` has no default; add `optimizer = adamw(lr = 3e-4)` to "
+                   "the `train` section",
+                   s->train_sec ? "the train section sets no optimizer" : "no `train` section");
+    if (by[5]) {
+        Expr *e = by[5]->value;
+        if (e->kind == EX_IDENT && strcmp(e->str, "constant") == 0) {
+            t->schedule = SCHED_CONSTANT;
+        } else if (e->kind == EX_CALL && e->lhs->kind == EX_IDENT &&
+                   strcmp(e->lhs->str, "cosine") == 0) {
+            Arg *b[MAX_ARGS];
+            t->schedule = SCHED_COSINE;
+            if (sema_bind_args(s, &sig_cosine, e->loc, e->args, b)) {
+                if (b[0])
+                    sema_eval_int(s, &sc, b[0]->value, "`cosine` argument `warmup`", 0, &t->warmup);
+                if (b[1] && sema_eval_float(s, &sc, b[1]->value, "`cosine` argument `min_lr`",
+                                       &t->min_lr)) {
+                    if (!(t->min_lr >= 0))
+                        diag_error(D, b[1]->value->loc, "`min_lr` must be zero or more");
+                    else if (t->lr > 0 && t->min_lr > t->lr)
+                        diag_error(D, b[1]->value->loc, "`min_lr` %g is larger than the "
+                                                        "optimizer's lr %g (at %s)",
+                                   t->min_lr, t->lr, diag_where(D, by[4]->value->loc));
+                }
+            }
+        } else {
+            diag_error(D, e->loc, "`lr_schedule` must be `constant` or `cosine(warmup = ..., "
+                                  "min_lr = ...)`");
+        }
+    }
+    if (by[6] && sema_eval_float(s, &sc, by[6]->value, "`grad_clip`", &t->grad_clip) &&
+        !(t->grad_clip > 0))
+        diag_error(D, by[6]->value->loc, "`grad_clip` must be positive, got %g", t->grad_clip);
+    if (by[7]) {
+        Arg *b[MAX_ARGS];
+        if (sema_bind_args(s, &sig_checkpoint, by[7]->loc, by[7]->args, b)) {
+            sema_eval_int(s, &sc, b[0]->value, "`checkpoint` argument `every`", 1, &t->ckpt_every);
+            if (b[1])
+                sema_eval_string(s, b[1]->value, "`checkpoint` argument `dir`", &t->ckpt_dir);
+            if (b[2])
+                sema_eval_bool(s, &sc, b[2]->value, "`checkpoint` argument `async`", &t->ckpt_async);
+            if (b[3])
+                sema_eval_int(s, &sc, b[3]->value, "`checkpoint` argument `keep`", 0, &t->ckpt_keep);
+        }
+    }
+    if (by[8])
+        sema_eval_string(s, by[8]->value, "`data`", &t->data);
+    if (by[9])
+        sema_eval_string(s, by[9]->value, "`val_data`", &t->val_data);
+}
+
+/* ── --dump-model ── */
+
+static void dump_layer(FILE *out, Model *m, Layer *L, int depth)
+{
+    fprintf(out, "%*s%-*s ", depth * 2, "", 34 - depth * 2, L->path);
+    switch (L->kind) {
+    case LK_LINEAR:
+        fprintf(out, "Linear(in=%" PRId64 ", out=%" PRId64 ", bias=%s", L->in, L->out,
+                L->bias ? "true" : "false");
+        if (L->tie)
+            fprintf(out, ", tie=%s", L->tie->path);
+        fputc(')', out);
+        break;
+    case LK_EMBEDDING: fprintf(out, "Embedding(n=%" PRId64 ", dim=%" PRId64 ")", L->n, L->dim); break;
+    case LK_LAYERNORM:
+    case LK_RMSNORM:
+        fprintf(out, "%s(dim=%" PRId64 ", eps=%g)", layer_kind_name(L->kind), L->dim, L->eps);
+        break;
+    case LK_ATTENTION:
+        fprintf(out, "Attention(dim=%" PRId64 ", heads=%" PRId64 ", kv_heads=%" PRId64
+                     ", head_dim=%" PRId64 ", causal=%s, rope=",
+                L->dim, L->heads, L->kv_heads, L->dim / L->heads, L->causal ? "true" : "false");
+        if (L->rope_theta > 0)
+            fprintf(out, "rope(theta=%g)", L->rope_theta);
+        else
+            fputs("none", out);
+        fprintf(out, ", bias=%s)", L->bias ? "true" : "false");
+        break;
+    case LK_MLP:
+        fprintf(out, "MLP(dim=%" PRId64 ", hidden=%" PRId64 ", act=%s, bias=%s)", L->dim,
+                L->hidden, L->act == ACT_GELU ? "gelu" : L->act == ACT_RELU ? "relu" : "swiglu",
+                L->bias ? "true" : "false");
+        break;
+    case LK_BLOCK: fprintf(out, "%s", L->mtype->name); break;
+    case LK_ARRAY: fprintf(out, "%s[%" PRId64 "]", L->mtype->name, L->count); break;
+    }
+    fputc('\n', out);
+    Param *ps[2] = {L->weight, L->bias_p};
+    for (int i = 0; i < 2; i++) {
+        Param *p = ps[i];
+        if (!p)
+            continue;
+        char shape[64];
+        if (p->rank == 2)
+            snprintf(shape, sizeof shape, "[%" PRId64 ", %" PRId64 "]", p->shape[0], p->shape[1]);
+        else
+            snprintf(shape, sizeof shape, "[%" PRId64 "]", p->shape[0]);
+        fprintf(out, "%*s%-*s %-16s %14s  %-7s group %s\n", depth * 2 + 2, "", 32 - depth * 2,
+                p->name, shape, fmt_count(p->numel),
+                p->init == INIT_NORMAL ? "normal" : p->init == INIT_ZEROS ? "zeros" : "ones",
+                m->groups[p->group]->name);
+    }
+    for (int i = 0; i < L->nchildren; i++)
+        dump_layer(out, m, L->children[i], depth + 1);
+}
+
+static void dump_signature(FILE *out, ModuleType *t)
+{
+    fprintf(out, "  %s.forward(", t->name);
+    int i = 0;
+    for (Name *n = t->forward->params; n; n = n->next, i++)
+        fprintf(out, "%s%s: %s", i ? ", " : "", n->name, type_name(&t->in_ty[i]));
+    fprintf(out, ") -> %s\n", type_name(&t->out_ty));
+}
+
+void model_dump(FILE *out, Model *m)
+{
+    fprintf(out, "model %s\n", m->name);
+    fprintf(out, "  parameters %s (%" PRId64 ")\n", fmt_count(m->numel), m->numel);
+    fprintf(out, "  tensors    %d\n", m->nparams);
+    fprintf(out, "  seq        %" PRId64 "\n", m->seq);
+    fprintf(out, "  vocab      %" PRId64 "\n", m->vocab);
+    fputs("\nlayers\n", out);
+    for (int i = 0; i < m->root->nchildren; i++)
+        dump_layer(out, m, m->root->children[i], 1);
+    fputs("\nforward (B is the micro-batch)\n", out);
+    for (int i = 1; i < m->ntypes; i++)
+        if (m->types[i]->checked)
+            dump_signature(out, m->types[i]);
+    dump_signature(out, m->types[0]);
+    fputs("\nshard groups (bottom-up: children first, root last)\n", out);
+    for (int i = 0; i < m->ngroups; i++) {
+        ShardGroup *g = m->groups[i];
+        fprintf(out, "  %3d %-24s %3d tensors %14s params\n", g->index, g->name, g->nparams,
+                fmt_count(g->numel));
+    }
+    ShardConfig *c = &m->shard;
+    fputs("\nshard\n", out);
+    if (c->reshard_after_forward < 0)
+        fputs("  reshard_after_forward = default (true; false for the root)\n", out);
+    else
+        fprintf(out, "  reshard_after_forward = %s\n", c->reshard_after_forward ? "true" : "false");
+    fprintf(out, "  mixed_precision(param = %s, reduce = %s, output = %s)\n",
+            dtype_name(c->param_dtype), dtype_name(c->reduce_dtype), dtype_name(c->output_dtype));
+    fprintf(out, "  prefetch(forward = %d, backward = %d)\n", c->prefetch_forward,
+            c->prefetch_backward);
+    fprintf(out, "  offload = %s\n", c->offload_cpu ? "cpu" : "none");
+    if (c->memory_budget_bytes)
+        fprintf(out, "  memory_budget = %" PRId64 " bytes\n", c->memory_budget_bytes);
+    TrainConfig *t = &m->train;
+    fputs("\ntrain\n", out);
+    fprintf(out, "  micro_batch = %" PRId64 "\n  grad_accum = %" PRId64 "\n  steps = %" PRId64
+                 "\n  seed = %" PRId64 "\n",
+            t->micro_batch, t->grad_accum, t->steps, t->seed);
+    if (t->optimizer == OPT_ADAMW)
+        fprintf(out, "  optimizer = adamw(lr = %g, betas = (%g, %g), eps = %g, weight_decay = %g)\n",
+                t->lr, t->beta1, t->beta2, t->eps, t->weight_decay);
+    else
+        fprintf(out, "  optimizer = sgd(lr = %g, momentum = %g, weight_decay = %g, nesterov = %s)\n",
+                t->lr, t->momentum, t->weight_decay, t->nesterov ? "true" : "false");
+    if (t->schedule == SCHED_COSINE)
+        fprintf(out, "  lr_schedule = cosine(warmup = %" PRId64 ", min_lr = %g)\n", t->warmup,
+                t->min_lr);
+    else
+        fputs("  lr_schedule = constant\n", out);
+    if (t->grad_clip > 0)
+        fprintf(out, "  grad_clip = %g\n", t->grad_clip);
+    else
+        fputs("  grad_clip = none\n", out);
+    if (t->ckpt_every)
+        fprintf(out, "  checkpoint(every = %" PRId64 ", dir = \"%s\", async = %s, keep = %" PRId64
+                     ")\n",
+                t->ckpt_every, t->ckpt_dir, t->ckpt_async ? "true" : "false", t->ckpt_keep);
+    else
+        fputs("  checkpoint = none\n", out);
+    if (t->data)
+        fprintf(out, "  data = \"%s\"\n", t->data);
+    if (t->val_data)
+        fprintf(out, "  val_data = \"%s\"\n", t->val_data);
+}
+
+/* Builds the layer tree, its parameters and shard groups, and checks the
+ * shard and train settings: everything after the forward bodies check. */
+void model_build(Sema *s)
+{
+    Model *m = s->m;
+    Diag *d = s->d;
+    /* the layer tree and its parameters */
+    m->root = new_layer(NULL, "", NULL, LK_BLOCK);
+    m->root->mtype = s->root_type;
+    m->root->loc = s->model_sec->name_loc;
+    instantiate_members(s, m->root, s->root_type);
+    m->params = s->params;
+    m->nparams = s->nparams;
+    for (int i = 0; i < m->nparams; i++) {
+        if (__builtin_add_overflow(m->numel, m->params[i]->numel, &m->numel) ||
+            m->numel > MAX_NUMEL) {
+            diag_error(d, s->model_sec->name_loc, "model `%s` has more than 2^53 parameters",
+                       m->name);
+            return;
+        }
+    }
+
+    plan_groups(s, s->shard_sec ? s->shard_sec->settings : NULL);
+    check_shard(s);
+    check_train(s);
+}

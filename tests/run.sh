@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# run.sh — fsdpc's test runner: golden dumps, the error catalogue, CLI
+# behaviour and published parameter counts. `make test` runs it; with
+# --regen it rewrites the golden and expected files instead of comparing
+# (read `git diff tests/` before committing what it wrote).
+#
+# Every test prints one line; the last line is "N passed, N failed".
+set -u
+cd "$(dirname "$0")/.."
+
+FSDPC=${FSDPC:-build/fsdpc}
+REGEN=0
+[ "${1:-}" = "--regen" ] && REGEN=1
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+pass=0
+fail=0
+
+ok()   { pass=$((pass + 1)); echo "ok   $1"; }
+bad()  { fail=$((fail + 1)); echo "FAIL $1"; [ -n "${2:-}" ] && sed 's/^/     /' "$2" | head -40; }
+
+# compare NAME EXPECTED_FILE ACTUAL_FILE
+compare() {
+    if [ $REGEN = 1 ]; then
+        cp "$3" "$2"
+        ok "$1 (regenerated)"
+    elif [ ! -f "$2" ]; then
+        bad "$1: no expected file $2"
+    elif diff -u "$2" "$3" >"$TMP/diff"; then
+        ok "$1"
+    else
+        bad "$1" "$TMP/diff"
+    fi
+}
+
+# ── golden dumps of every example ──
+for f in examples/*.fsd; do
+    name=$(basename "$f" .fsd)
+    for dump in ast model; do
+        if "$FSDPC" "$f" --dump-$dump >"$TMP/out" 2>"$TMP/err"; then
+            compare "golden $name.$dump" "tests/golden/$name.$dump" "$TMP/out"
+        else
+            bad "golden $name.$dump: fsdpc failed" "$TMP/err"
+        fi
+    done
+done
+
+# ── the error catalogue: exact diagnostics, exit status, no output ──
+# A case is NAME.fsd (or NAME.gen, a script that writes the input to stdout)
+# with NAME.expected holding stderr exactly. A first line `# exit: N` in the
+# .fsd sets the expected status (default 1).
+mkdir -p build/errors
+for f in tests/errors/*.fsd tests/errors/*.gen; do
+    [ -e "$f" ] || continue
+    name=$(basename "${f%.*}")
+    input=$f
+    if [ "${f##*.}" = gen ]; then
+        input=build/errors/$name.fsd
+        "$f" >"$input"
+    fi
+    want=1
+    first=$(head -c 200 "$input" | head -n 1)
+    case "$first" in "# exit: "*) want=${first#\# exit: } ;; esac
+    rm -f "$TMP/o.txt"
+    timeout 20 "$FSDPC" "$input" --dump-model -o "$TMP/o.txt" >/dev/null 2>"$TMP/err"
+    status=$?
+    if [ $status != "$want" ]; then
+        bad "error $name: exit status $status, expected $want" "$TMP/err"
+        continue
+    fi
+    if [ "$want" != 0 ] && [ -e "$TMP/o.txt" ]; then
+        bad "error $name: wrote -o output despite errors"
+        continue
+    fi
+    if ls "$TMP"/o.txt.tmp.* >/dev/null 2>&1; then
+        bad "error $name: left a temporary file"
+        rm -f "$TMP"/o.txt.tmp.*
+        continue
+    fi
+    compare "error $name" "tests/errors/$name.expected" "$TMP/err"
+done
+[ $REGEN = 1 ] && { echo "$pass passed, $fail failed"; exit 0; }
+
+# ── published parameter counts ──
+count() { "$FSDPC" "$1" --dump-model | sed -n 's/^  parameters .*(\([0-9]*\))$/\1/p'; }
+expect_count() {
+    got=$(count "$1")
+    if [ "$got" = "$2" ]; then ok "params $3 = $2"; else bad "params $3: got '$got', expected $2"; fi
+}
+expect_count examples/gpt2.fsd 124475904 "gpt2 (vocab 50304)"
+sed 's/vocab = 50304/vocab = 50257/' examples/gpt2.fsd >"$TMP/gpt2_50257.fsd"
+expect_count "$TMP/gpt2_50257.fsd" 124439808 "gpt2 (vocab 50257)"
+expect_count examples/llama3_8b.fsd 8030261248 "llama3_8b"
+
+# ── command line ──
+check_cli() { # NAME EXPECTED_STATUS PATTERN CMD...
+    local name=$1 want=$2 pat=$3
+    shift 3
+    "$@" >"$TMP/cli" 2>&1
+    local st=$?
+    if [ $st = "$want" ] && grep -q -- "$pat" "$TMP/cli"; then ok "cli $name"; else bad "cli $name (status $st)" "$TMP/cli"; fi
+}
+check_cli help 0 "usage: fsdpc" "$FSDPC" --help
+check_cli version 0 "^fsdpc [0-9]" "$FSDPC" --version
+check_cli unknown-option 1 "unknown option --frobnicate" "$FSDPC" examples/tiny.fsd --frobnicate
+check_cli no-input 1 "no input file" "$FSDPC" --check
+check_cli missing-file 1 "cannot read nonexistent.fsd: No such file" "$FSDPC" nonexistent.fsd --check
+check_cli two-inputs 1 "more than one input" "$FSDPC" examples/tiny.fsd examples/mlp.fsd
+check_cli o-needs-arg 1 "-o needs a file name" "$FSDPC" examples/tiny.fsd -o
+
+# -o writes the dump; an error leaves an existing output untouched
+"$FSDPC" examples/tiny.fsd --dump-model -o "$TMP/model.txt"
+if cmp -s "$TMP/model.txt" tests/golden/tiny.model; then ok "cli -o writes the dump"; else bad "cli -o writes the dump"; fi
+echo "keep me" >"$TMP/keep.txt"
+"$FSDPC" tests/errors/undefined_name.fsd --dump-model -o "$TMP/keep.txt" 2>/dev/null
+if [ "$(cat "$TMP/keep.txt")" = "keep me" ]; then ok "cli error keeps existing -o file"; else bad "cli error keeps existing -o file"; fi
+
+# every example passes --check with no warnings
+for f in examples/*.fsd; do
+    "$FSDPC" "$f" --check 2>"$TMP/err"
+    st=$?
+    if [ $st = 0 ] && [ ! -s "$TMP/err" ]; then ok "check $(basename "$f")"; else bad "check $(basename "$f")" "$TMP/err"; fi
+done
+
+echo "$pass passed, $fail failed"
+[ $fail = 0 ]
