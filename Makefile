@@ -2,9 +2,11 @@
 #
 #   make            build the compiler (build/fsdpc)
 #   make demo       set up, build, and run the demo
-#   make test       set up, build, and run every test (what CI runs)
-#   make test SANITIZE=1   the same under AddressSanitizer and UBSan
-#   make fuzz       fuzz the front end for FUZZ_SECONDS (libFuzzer)
+#   make test       set up, build, and run every test (what CI runs): the
+#                   suite against build/fsdpc, again against build/san/fsdpc
+#                   (ASan + UBSan), and a short fuzz smoke test (tests/all.sh)
+#   make SANITIZE=1 build only the sanitizer build, build/san/fsdpc
+#   make fuzz       fuzz the front end for FUZZ_SECONDS (libFuzzer, clang)
 #   make golden     regenerate the golden files (read the diff before committing)
 #
 # `setup` installs missing tools (flex, bison, ...) with apt-get when run as
@@ -24,28 +26,40 @@ else
   B       := build
 endif
 
-SRCS    := util.c ast.c parse.c sema.c model.c
-OBJS    := $(addprefix $(B)/obj/,$(SRCS:.c=.o)) $(B)/obj/parser.o $(B)/obj/lexer.o
+SRCS    := util.c ast.c parse.c sema.c model.c ir.c lower.c autodiff.c plan.c schedule.c memplan.c sim.c \
+           emit.c
+OBJS    := $(addprefix $(B)/obj/,$(SRCS:.c=.o)) $(B)/obj/parser.o $(B)/obj/lexer.o \
+           $(B)/obj/templates.o
 GEN     := $(B)/gen
 INC     := -Icompiler -I$(GEN)
 
 .PHONY: all setup test demo fuzz golden clean
-all: $(B)/fsdpc
+all: $(B)/fsdpc $(B)/fsdata
 
 $(B)/fsdpc: $(OBJS) $(B)/obj/main.o
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ -lm
 
-$(GEN)/parser.c $(GEN)/parser.h: grammar/parser.y
-	@mkdir -p $(GEN)
-	bison -Wall -Werror --defines=$(GEN)/parser.h -o $(GEN)/parser.c $<
+# Pattern rules, so each build folder (build, build/san, build/fuzz) gets its
+# own generated scanner and parser.
+%/gen/parser.c %/gen/parser.h: grammar/parser.y
+	@mkdir -p $(@D)
+	bison -Wall -Werror --defines=$(@D)/parser.h -o $(@D)/parser.c $<
 
-$(GEN)/lexer.c $(GEN)/lexer.h: grammar/lexer.l
-	@mkdir -p $(GEN)
-	flex --header-file=$(GEN)/lexer.h -o $(GEN)/lexer.c $<
+%/gen/lexer.c %/gen/lexer.h: grammar/lexer.l
+	@mkdir -p $(@D)
+	flex --header-file=$(@D)/lexer.h -o $(@D)/lexer.c $<
 
-$(B)/obj/%.o: compiler/%.c compiler/fsdpc.h compiler/layers.def $(GEN)/parser.h $(GEN)/lexer.h
+$(B)/obj/%.o: compiler/%.c compiler/fsdpc.h compiler/layers.def compiler/ops.def $(GEN)/parser.h $(GEN)/lexer.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(WARN) $(INC) -c -o $@ $<
+
+# The kernel templates, carried inside fsdpc as strings.
+%/gen/templates.c: $(wildcard templates/*.h) tools/embed_templates.sh
+	@mkdir -p $(@D)
+	tools/embed_templates.sh $(sort $(wildcard templates/*.h)) > $@
+$(B)/obj/templates.o: $(GEN)/templates.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -std=c11 -c -o $@ $<
 
 # Generated sources: warnings are the generators' business.
 $(B)/obj/parser.o: $(GEN)/parser.c $(GEN)/lexer.h compiler/fsdpc.h
@@ -55,12 +69,17 @@ $(B)/obj/lexer.o: $(GEN)/lexer.c $(GEN)/parser.h compiler/fsdpc.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -std=c11 -D_POSIX_C_SOURCE=200809L $(INC) -c -o $@ $<
 
+# Unit tests that link the compiler's passes directly.
+$(B)/test_schedule: tests/unit/test_schedule.c $(OBJS)
+	$(CC) $(CFLAGS) $(WARN) $(INC) $(LDFLAGS) -o $@ $^ -lm
+
 setup:
 	@tools/setup.sh
 
 test: setup
-	@$(MAKE) --no-print-directory all
-	@FSDPC=$(B)/fsdpc SANITIZE=$(SANITIZE) tests/run.sh
+	@$(MAKE) --no-print-directory all build/test_schedule SANITIZE=
+	@$(MAKE) --no-print-directory all SANITIZE=1
+	@MAKE="$(MAKE)" tests/all.sh
 
 demo: setup
 	@$(MAKE) --no-print-directory all
@@ -70,17 +89,86 @@ golden: all
 	@FSDPC=$(B)/fsdpc tests/run.sh --regen
 
 # libFuzzer target: the front end on arbitrary bytes, with ASan and UBSan.
-FUZZ_B := build/fuzz
-fuzz: setup
-	@mkdir -p $(FUZZ_B)/gen $(FUZZ_B)/corpus
-	bison --defines=$(FUZZ_B)/gen/parser.h -o $(FUZZ_B)/gen/parser.c grammar/parser.y
-	flex --header-file=$(FUZZ_B)/gen/lexer.h -o $(FUZZ_B)/gen/lexer.c grammar/lexer.l
-	clang -g -O1 -std=c11 -D_POSIX_C_SOURCE=200809L -fsanitize=fuzzer,address,undefined \
-	  -Icompiler -I$(FUZZ_B)/gen -o $(FUZZ_B)/fuzz_frontend tests/fuzz/fuzz_frontend.c \
-	  $(addprefix compiler/,$(SRCS)) $(FUZZ_B)/gen/parser.c $(FUZZ_B)/gen/lexer.c -lm
+# Needs clang and its runtime libraries (Debian: clang libclang-rt-dev).
+# New inputs go to build/fuzz/corpus; a crash, leak, UB report or timeout
+# stops the run and is written to build/fuzz/ (crash-*, leak-*, timeout-*).
+# Each one is a bug: fix it, then add the input to tests/fuzz/seeds/.
+FUZZ_B      := build/fuzz
+FUZZ_CC     ?= clang
+FUZZ_CFLAGS := -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined \
+               -fno-sanitize-recover=all
+# -timeout: seconds per input; -rss_limit_mb: memory, so a blow-up is a report.
+FUZZ_OPTS   := -timeout=5 -rss_limit_mb=2048 -max_len=8192 -dict=tests/fuzz/fsd.dict \
+               -artifact_prefix=$(FUZZ_B)/
+
+# The compiler's objects again, instrumented, plus the harness; generated
+# sources come from $(GEN), like the ordinary build's.
+FUZZ_OBJS   := $(patsubst $(B)/%,$(FUZZ_B)/%,$(OBJS)) $(FUZZ_B)/obj/fuzz_frontend.o
+FUZZ_CC_O    = $(FUZZ_CC) $(FUZZ_CFLAGS) -std=c11 -D_POSIX_C_SOURCE=200809L $(INC) -c -o $@ $<
+
+$(FUZZ_B)/fuzz_frontend: $(FUZZ_OBJS)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $^ -lm
+$(FUZZ_B)/obj/%.o: compiler/%.c $(wildcard compiler/*.h compiler/*.def) $(GEN)/parser.h $(GEN)/lexer.h
+	@mkdir -p $(@D)
+	$(FUZZ_CC_O)
+$(FUZZ_B)/obj/%.o: $(GEN)/%.c $(GEN)/parser.h $(GEN)/lexer.h compiler/fsdpc.h
+	@mkdir -p $(@D)
+	$(FUZZ_CC_O)
+$(FUZZ_B)/obj/fuzz_frontend.o: tests/fuzz/fuzz_frontend.c compiler/fsdpc.h
+	@mkdir -p $(@D)
+	$(FUZZ_CC_O)
+
+fuzz: setup $(FUZZ_B)/fuzz_frontend
+	@mkdir -p $(FUZZ_B)/corpus
 	cp examples/*.fsd $(FUZZ_B)/corpus/
-	$(FUZZ_B)/fuzz_frontend -max_total_time=$(FUZZ_SECONDS) -max_len=8192 -timeout=5 \
-	  -dict=tests/fuzz/fsd.dict $(FUZZ_B)/corpus tests/fuzz/seeds
+	$(FUZZ_B)/fuzz_frontend $(FUZZ_OPTS) -max_total_time=$(FUZZ_SECONDS) \
+	  $(FUZZ_B)/corpus tests/fuzz/seeds
+
+# ── the CPU runtime, and the data tool ──
+# `make runtime` builds what an emitted train.cu links against on the CPU:
+# build/runtime/libfsdrt_cpu.a, and libfsdrt_cpu64.a built with
+# -DFSD_FLOAT64 (`real` is double, for finite-difference gradient checks).
+# It needs MPI and OpenBLAS (tools/setup.sh installs both). A trainer links
+#   mpicc -x c -O2 -fopenmp -Iruntime train.cu -Lbuild/runtime -lfsdrt_cpu $(RT_LIBS)
+# runtime/arena.c needs only libc, so the compiler may link it too.
+MPICC    ?= mpicc
+RT       := build/runtime
+RT_SRCS  := common.c cpu.c data.c weights.c arena.c
+RT_HDRS  := runtime/fsdrt.h runtime/internal.h runtime/half.h
+RT_CFLAGS = -O2 -g -fopenmp $(WARN) $(shell pkg-config --cflags openblas 2>/dev/null)
+RT_LIBS   = -fopenmp $(or $(shell pkg-config --libs openblas 2>/dev/null),-lopenblas) -lm
+
+.PHONY: runtime runtime-tests
+runtime: $(RT)/libfsdrt_cpu.a $(RT)/libfsdrt_cpu64.a
+
+$(RT)/libfsdrt_cpu.a: $(addprefix $(RT)/obj/,$(RT_SRCS:.c=.o))
+	ar rcs $@ $^
+$(RT)/libfsdrt_cpu64.a: $(addprefix $(RT)/obj64/,$(RT_SRCS:.c=.o))
+	ar rcs $@ $^
+$(RT)/obj/%.o: runtime/%.c $(RT_HDRS)
+	@mkdir -p $(@D)
+	$(MPICC) $(RT_CFLAGS) -c -o $@ $<
+$(RT)/obj64/%.o: runtime/%.c $(RT_HDRS)
+	@mkdir -p $(@D)
+	$(MPICC) $(RT_CFLAGS) -DFSD_FLOAT64 -c -o $@ $<
+
+# fsdata: makes and inspects token files (plain C, no MPI).
+$(B)/fsdata: tools/fsdata.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(WARN) $(LDFLAGS) -o $@ $<
+
+# What tests/runtime/run.sh runs (it builds them itself).
+runtime-tests: runtime build/fsdata $(RT)/trainer $(RT)/trainer64 $(RT)/test_arena $(RT)/test_half
+$(RT)/trainer: tests/runtime/trainer.c $(RT)/libfsdrt_cpu.a
+	$(MPICC) $(RT_CFLAGS) -Iruntime -o $@ $^ $(RT_LIBS)
+$(RT)/trainer64: tests/runtime/trainer.c $(RT)/libfsdrt_cpu64.a
+	$(MPICC) $(RT_CFLAGS) -DFSD_FLOAT64 -Iruntime -o $@ $^ $(RT_LIBS)
+$(RT)/test_arena: tests/runtime/test_arena.c runtime/arena.c runtime/fsdrt.h
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(WARN) -Iruntime -o $@ tests/runtime/test_arena.c runtime/arena.c
+$(RT)/test_half: tests/runtime/test_half.c runtime/half.h
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(WARN) -Iruntime -o $@ $< -lm
 
 clean:
 	rm -rf build

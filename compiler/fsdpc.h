@@ -40,6 +40,8 @@ typedef struct Source {
     const char *name;  /* as given on the command line */
     const char *text;  /* len bytes, plus a terminating NUL */
     size_t len;
+    uint32_t *line_starts; /* offset of each line's first byte, for messages */
+    uint32_t nlines;
 } Source;
 
 /* Reads a whole file into the arena; NULL (and errno set) on failure. */
@@ -233,6 +235,7 @@ typedef struct ParseCtx {
     int depth;           /* open ( [ { */
     int max_depth;
     Loc comment_loc;     /* where an open block comment began */
+    Loc *opens;          /* where each open ( [ { began, max_depth of them */
 } ParseCtx;
 
 /* ───────────────────────── sema.c: AST → typed model ──────────────────── */
@@ -292,6 +295,7 @@ typedef struct Param {
     struct Layer *owner;
     int group;              /* shard group index */
     int index;              /* position in Model.params */
+    int64_t offset;         /* plan: element offset in its group's flat buffer */
 } Param;
 
 /* A layer instance. Attention and MLP have their Linears as children, so
@@ -331,6 +335,8 @@ typedef struct ModuleType {
     int nin;
     Type out_ty;
     bool out_ok;
+    Decl **index;            /* members by name, a hash table (sema.c) */
+    uint32_t index_mask;
 } ModuleType;
 
 typedef struct ShardGroup {
@@ -342,6 +348,10 @@ typedef struct ShardGroup {
     Param **params;
     int nparams;
     int64_t numel;
+    /* plan.c */
+    int64_t flat_numel;      /* params laid end to end, each start aligned */
+    int fwd_order;           /* position among groups in forward use order */
+    bool reshard;            /* free the unsharded params after forward */
 } ShardGroup;
 
 typedef enum { SCHED_CONSTANT, SCHED_COSINE } LrSchedule;
@@ -352,7 +362,10 @@ typedef struct ShardConfig {
     DType param_dtype, reduce_dtype, output_dtype;
     int prefetch_forward, prefetch_backward;
     bool offload_cpu;
+    bool accumulate_unsharded;   /* accumulate = unsharded */
+    int64_t auto_bucket_bytes;   /* fully_shard auto(bucket = N); 0: explicit groups */
     int64_t memory_budget_bytes; /* 0: none */
+    Loc memory_budget_loc;       /* the setting, for memplan_fit's error */
 } ShardConfig;
 
 typedef struct TrainConfig {
@@ -385,6 +398,7 @@ typedef struct Model {
     int64_t numel;
     ShardGroup **groups;         /* bottom-up: children first, root last */
     int ngroups;
+    bool groups_auto;            /* plan.c replaced them: fully_shard auto(...) */
     ShardConfig shard;
     TrainConfig train;
 } Model;
@@ -396,6 +410,308 @@ void model_dump(FILE *out, Model *m);
 void type_str(char *buf, size_t n, const Type *t);
 const char *layer_kind_name(LayerKind k);
 const char *builtin_fn_name(BuiltinFn f);
+
+/* ───────────────────────── ir.c: the op graph ───────────────────────── */
+
+typedef enum {
+#define OP(e, name, nin, nout, flops, backward) e,
+#include "ops.def"
+    OP_COUNT
+} OpKind;
+
+const char *op_name(OpKind k);
+int op_arity(OpKind k);
+int op_outputs(OpKind k);
+
+typedef enum {
+    TK_INPUT,   /* token ids, targets, positions */
+    TK_ACT,     /* forward activation or statistic */
+    TK_PARAM,   /* an unsharded parameter (a view into its group's buffer) */
+    TK_PGRAD,   /* a parameter's gradient (a view into the group's grad buffer) */
+    TK_AGRAD,   /* an activation's gradient */
+} TensorKind;
+
+typedef struct OpNode OpNode;
+
+/* A value of the training graph. Shapes follow Type: dim[0] may be the
+ * symbolic micro-batch DIM_BATCH. */
+typedef struct Tensor {
+    int id;
+    TensorKind kind;
+    const char *name;
+    ValueDtype dtype;
+    int rank;
+    int64_t dim[MAX_RANK];
+    Param *param;           /* TK_PARAM, TK_PGRAD */
+    OpNode *producer;       /* first op writing it (NULL: inputs, params) */
+    bool saved;             /* forward tensor that backward reads */
+} Tensor;
+
+struct OpNode {
+    OpKind kind;
+    int index;              /* position in Graph.ops */
+    bool backward;
+    Tensor *in[6], *out[3];
+    int nin, nout;
+    bool acc[3];            /* output i accumulates (+=) instead of writing */
+    int64_t heads, kv_heads, head_dim;   /* attention, rope */
+    double eps, theta;      /* norms; rope */
+    bool causal;
+    Layer *layer;           /* the layer instance it comes from, or NULL */
+    Loc loc;                /* the .fsd source it comes from */
+    int group;              /* shard group whose params it reads or whose
+                               grads it writes; -1 for none */
+};
+
+/* The training step of one micro-batch: forward ops, then backward ops. */
+typedef struct Graph {
+    Model *m;
+    OpNode **ops;
+    int nops, nfwd;
+    Tensor **tensors;
+    int ntensors;
+    Tensor *idx, *targets, *positions, *loss;
+    Tensor **param_t;       /* by Param.index */
+    Tensor **pgrad_t;       /* by Param.index; NULL for unused params */
+    int ops_cap, tensors_cap;
+} Graph;
+
+OpNode *ir_op(Graph *g, OpKind kind, Layer *layer, Loc loc);
+Tensor *ir_tensor(Graph *g, TensorKind kind, const char *name, ValueDtype dt, int rank,
+                  const int64_t *dim);
+void ir_in(OpNode *op, Tensor *t);
+void ir_out(OpNode *op, Tensor *t, bool acc);
+int64_t tensor_numel(const Tensor *t, int64_t batch);
+int64_t tensor_bytes(const Tensor *t, int64_t batch);
+/* FLOPs and bytes touched by one op at micro-batch size `batch`. */
+double op_flops(const OpNode *op, int64_t batch);
+double op_bytes(const OpNode *op, int64_t batch);
+double graph_flops(const Graph *g, int from, int to, int64_t batch);
+/* Checks the graph's invariants (shapes of every op, single producer of
+ * non-accumulated values, reads after writes); 0 when it holds. */
+int ir_verify(Graph *g, FILE *err);
+void ir_dump(FILE *out, Graph *g);
+
+/* ───────────────────────── lower.c: typed model → forward ops ────────── */
+
+Graph *lower_model(Model *m);
+
+/* ───────────────────────── autodiff.c: forward → backward ops ────────── */
+
+/* Appends the backward ops of g's forward, marks saved activations. */
+void autodiff(Graph *g);
+
+/* ───────────────────────── plan.c: layout and policies ──────────────── */
+
+/* Elements a group's parameters start at a multiple of (64 bytes in fp32):
+ * aligned for 16-byte vector loads in every dtype. */
+#define PARAM_ALIGN_ELEMS 16
+
+typedef enum { ACCUM_SHARDED, ACCUM_UNSHARDED } AccumMode;
+
+typedef struct Plan {
+    Model *m;
+    Graph *g;
+    int prefetch_fwd, prefetch_bwd;
+    AccumMode accum;
+    int micro_batches;         /* grad_accum */
+    int64_t micro_batch;       /* B */
+    ShardGroup **fwd_order;    /* groups in order of first forward use */
+    int nused;                 /* fwd_order[0..nused) are used in forward */
+} Plan;
+
+Plan *plan_build(Model *m, Graph *g);
+/* A group's padded flat size and per-rank shard for world size w. */
+int64_t plan_padded_numel(const ShardGroup *sg, int64_t world);
+int64_t plan_shard_numel(const ShardGroup *sg, int64_t world);
+void plan_dump(FILE *out, Plan *p, int64_t world);
+
+/* ───────────────────────── schedule.c: one step's events ───────────── */
+
+typedef enum { STREAM_COMPUTE, STREAM_GATHER, STREAM_REDUCE, STREAM_COUNT } StreamId;
+typedef enum { PH_FORWARD, PH_BACKWARD, PH_OPTIMIZER } Phase;
+
+/* EV(enum, name, stream) */
+#define EVENT_LIST(EV) \
+    EV(EV_ALL_GATHER,     "all_gather",     STREAM_GATHER)  \
+    EV(EV_WAIT_GATHER,    "wait_gather",    STREAM_COMPUTE) \
+    EV(EV_COMPUTE,        "compute",        STREAM_COMPUTE) \
+    EV(EV_RESHARD,        "reshard",        STREAM_COMPUTE) \
+    EV(EV_ALLOC_GRADS,    "alloc_grads",    STREAM_COMPUTE) \
+    EV(EV_REDUCE_SCATTER, "reduce_scatter", STREAM_REDUCE)  \
+    EV(EV_WAIT_REDUCE,    "wait_reduce",    STREAM_COMPUTE) \
+    EV(EV_FREE_GRADS,     "free_grads",     STREAM_COMPUTE) \
+    EV(EV_GRAD_NORM,      "grad_norm",      STREAM_COMPUTE) \
+    EV(EV_OPTIMIZER,      "optimizer",      STREAM_COMPUTE)
+
+typedef enum {
+#define EV(e, name, stream) e,
+    EVENT_LIST(EV)
+#undef EV
+    EV_COUNT
+} EventKind;
+
+typedef struct Event {
+    EventKind kind;
+    Phase phase;
+    int micro;              /* micro-batch index, -1 for the optimizer phase */
+    int group;              /* -1 for compute and grad_norm */
+    OpNode *op;             /* EV_COMPUTE */
+} Event;
+
+typedef struct Schedule {
+    Plan *plan;
+    Event *ev;
+    int nev, cap;
+} Schedule;
+
+const char *event_name(EventKind k);
+bool op_reads_params(const OpNode *op);
+bool op_writes_grads(const OpNode *op);
+StreamId event_stream(EventKind k);
+Schedule *schedule_build(Plan *p);
+/* Replays the schedule against the plan's rules; prints each violation to
+ * err (when not NULL) and returns how many there were. */
+int schedule_verify(Schedule *s, FILE *err);
+
+/* Text (one event a line) and JSON listings of the schedule for world w;
+ * live memory per event is printed when mp is given. */
+struct MemPlan;
+void schedule_dump(FILE *out, Schedule *s, int64_t world, struct MemPlan *mp);
+void schedule_dump_json(FILE *out, Schedule *s, int64_t world, struct MemPlan *mp);
+/* Bytes one rank sends and receives for a collective event at world w. */
+int64_t event_comm_bytes(const Schedule *s, const Event *e, int64_t world);
+
+/* ───────────────────────── memplan.c: memory per rank ───────────────── */
+
+/* One policy memplan_fit considers for memory_budget, and its peak. */
+#define MEMPLAN_TRIES 4
+typedef struct MemTry {
+    bool reshard;                /* non-root groups reshard after forward */
+    int prefetch_fwd, prefetch_bwd;
+    int64_t peak;
+} MemTry;
+
+typedef struct MemPlan {
+    Schedule *sched;
+    int64_t world, batch;
+    /* resident for the whole run, bytes per rank */
+    int64_t param_shards;        /* fp32 master shards */
+    int64_t grad_shards;         /* fp32 sharded gradients */
+    int64_t optim_state;         /* AdamW moments / SGD momentum */
+    /* transient */
+    int64_t act_arena;           /* activations and their gradients, placed by liveness */
+    int64_t workspace;           /* the largest temporary any op needs */
+    int64_t *act_offset;         /* by tensor id: offset in the arena, -1 if not there */
+    int64_t *live_after;         /* by event: bytes live after it */
+    int peak_event;
+    int64_t peak;                /* max of live_after */
+    /* at the peak */
+    int64_t peak_unsharded_params, peak_unsharded_grads, peak_activations;
+    int64_t peak_workspace;      /* 0 unless the peak is a compute event */
+    /* resident detail */
+    int64_t shard_numel;         /* Σ over groups of the per-rank shard */
+    bool offload;                /* offload = cpu: the resident state is on the host */
+    int64_t resident;            /* device bytes of the three above (0 with offload) */
+    /* activations: live ranges by op, placement (memplan.c's ActRange) */
+    struct ActRange *act;
+    int nact;
+    int64_t *act_live_at;        /* by op: activation bytes live while it runs */
+    int64_t act_lower_bound;     /* max of act_live_at: no placement needs less */
+    int act_lower_bound_op, workspace_op;
+    /* over the whole step, each at its own event */
+    int64_t max_unsharded_params, max_unsharded_grads;
+    int max_params_event, max_grads_event;
+    int64_t max_unsharded;       /* max over events of params + grads together */
+    int64_t as_placed;           /* resident + max_unsharded + act_arena + workspace:
+                                    the peak when the runtime allocates the arena once */
+    /* memory_budget: the candidate policies memplan_fit planned (budget 0: none) */
+    int64_t budget;
+    int chosen;                  /* index into tries, -1 without a budget */
+    MemTry tries[MEMPLAN_TRIES];
+} MemPlan;
+
+MemPlan *memplan_build(Schedule *s, int64_t world);
+/* Checks the activation placement (no two tensors live together share a
+ * byte) and the replay's totals; prints each violation to err (when not
+ * NULL) and returns how many there were. */
+int memplan_verify(MemPlan *mp, FILE *err);
+void memplan_dump(FILE *out, MemPlan *mp);
+/* Builds the schedule and its memory plan for world `world`. Without a
+ * memory_budget, for the plan's policy as configured; with one, for each
+ * candidate reshard policy and prefetch depth, fastest first, leaving the
+ * first that fits in the plan (so --dump-plan shows it). NULL, with the
+ * error reported at the memory_budget setting, when none fits. The returned
+ * plan's schedule (mp->sched) is not verified yet. */
+MemPlan *memplan_fit(Plan *p, int64_t world, Diag *d);
+
+/* ───────────────────────── sim.c: cost model and replay ───────────── */
+
+/* One GPU type of a preset and how its nodes are wired; rates per GPU.
+ * Each figure's source is next to it in sim.c. */
+typedef struct SimGpu {
+    const char *key;             /* the --sim name: a100, h100, h200, b200 */
+    const char *name;            /* "H100 SXM 80GB" */
+    double bf16_flops;           /* dense tensor-core peak, FLOP/s (fp16 alike) */
+    double tf32_flops;           /* dense TF32 tensor-core peak */
+    double fp32_flops;           /* fp32 on the CUDA cores */
+    double hbm_bytes_per_s;
+    int64_t hbm_bytes;           /* capacity */
+    double nvlink_bytes_per_s;   /* one direction */
+    double nvlink_alpha_s;       /* latency of one ring step over NVLink */
+    double ib_bytes_per_s;       /* this GPU's NIC, one direction */
+    double ib_alpha_s;           /* latency of one ring step across nodes */
+} SimGpu;
+
+typedef struct SimCluster {
+    const SimGpu *gpu;
+    int64_t nodes, gpus_per_node;
+    int64_t world;               /* ranks; at most nodes x gpus_per_node */
+} SimCluster;
+
+/* Parses a --sim spec: "h100", "h100:nodes=16", "a100:gpus=4,nodes=2"
+ * (one node of 8 GPUs unless told). On error returns false with a message
+ * for the user in msg. */
+bool sim_parse_cluster(const char *spec, SimCluster *c, char *msg, size_t msgsize);
+/* What --trace assumes without --sim: h100 nodes of 8, ceil(world/8) nodes. */
+SimCluster sim_default_cluster(int64_t world);
+const char *sim_preset_list(void);        /* "a100, h100, h200, b200" */
+/* Seconds a ring all-gather or reduce-scatter moving `bytes` per rank takes. */
+double sim_collective_seconds(const SimCluster *c, int64_t bytes);
+
+/* One step replayed on the cluster; times in seconds from the step's start. */
+typedef struct Sim {
+    Schedule *sched;
+    SimCluster cluster;
+    double *start_s, *end_s;     /* by event; a wait's span is the time it held compute */
+    bool *mem_bound;             /* by event: a compute event limited by HBM */
+    double step_s;               /* when the last stream finishes */
+    double compute_s;            /* compute-stream work (ops, grad norm, optimizer) */
+    double cat_s[4];             /* of which matmul, attention, memory-bound ops, optimizer */
+    double exposed_s;            /* compute stream waiting on collectives */
+    double exposed_gather_s, exposed_reduce_s;
+    double busy_s[STREAM_COUNT]; /* each stream's busy time */
+    int64_t bytes[STREAM_COUNT]; /* per rank per step, by stream */
+    double model_flops;          /* counted FLOPs per rank per step */
+    double peak_flops;           /* the matmul peak MFU is measured against */
+    double mfu;
+    double tokens_per_step;      /* per rank: micro_batch x seq x micro-batches */
+    double tokens_per_s_gpu, tokens_per_s;
+} Sim;
+
+Sim *sim_run(Schedule *s, const SimCluster *c);
+/* The --sim summary; memory is included when mp is given. */
+void sim_dump(FILE *out, const Sim *sim, const MemPlan *mp);
+/* The replay as a Chrome trace (Trace Event Format JSON). */
+void sim_trace(FILE *out, const Sim *sim);
+
+/* ───────────────────────── emit.c: the training program ─────────────── */
+
+/* Writes train.cu from verified schedules of one and of three micro-batches
+ * (every distinct micro-batch of any step appears in one of them). */
+void emit_program(FILE *out, Schedule *one, Schedule *three);
+/* A template's text, built into fsdpc from templates/ (NULL if absent). */
+const char *template_text(const char *name);
 
 /* ───────────── sema.c internals, shared with model.c ───────────── */
 
@@ -418,6 +734,7 @@ typedef struct DeclInfo {
     Loc tie_loc;
     ModuleType *owner;    /* the type this declaration is a member of */
     int64_t instances;    /* layer instances one instance of this creates */
+    int child_index;      /* DECL_LAYER: position among its module's layers */
 } DeclInfo;
 
 typedef struct Sema {
@@ -429,6 +746,7 @@ typedef struct Sema {
     Param **params;
     int nparams, cap;
     int64_t ninstances;
+    Loc vocab_loc;        /* the cross_entropy that set Model.vocab */
 } Sema;
 
 typedef struct Scope {

@@ -1,9 +1,14 @@
 /*
  * main.c — the fsdpc command line, and the pipeline as one list of calls:
  *
- *   source_read → parse_program → sema_check → (dumps)
+ *   source_read → parse_program → sema_check → lower_model → autodiff
+ *     → plan_build → memplan_fit (schedule_build, memplan_build)
+ *     → sim_run (for --sim and --trace) → (dumps, or train.cu)
  *
- * Output (a dump or, later, train.cu) goes to -o FILE or stdout. A file
+ * with a verifier after every pass that builds or transforms the IR: a
+ * failure there is a compiler bug and stops with an internal error.
+ *
+ * Output (train.cu, or the dumps asked for) goes to -o FILE or stdout. A file
  * named by -o is written under a temporary name and renamed only when the
  * whole compile succeeded, so an error never leaves a partial or stale
  * output behind.
@@ -21,7 +26,13 @@
 
 typedef struct Options {
     const char *input, *output;
-    bool check, dump_ast, dump_model;
+    bool check, dump_ast, dump_model, dump_ir, dump_plan, dump_schedule, schedule_json;
+    bool dump_memory;
+    int64_t world;
+    bool world_set;            /* --world given: --sim must agree with it */
+    const char *sim_spec;      /* --sim PRESET[:nodes=N,gpus=N] */
+    const char *trace;         /* --trace FILE.json */
+    SimCluster cluster;        /* what --sim and --trace simulate */
 } Options;
 
 static void usage(FILE *out)
@@ -29,13 +40,29 @@ static void usage(FILE *out)
     fputs("usage: fsdpc FILE.fsd [options]\n"
           "\n"
           "Compiles a model, sharding policy and training setup (.fsd) into a\n"
-          "sharded training program.\n"
+          "sharded training program: with no --check or --dump option it writes\n"
+          "train.cu (to -o FILE or standard output).\n"
           "\n"
           "options:\n"
           "  --check          check the file (front end only) and exit\n"
           "  --dump-ast       print the syntax tree\n"
           "  --dump-model     print the typed model: layers, parameters, shapes,\n"
           "                   parameter count, shard groups and settings\n"
+          "  --dump-ir        print the training graph: forward and backward ops\n"
+          "  --dump-plan      print the shard groups, their flat layout and policies\n"
+          "  --dump-schedule  print one training step's events, one a line\n"
+          "  --dump-schedule=json   the same as JSON\n"
+          "  --dump-memory    print each rank's memory plan: resident state, unsharded\n"
+          "                   buffers, activation arena, workspace and the peak\n"
+          "  --world N        size the dumps for N ranks (default 8)\n"
+          "  --sim PRESET[:nodes=N,gpus=N]\n"
+          "                   predict one step's time, exposed communication, MFU and\n"
+          "                   tokens/s on a cluster: presets a100, h100, h200, b200;\n"
+          "                   one node of 8 GPUs unless nodes= or gpus= (per node) says\n"
+          "                   otherwise; the world is nodes x gpus (docs/simulator.md)\n"
+          "  --trace FILE.json  write the simulated step as a Chrome trace (Perfetto,\n"
+          "                   chrome://tracing); without --sim it simulates h100 nodes\n"
+          "                   of 8 GPUs, ceil(N/8) of them, at the --world size\n"
           "  -o FILE          write the output to FILE instead of standard output\n"
           "  --help           print this help\n"
           "  --version        print the version\n",
@@ -58,6 +85,44 @@ static int parse_options(int argc, char **argv, Options *o)
             o->dump_ast = true;
         } else if (strcmp(a, "--dump-model") == 0) {
             o->dump_model = true;
+        } else if (strcmp(a, "--dump-ir") == 0) {
+            o->dump_ir = true;
+        } else if (strcmp(a, "--dump-plan") == 0) {
+            o->dump_plan = true;
+        } else if (strcmp(a, "--dump-schedule") == 0) {
+            o->dump_schedule = true;
+        } else if (strcmp(a, "--dump-schedule=json") == 0) {
+            o->dump_schedule = o->schedule_json = true;
+        } else if (strcmp(a, "--dump-memory") == 0) {
+            o->dump_memory = true;
+        } else if (strcmp(a, "--world") == 0) {
+            char *end;
+            if (++i == argc) {
+                fprintf(stderr, "fsdpc: --world needs a number of ranks\n");
+                return 1;
+            }
+            errno = 0;
+            long long w = strtoll(argv[i], &end, 10);
+            if (*end || end == argv[i] || errno || w < 1 || w > (1 << 24)) {
+                fprintf(stderr, "fsdpc: --world %s: expected a number of ranks from 1 to %d\n",
+                        argv[i], 1 << 24);
+                return 1;
+            }
+            o->world = w;
+            o->world_set = true;
+        } else if (strcmp(a, "--sim") == 0) {
+            if (++i == argc) {
+                fprintf(stderr, "fsdpc: --sim needs a cluster preset (%s), e.g. --sim h100:nodes=16\n",
+                        sim_preset_list());
+                return 1;
+            }
+            o->sim_spec = argv[i];
+        } else if (strcmp(a, "--trace") == 0) {
+            if (++i == argc) {
+                fprintf(stderr, "fsdpc: --trace needs a file name (FILE.json)\n");
+                return 1;
+            }
+            o->trace = argv[i];
         } else if (strcmp(a, "-o") == 0) {
             if (++i == argc) {
                 fprintf(stderr, "fsdpc: -o needs a file name\n");
@@ -76,6 +141,49 @@ static int parse_options(int argc, char **argv, Options *o)
     }
     if (!o->input) {
         fprintf(stderr, "fsdpc: no input file (see fsdpc --help)\n");
+        return 1;
+    }
+    if (o->sim_spec) {
+        char msg[512];
+        if (!sim_parse_cluster(o->sim_spec, &o->cluster, msg, sizeof msg)) {
+            fprintf(stderr, "fsdpc: %s\n", msg);
+            return 1;
+        }
+        if (o->world_set && o->world != o->cluster.world) {
+            fprintf(stderr, "fsdpc: --world %lld disagrees with --sim %s, which has %lld ranks "
+                            "(%lld node%s x %lld GPUs); drop --world or make them agree\n",
+                    (long long)o->world, o->sim_spec, (long long)o->cluster.world,
+                    (long long)o->cluster.nodes, o->cluster.nodes == 1 ? "" : "s",
+                    (long long)o->cluster.gpus_per_node);
+            return 1;
+        }
+        o->world = o->cluster.world;
+    } else {
+        o->cluster = sim_default_cluster(o->world);
+    }
+    return 0;
+}
+
+/* The trace goes to its own file, written under a temporary name and
+ * renamed when complete, like -o. */
+static int write_trace(const char *path, Sim *sim)
+{
+    char *tmp = arena_printf("%s.tmp.%ld", path, (long)getpid());
+    FILE *f = fopen(tmp, "wb");
+    if (!f) {
+        fprintf(stderr, "fsdpc: cannot write %s: %s\n", tmp, strerror(errno));
+        return 1;
+    }
+    sim_trace(f, sim);
+    bool bad = ferror(f) != 0;
+    if (fclose(f) != 0 || bad) {
+        fprintf(stderr, "fsdpc: cannot write %s: %s\n", tmp, strerror(errno));
+        remove(tmp);
+        return 1;
+    }
+    if (rename(tmp, path) != 0) {
+        fprintf(stderr, "fsdpc: cannot rename %s to %s: %s\n", tmp, path, strerror(errno));
+        remove(tmp);
         return 1;
     }
     return 0;
@@ -113,9 +221,20 @@ static int close_output(const Options *o, FILE *f, char *tmp, bool ok)
     return 0;
 }
 
+/* A verifier's complaint after a pass is a compiler bug, not a user error. */
+static void verified(int violations, const char *pass)
+{
+    if (violations) {
+        fprintf(stderr, "fsdpc: internal compiler error: %d violation%s after %s "
+                        "(please report this with the .fsd file)\n",
+                violations, violations == 1 ? "" : "s", pass);
+        exit(2);
+    }
+}
+
 int main(int argc, char **argv)
 {
-    Options o = {0};
+    Options o = {.world = 8};
     if (parse_options(argc, argv, &o))
         return 1;
 
@@ -158,14 +277,69 @@ int main(int argc, char **argv)
             return 1;
         model_dump(out, model);
     }
+    bool later = o.dump_ir || o.dump_plan || o.dump_schedule || o.dump_memory || o.sim_spec ||
+                 o.trace || !(o.check || o.dump_ast || o.dump_model);
+    if (!later)
+        return out ? close_output(&o, out, tmp, true) : 0;
+
+    Graph *graph = lower_model(model);
+    verified(ir_verify(graph, stderr), "lowering");
+    autodiff(graph);
+    verified(ir_verify(graph, stderr), "autodiff");
+    Plan *plan = plan_build(model, graph);
+    /* the schedule and each rank's memory for --world; under memory_budget,
+     * for the fastest reshard policy and prefetch depth that fit */
+    MemPlan *mem = memplan_fit(plan, o.world, &diag);
+    if (!mem) {
+        if (out)
+            close_output(&o, out, tmp, false);
+        return 1;
+    }
+    Schedule *sched = mem->sched;
+    verified(schedule_verify(sched, stderr), "scheduling");
+    verified(memplan_verify(mem, stderr), "memory planning");
+    Sim *sim = o.sim_spec || o.trace ? sim_run(sched, &o.cluster) : NULL;
+
+    if (!out && (o.dump_ir || o.dump_plan || o.dump_schedule || o.dump_memory || o.sim_spec) &&
+        !(out = open_output(&o, &tmp)))
+        return 1;
+    if (o.dump_ir)
+        ir_dump(out, graph);
+    if (o.dump_plan)
+        plan_dump(out, plan, o.world);
+    if (o.dump_schedule) {
+        if (o.schedule_json)
+            schedule_dump_json(out, sched, o.world, mem);
+        else
+            schedule_dump(out, sched, o.world, mem);
+    }
+    if (o.dump_memory)
+        memplan_dump(out, mem);
+    if (o.sim_spec)
+        sim_dump(out, sim, mem);
+    if (o.trace && write_trace(o.trace, sim)) {
+        if (out)
+            close_output(&o, out, tmp, false);
+        return 1;
+    }
     if (out)
         return close_output(&o, out, tmp, true);
     if (o.check)
         return 0;
 
-    fprintf(stderr, "fsdpc: %s checks out, but this fsdpc does not write train.cu yet "
-                    "(planning and code generation are not built); use --check or a --dump "
-                    "option\n",
-            o.input);
-    return 1;
+    /* train.cu walks verified schedules of one and of three micro-batches,
+     * under the policy chosen above: together they hold every distinct
+     * micro-batch a step of any length runs */
+    int k = plan->micro_batches;
+    plan->micro_batches = 1;
+    Schedule *one = schedule_build(plan);
+    verified(schedule_verify(one, stderr), "scheduling one micro-batch");
+    plan->micro_batches = 3;
+    Schedule *three = schedule_build(plan);
+    verified(schedule_verify(three, stderr), "scheduling three micro-batches");
+    plan->micro_batches = k;
+    if (!(out = open_output(&o, &tmp)))
+        return 1;
+    emit_program(out, one, three);
+    return close_output(&o, out, tmp, true);
 }

@@ -21,6 +21,7 @@ static const char *const dtype_choices[] = {
 #undef X
     NULL};
 static const char *const offload_choices[] = {"none", "cpu", NULL};
+static const char *const accumulate_choices[] = {"sharded", "unsharded", NULL};
 
 static const Signature sig_mixed = {"mixed_precision",
                                     {{"param", A_ENUM, false, dtype_choices},
@@ -177,17 +178,19 @@ static void instantiate_members(Sema *s, Layer *L, ModuleType *mt)
         n += d->kind == DECL_LAYER;
     L->children = arena_alloc(sizeof(Layer *) * (size_t)(n ? n : 1));
     for (Decl *d = mt->members; d; d = d->next)
-        if (d->kind == DECL_LAYER)
+        if (d->kind == DECL_LAYER) {
+            sema_info(d)->child_index = L->nchildren;
             L->children[L->nchildren++] = instantiate(s, L, d->name, d);
-    /* ties resolve among siblings */
+        }
+    /* ties resolve among siblings, by index: a model may tie thousands */
     for (int i = 0; i < L->nchildren; i++) {
         Layer *c = L->children[i];
         DeclInfo *di = sema_info(c->decl);
         if (c->kind != LK_LINEAR || !di->tie_decl)
             continue;
-        for (int j = 0; j < L->nchildren; j++)
-            if (L->children[j]->decl == di->tie_decl)
-                c->tie = L->children[j];
+        c->tie = L->children[sema_info(di->tie_decl)->child_index];
+        if (c->tie->decl != di->tie_decl)
+            fsd_unreachable();
     }
 }
 
@@ -254,10 +257,17 @@ static int resolve_path(Sema *s, Expr *e, Layer **out, int cap)
         return 1;
     }
     if (e->kind == EX_MEMBER || e->kind == EX_INDEX) {
-        Layer **base = arena_alloc(sizeof(Layer *) * (size_t)cap);
-        int nb = resolve_path(s, e->lhs, base, cap);
+        /* The bases are resolved into out and replaced in place, so a long
+         * path costs no buffer per step (a cap-sized one each was 1.6 MB
+         * per `.`); only [*], which fans out, copies its bases first. */
+        int nb = resolve_path(s, e->lhs, out, cap);
         if (nb < 0)
             return -1;
+        Layer **base = out;
+        if (e->kind == EX_INDEX && e->rhs->kind == EX_STAR) {
+            base = arena_alloc(sizeof(Layer *) * (size_t)(nb ? nb : 1));
+            memcpy(base, out, sizeof(Layer *) * (size_t)nb);
+        }
         int n = 0;
         for (int i = 0; i < nb; i++) {
             Layer *b = base[i];
@@ -342,6 +352,27 @@ static void check_tie_groups(Sema *s, Layer *L)
         check_tie_groups(s, L->children[i]);
 }
 
+static const Signature sig_auto = {"auto", {{"bucket", A_SIZE, true}}};
+
+/* fully_shard auto(bucket = 256MiB): the planner makes the groups (plan.c);
+ * sema only checks the line and keeps the size. */
+static void auto_bucket(Sema *s, Setting *st)
+{
+    Arg *b[MAX_ARGS];
+    Expr *call = st->value;
+    if (!sema_bind_args(s, &sig_auto, call->loc, call->args, b))
+        return;
+    Scope sc = {s->model_sec->decls, NULL, s->root_type};
+    Value v;
+    if (!sema_fold(s, &sc, b[0]->value, &v))
+        return;
+    if (v.kind != V_INT || !b[0]->value->is_size || v.i <= 0)
+        diag_error(s->d, b[0]->value->loc, "`bucket` is a positive size with a unit, like "
+                                           "256MiB");
+    else
+        s->m->shard.auto_bucket_bytes = v.i;
+}
+
 static void plan_groups(Sema *s, Setting *settings)
 {
     Diag *D = s->d;
@@ -351,24 +382,35 @@ static void plan_groups(Sema *s, Setting *settings)
     Loc root_loc = s->shard_sec ? s->shard_sec->kw_loc : s->model_sec->kw_loc;
     int maxk = MAX_LAYER_INSTANCES + 1;
     Layer **found = arena_alloc(sizeof(Layer *) * (size_t)maxk);
+    Setting *auto_line = NULL, *first_target = NULL;
     for (Setting *st = settings; st; st = st->next) {
         if (st->kind != SET_FULLY_SHARD)
             continue;
+        Expr *v = st->value;
+        if (v->kind == EX_CALL && v->lhs->kind == EX_IDENT && strcmp(v->lhs->str, "auto") == 0) {
+            auto_bucket(s, st);
+            if (!auto_line)
+                auto_line = st;
+            continue;
+        }
+        if (!first_target)
+            first_target = st;
         int k = resolve_path(s, st->value, found, maxk);
         for (int i = 0; i < k; i++) {
-            if (!found[i])
+            if (!found[i]) {
                 root_loc = st->loc;
-            for (int j = 0; j < n; j++)
-                if (targets[j].layer == found[i]) {
-                    diag_error(D, st->value->loc, "`%s` is claimed by two fully_shard lines: "
-                                                  "here and at %s",
-                               found[i] ? found[i]->path : "root",
-                               diag_where(D, targets[j].loc));
-                    k = 0;
-                    break;
-                }
-            if (!found[i] || !k)
                 continue;
+            }
+            /* A target's group holds its index in targets until the groups
+             * are made, so a second claim is found at once: searching the
+             * list made `fully_shard blocks[*]` over 100,000 blocks take
+             * seconds. */
+            if (found[i]->group >= 0) {
+                diag_error(D, st->value->loc, "`%s` is claimed by two fully_shard lines: "
+                                              "here and at %s",
+                           found[i]->path, diag_where(D, targets[found[i]->group].loc));
+                break;
+            }
             if (n == cap) {
                 Target *nt = arena_alloc(sizeof(Target) * (size_t)cap * 2);
                 memcpy(nt, targets, sizeof(Target) * (size_t)cap);
@@ -376,9 +418,15 @@ static void plan_groups(Sema *s, Setting *settings)
                 cap *= 2;
             }
             targets[n] = (Target){found[i], st->loc, layer_depth(found[i]), n};
-            n++;
+            found[i]->group = n++;
         }
     }
+    if (auto_line && first_target)
+        diag_error(D, first_target->loc, "`fully_shard auto(...)` at %s chooses every group; "
+                                         "remove this line or the auto one",
+                   diag_where(D, auto_line->loc));
+    for (int j = 0; j < n; j++)
+        targets[j].layer->group = -1;
     /* FSDP2 order: children before parents, so deeper targets claim first;
      * the root takes every parameter left. */
     qsort(targets, (size_t)n, sizeof(Target), cmp_target);
@@ -427,6 +475,7 @@ static const SettingSpec shard_settings[] = {
     {"prefetch", SET_CALL, "prefetch(forward = 1, backward = 1)"},
     {"offload", SET_ASSIGN, "offload = none"},
     {"memory_budget", SET_ASSIGN, "memory_budget = 70GiB"},
+    {"accumulate", SET_ASSIGN, "accumulate = sharded"},
     {NULL, 0, NULL},
 };
 
@@ -491,8 +540,10 @@ static void check_shard(Sema *s)
     Model *m = s->m;
     ShardConfig *c = &m->shard;
     Scope sc = {s->model_sec->decls, NULL, s->root_type};
+    int64_t auto_bucket = c->auto_bucket_bytes;   /* set by plan_groups */
     *c = (ShardConfig){.reshard_after_forward = -1, .prefetch_forward = 1,
                        .prefetch_backward = 1};
+    c->auto_bucket_bytes = auto_bucket;
     Setting *by[8];
     collect_settings(s, s->shard_sec, shard_settings, by);
     if (by[0]) {
@@ -547,7 +598,17 @@ static void check_shard(Sema *s)
                 diag_error(s->d, by[4]->value->loc, "`memory_budget` must be positive");
             else
                 c->memory_budget_bytes = v.i;
+            c->memory_budget_loc = by[4]->loc;
         }
+    }
+    /* Gradient accumulation: `sharded` reduce-scatters every micro-batch and
+     * accumulates shards (less memory); `unsharded` keeps full gradients and
+     * reduce-scatters on the last micro-batch only (less traffic; FSDP2's
+     * set_requires_gradient_sync(False) on the others). */
+    if (by[5]) {
+        int v;
+        if (sema_eval_enum(s, by[5]->value, "`accumulate`", accumulate_choices, &v))
+            c->accumulate_unsharded = v == 1;
     }
 }
 
@@ -631,11 +692,22 @@ static void check_train(Sema *s)
                        .schedule = SCHED_CONSTANT, .ckpt_dir = "ckpt"};
     Setting *by[16];
     collect_settings(s, s->train_sec, train_settings, by);
+    /* Upper limits keep every size the planner multiplies (B·T·width) and
+     * every step count well inside 64 bits. */
     int64_t *ints[4] = {&t->micro_batch, &t->grad_accum, &t->steps, &t->seed};
-    for (int i = 0; i < 4; i++)
-        if (by[i])
-            sema_eval_int(s, &sc, by[i]->value, arena_printf("`%s`", train_settings[i].name),
-                     i == 3 ? 0 : 1, ints[i]);
+    static const int64_t most[4] = {1 << 20, 1 << 20, (int64_t)1 << 40, INT64_MAX};
+    for (int i = 0; i < 4; i++) {
+        int64_t v;
+        if (!by[i] || !sema_eval_int(s, &sc, by[i]->value,
+                                     arena_printf("`%s`", train_settings[i].name), i == 3 ? 0 : 1,
+                                     &v))
+            continue;
+        if (v > most[i])
+            diag_error(D, by[i]->value->loc, "`%s` is %" PRId64 "; the limit is %" PRId64,
+                       train_settings[i].name, v, most[i]);
+        else
+            *ints[i] = v;
+    }
     if (by[4])
         check_optimizer(s, &sc, by[4]->value);
     else if (!D->errors)
@@ -770,11 +842,17 @@ void model_dump(FILE *out, Model *m)
         if (m->types[i]->checked)
             dump_signature(out, m->types[i]);
     dump_signature(out, m->types[0]);
-    fputs("\nshard groups (bottom-up: children first, root last)\n", out);
-    for (int i = 0; i < m->ngroups; i++) {
-        ShardGroup *g = m->groups[i];
-        fprintf(out, "  %3d %-24s %3d tensors %14s params\n", g->index, g->name, g->nparams,
-                fmt_count(g->numel));
+    if (m->shard.auto_bucket_bytes) {
+        fprintf(out, "\nshard groups: fully_shard auto(bucket = %" PRId64 " bytes) lets the "
+                     "planner choose them (see --dump-plan)\n",
+                m->shard.auto_bucket_bytes);
+    } else {
+        fputs("\nshard groups (bottom-up: children first, root last)\n", out);
+        for (int i = 0; i < m->ngroups; i++) {
+            ShardGroup *g = m->groups[i];
+            fprintf(out, "  %3d %-24s %3d tensors %14s params\n", g->index, g->name,
+                    g->nparams, fmt_count(g->numel));
+        }
     }
     ShardConfig *c = &m->shard;
     fputs("\nshard\n", out);
@@ -787,6 +865,7 @@ void model_dump(FILE *out, Model *m)
     fprintf(out, "  prefetch(forward = %d, backward = %d)\n", c->prefetch_forward,
             c->prefetch_backward);
     fprintf(out, "  offload = %s\n", c->offload_cpu ? "cpu" : "none");
+    fprintf(out, "  accumulate = %s\n", c->accumulate_unsharded ? "unsharded" : "sharded");
     if (c->memory_budget_bytes)
         fprintf(out, "  memory_budget = %" PRId64 " bytes\n", c->memory_budget_bytes);
     TrainConfig *t = &m->train;

@@ -113,12 +113,34 @@ static Decl *find_local(Decl *decls, const char *name)
     return NULL;
 }
 
-/* Looks a name up; *outer is set when it was found in an enclosing scope. */
+static uint32_t name_hash(const char *s)
+{
+    uint32_t h = 2166136261u;   /* FNV-1a */
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 16777619u;
+    return h;
+}
+
+/* The slot of name in a module type's member index: where it is, or the
+ * empty slot where it would go. */
+static Decl **index_slot(ModuleType *t, const char *name)
+{
+    uint32_t i = name_hash(name) & t->index_mask;
+    while (t->index[i] && strcmp(t->index[i]->name, name) != 0)
+        i = (i + 1) & t->index_mask;
+    return &t->index[i];
+}
+
+/* Looks a name up; *outer is set when it was found in an enclosing scope.
+ * A scope over a module type's members uses the type's index (a file may
+ * declare half a million constants); others are searched in order. */
 Decl *sema_lookup(Scope *sc, const char *name, bool *outer)
 {
     *outer = false;
     for (; sc; sc = sc->outer) {
-        Decl *d = find_local(sc->decls, name);
+        Decl *d = sc->mt && sc->mt->index && sc->decls == sc->mt->members
+                      ? *index_slot(sc->mt, name)
+                      : find_local(sc->decls, name);
         if (d)
             return d;
         *outer = true;
@@ -155,6 +177,18 @@ const char *sema_decl_what(Decl *d)
 /* ── constant folding ── */
 
 static bool fold_const_decl(Sema *s, Scope *sc, Decl *d);
+
+/* A divisor that folded to zero; a constant's name says where it is set. */
+static void zero_divisor(Sema *s, Scope *sc, Expr *rhs)
+{
+    bool outer;
+    Decl *d = rhs->kind == EX_IDENT ? sema_lookup(sc, rhs->str, &outer) : NULL;
+    if (d)
+        diag_error(s->d, rhs->loc, "division by zero in constant expression: `%s` is 0 (at %s)",
+                   rhs->str, diag_where(s->d, d->value->loc));
+    else
+        diag_error(s->d, rhs->loc, "division by zero in constant expression");
+}
 
 bool sema_fold(Sema *s, Scope *sc, Expr *e, Value *out)
 {
@@ -244,7 +278,7 @@ bool sema_fold(Sema *s, Scope *sc, Expr *e, Value *out)
             case '/':
             case '%':
                 if (b.i == 0) {
-                    diag_error(D, e->rhs->loc, "division by zero in constant expression");
+                    zero_divisor(s, sc, e->rhs);
                     return false;
                 }
                 if (a.i == INT64_MIN && b.i == -1)
@@ -269,7 +303,7 @@ bool sema_fold(Sema *s, Scope *sc, Expr *e, Value *out)
         case '*': r = x * y; break;
         case '/':
             if (y == 0) {
-                diag_error(D, e->rhs->loc, "division by zero in constant expression");
+                zero_divisor(s, sc, e->rhs);
                 return false;
             }
             r = x / y;
@@ -384,8 +418,8 @@ bool sema_bind_args(Sema *s, const Signature *sig, Loc call_loc, Arg *args, Arg 
                 const char *names[MAX_ARGS + 1] = {0};
                 for (int i = 0; i < n; i++)
                     names[i] = sig->args[i].name;
-                diag_error(D, a->name_loc, "`%s` has no argument `%s`%s; its arguments are %s",
-                           sig->name, a->name, diag_suggest(a->name, names), sig_arg_list(sig));
+                diag_error(D, a->name_loc, "`%s` has no argument `%s` (its arguments are %s)%s",
+                           sig->name, a->name, sig_arg_list(sig), diag_suggest(a->name, names));
                 ok = false;
                 continue;
             }
@@ -481,8 +515,11 @@ bool sema_eval_enum(Sema *s, Expr *e, const char *what, const char *const *choic
                 *out = i;
                 return true;
             }
-    diag_error(s->d, e->loc, "%s must be %s%s", what, choice_list(choices),
-               e->kind == EX_IDENT ? diag_suggest(e->str, choices) : "");
+    if (e->kind == EX_IDENT)
+        diag_error(s->d, e->loc, "%s must be %s, not `%s`%s", what, choice_list(choices), e->str,
+                   diag_suggest(e->str, choices));
+    else
+        diag_error(s->d, e->loc, "%s must be %s", what, choice_list(choices));
     return false;
 }
 
@@ -504,9 +541,17 @@ static ModuleType *new_type(Sema *s, const char *name, Loc loc, Decl *decl, Decl
     return t;
 }
 
-/* Each name once per scope; one forward per module. */
+/* Each name once per scope; one forward per module. Builds the type's
+ * member index, where the first declaration of a name is the one found. */
 static void check_duplicates(Sema *s, Decl *decls, ModuleType *t)
 {
+    uint32_t n = 0, cap = 16;
+    for (Decl *d = decls; d; d = d->next)
+        n++;
+    while (cap < 2 * n)
+        cap *= 2;
+    t->index = arena_alloc(sizeof(Decl *) * cap);
+    t->index_mask = cap - 1;
     for (Decl *d = decls; d; d = d->next) {
         if (d->kind == DECL_FORWARD) {
             if (t->forward)
@@ -516,12 +561,12 @@ static void check_duplicates(Sema *s, Decl *decls, ModuleType *t)
                 t->forward = d;
             continue;
         }
-        for (Decl *e = decls; e != d; e = e->next)
-            if (e->name && strcmp(e->name, d->name) == 0) {
-                diag_error(s->d, d->name_loc, "`%s` is already defined at %s", d->name,
-                           diag_where(s->d, e->name_loc));
-                break;
-            }
+        Decl **slot = index_slot(t, d->name);
+        if (*slot)
+            diag_error(s->d, d->name_loc, "`%s` is already defined at %s", d->name,
+                       diag_where(s->d, (*slot)->name_loc));
+        else
+            *slot = d;
     }
 }
 
@@ -571,8 +616,9 @@ static void check_builtin_layer(Sema *s, Scope *sc, Decl *d, LayerKind kind, Exp
                            sc->mt->decl ? "block" : "model", diag_suggest(t->str, sema_scope_names(sc)));
                 ok = false;
             } else if (td->kind != DECL_LAYER) {
-                diag_error(D, t->loc, "`tie = %s`: `%s` is %s, not an Embedding layer", t->str,
-                           t->str, sema_decl_what(td));
+                diag_error(D, t->loc, "`tie = %s`: `%s` is %s (declared at %s), not an "
+                                      "Embedding layer",
+                           t->str, t->str, sema_decl_what(td), diag_where(D, td->name_loc));
                 ok = false;
             } else {
                 di->tie_decl = td;
@@ -897,6 +943,16 @@ static Type *apply_layer(Fwd *f, Expr *call, Decl *ld, Type **in, int nin)
                                    : L->kind == LK_BLOCK ? "block"
                                                          : layer_kind_name(L->kind),
                                    diag_where(D, ld->name_loc));
+    Decl *fw = L->mtype ? L->mtype->forward : NULL;
+    int nparams = 0;
+    for (Name *p = fw ? fw->params : NULL; p; p = p->next)
+        nparams++;
+    if (L->kind == LK_ARRAY && nparams > 1) {
+        diag_error(D, call->loc, "%s applies its blocks in sequence, so `%s`'s forward (at %s) "
+                                 "must take one input; it takes %d",
+                   who, L->mtype->name, diag_where(D, fw->loc), nparams);
+        return NULL;
+    }
     if (L->kind != LK_BLOCK && nin != 1) {
         diag_error(D, call->loc, "%s takes 1 input, got %d", who, nin);
         return NULL;
@@ -946,17 +1002,12 @@ static Type *apply_layer(Fwd *f, Expr *call, Decl *ld, Type **in, int nin)
         return check_forward(s, L->mtype, in, nin, call->loc);
     case LK_ARRAY: {
         ModuleType *mt = L->mtype;
-        if (mt->forward && mt->forward->params && mt->forward->params->next) {
-            diag_error(D, call->loc, "%s applies its blocks in sequence, so `%s`'s forward "
-                                     "must take one input",
-                       who, mt->name);
-            return NULL;
-        }
         Type *y = check_forward(s, mt, in, nin, call->loc);
         if (y && !ty_equal(y, x)) {
             diag_error(D, call->loc, "%s applies its blocks in sequence, so `%s`'s forward "
-                                     "must return what it takes; it takes %s and returns %s",
-                       who, mt->name, type_name(x), type_name(y));
+                                     "(at %s) must return what it takes; it takes %s and "
+                                     "returns %s",
+                       who, mt->name, diag_where(D, fw->loc), type_name(x), type_name(y));
             return NULL;
         }
         return y;
@@ -1004,11 +1055,12 @@ static Type *apply_builtin(Fwd *f, Expr *call, BuiltinFn fn, Type **in, int nin)
         int64_t v = lg->dim[lg->rank - 1];
         if (m->vocab && m->vocab != v) {
             diag_error(D, call->loc, "`cross_entropy` over %" PRId64 " classes here, but "
-                                     "over %" PRId64 " elsewhere in the model",
-                       v, m->vocab);
+                                     "over %" PRId64 " at %s; a model has one vocabulary",
+                       v, m->vocab, diag_where(D, f->s->vocab_loc));
             return NULL;
         }
         m->vocab = v;
+        f->s->vocab_loc = call->loc;
         return new_ty(DT_F32, 0, NULL);
     }
     default:
@@ -1029,11 +1081,14 @@ static const char **value_names(Fwd *f)
     int n = 0;
     for (Local *l = f->locals; l; l = l->next)
         n++;
-    const char **names = arena_alloc(sizeof(char *) * (size_t)(n + FN_COUNT + 40));
+    for (Decl *d = f->sc->decls; d; d = d->next)
+        n += d->kind == DECL_LAYER;
+    /* room for the built-in functions, which type_call appends */
+    const char **names = arena_alloc(sizeof(char *) * (size_t)(n + FN_COUNT + 1));
     n = 0;
     for (Local *l = f->locals; l; l = l->next)
         names[n++] = l->name;
-    for (Decl *d = f->sc->decls; d && n < n + 30; d = d->next)
+    for (Decl *d = f->sc->decls; d; d = d->next)
         if (d->kind == DECL_LAYER)
             names[n++] = d->name;
     return names;
@@ -1130,8 +1185,14 @@ static Type *type_binop(Fwd *f, Expr *e)
                    ast_op_name(e->op), type_name(a->dtype == DT_I32 ? a : b));
         return NULL;
     }
+    if (a->rank == 0 || b->rank == 0) {
+        diag_error(D, e->loc, "`%s` of %s and %s: a forward adds and multiplies tensors; a "
+                              "scalar loss can only be returned",
+                   ast_op_name(e->op), type_name(a), type_name(b));
+        return NULL;
+    }
     Type *big = a->rank >= b->rank ? a : b, *small = big == a ? b : a;
-    bool fit = small->rank > 0;
+    bool fit = true;
     for (int i = 0; fit && i < small->rank; i++)
         fit = small->dim[small->rank - 1 - i] == big->dim[big->rank - 1 - i];
     if (!fit) {
@@ -1265,8 +1326,8 @@ static Type *check_forward(Sema *s, ModuleType *mt, Type **args, int nargs, Loc 
             ret = t;
             continue;
         }
-        if (!t)
-            continue;
+        /* A value whose expression failed (reported) is still defined, with
+         * no type, so its later uses add no "undefined name" errors. */
         Local *l = find_value(&f, st->name);
         if (!l) {
             bool o;

@@ -95,6 +95,16 @@ Source *source_from_memory(const char *name, const char *data, size_t len)
     s->name = arena_strdup(name);
     s->text = arena_strndup(data, len);
     s->len = len;
+    /* Line starts, so that finding a message's line is a binary search and
+     * not a scan from the top: a file can draw a message per line. */
+    uint32_t n = 1;
+    for (const char *p = s->text; (p = memchr(p, '\n', len - (size_t)(p - s->text))); p++)
+        n++;
+    s->line_starts = arena_alloc(sizeof(uint32_t) * n);
+    s->nlines = 1;
+    for (size_t i = 0; i < len; i++)
+        if (s->text[i] == '\n')
+            s->line_starts[s->nlines++] = (uint32_t)(i + 1);
     return s;
 }
 
@@ -148,15 +158,17 @@ void loc_line_col(const Source *src, uint32_t off, int *line, int *col)
 {
     if (off > src->len)
         off = (uint32_t)src->len;
-    int l = 1;
-    size_t bol = 0;
-    for (size_t i = 0; i < off; i++)
-        if (src->text[i] == '\n') {
-            l++;
-            bol = i + 1;
-        }
-    *line = l;
-    *col = (int)(off - bol) + 1;
+    /* the last line that starts at or before off */
+    uint32_t lo = 0, hi = src->nlines;
+    while (hi - lo > 1) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (src->line_starts[mid] <= off)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    *line = (int)lo + 1;
+    *col = (int)(off - src->line_starts[lo]) + 1;
 }
 
 const char *diag_where(Diag *d, Loc loc)
@@ -173,13 +185,10 @@ static void print_excerpt(Diag *d, Loc loc)
 {
     const Source *src = d->src;
     uint32_t off = loc.begin > src->len ? (uint32_t)src->len : loc.begin;
-    size_t bol = off, eol = off;
-    while (bol > 0 && src->text[bol - 1] != '\n')
-        bol--;
-    while (eol < src->len && src->text[eol] != '\n')
-        eol++;
     int line, col;
     loc_line_col(src, off, &line, &col);
+    size_t bol = off - (uint32_t)(col - 1);
+    size_t eol = (uint32_t)line < src->nlines ? src->line_starts[line] - 1 : src->len;
 
     enum { WINDOW = 120 };
     size_t from = bol, to = eol;
@@ -198,18 +207,27 @@ static void print_excerpt(Diag *d, Loc loc)
     if (end > to)
         end = (uint32_t)(to > off ? to : off + 1);
 
-    fprintf(d->out, "%5d | %s", line, cut_left ? "..." : "");
+    /* Both lines are built in a buffer and written at once: stderr is
+     * unbuffered, and a file can draw a warning per line. Each part is at
+     * most WINDOW bytes, so the buffer cannot overflow. */
+    char buf[4 * WINDOW + 64];
+    int gutter = snprintf(NULL, 0, "%d", line);   /* wider past line 99,999 */
+    if (gutter < 5)
+        gutter = 5;
+    size_t k = (size_t)snprintf(buf, 32, "%*d | %s", gutter, line, cut_left ? "..." : "");
     for (size_t i = from; i < to; i++) {
         unsigned char c = (unsigned char)src->text[i];
-        fputc(c == '\t' || (c >= 32 && c < 127) ? c : '?', d->out);
+        buf[k++] = c == '\t' || (c >= 32 && c < 127) ? (char)c : '?';
     }
-    fprintf(d->out, "%s\n      | %s", cut_right ? "..." : "", cut_left ? "   " : "");
+    k += (size_t)snprintf(buf + k, 32, "%s\n%*s | %s", cut_right ? "..." : "", gutter, "",
+                          cut_left ? "   " : "");
     for (size_t i = from; i < off; i++)
-        fputc(src->text[i] == '\t' ? '\t' : ' ', d->out);
-    fputc('^', d->out);
+        buf[k++] = src->text[i] == '\t' ? '\t' : ' ';
+    buf[k++] = '^';
     for (uint32_t i = off + 1; i < end; i++)
-        fputc('~', d->out);
-    fputc('\n', d->out);
+        buf[k++] = '~';
+    buf[k++] = '\n';
+    fwrite(buf, 1, k, d->out);
 }
 
 static void report(Diag *d, const char *kind, Loc loc, const char *fmt, va_list ap)

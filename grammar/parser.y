@@ -139,6 +139,7 @@ settings
     | settings IDENT '(' args_opt ')'
                                     { $$ = ast_setting(@2, SET_CALL, $2, @2, NULL, $4, $1); }
     | settings FULLY_SHARD expr     { $$ = ast_setting(@2, SET_FULLY_SHARD, "fully_shard", @2, $3, NULL, $1); }
+    | settings IDENT '(' error ')'  { $$ = $1; }
     | settings error                { $$ = $1; }
     ;
 
@@ -155,6 +156,7 @@ expr
 postfix
     : primary                       { $$ = $1; }
     | postfix '(' args_opt ')'      { $$ = bounded(ctx, ast_call(@$, $1, $3)); }
+    | postfix '(' error ')'         { $$ = $1; }
     | postfix '[' index ']'         { $$ = bounded(ctx, ast_index(@$, $1, $3)); }
     | postfix '.' IDENT             { $$ = bounded(ctx, ast_member(@$, $1, $3)); }
     ;
@@ -202,6 +204,31 @@ arg_name
 
 %%
 
+/* A missing bracket involves two places; this names the open one, as clang
+ * does: "expecting `)` to match the `(` at m.fsd:3:19" where the parser
+ * wanted the innermost open bracket's closer, or "the `{` at m.fsd:9:7 is
+ * never closed" at the end of the file. Returns msg, amended. */
+static const char *unclosed(ParseCtx *ctx, Loc loc, const char *msg)
+{
+    if (ctx->depth <= 0 || ctx->depth > ctx->max_depth)
+        return msg;
+    Loc open = ctx->opens[ctx->depth - 1];
+    char o = ctx->src->text[open.begin];
+    const char *where = diag_where(ctx->diag, open);
+    if (strstr(msg, "unexpected end of file"))
+        return arena_printf("%s; the `%c` at %s is never closed", msg, o, where);
+    /* a bracket as lookahead has already moved the scanner's count */
+    if (strchr("()[]{}", ctx->src->text[loc.begin]))
+        return msg;
+    char want[] = {'`', o == '(' ? ')' : o == '[' ? ']' : '}', '`', 0};
+    const char *expecting = strstr(msg, "expecting");
+    const char *at = expecting ? strstr(expecting, want) : NULL;
+    if (!at)
+        return msg;
+    at += 3;
+    return arena_printf("%.*s to match the `%c` at %s%s", (int)(at - msg), msg, o, where, at);
+}
+
 static void yyerror(Loc *loc, yyscan_t scanner, ParseCtx *ctx, const char *msg)
 {
     (void)scanner;
@@ -209,7 +236,12 @@ static void yyerror(Loc *loc, yyscan_t scanner, ParseCtx *ctx, const char *msg)
         msg += 14;
     if (strcmp(msg, "memory exhausted") == 0)
         msg = "input nested too deeply";
-    diag_error(ctx->diag, *loc, "%s", msg);
+    /* bison quotes character tokens as ')'; messages quote code as `)` */
+    char *m = arena_strdup(msg);
+    for (char *p = m; *p; p++)
+        if (p[0] == '\'' && p[1] && p[2] == '\'')
+            p[0] = p[2] = '`';
+    diag_error(ctx->diag, *loc, "%s", unclosed(ctx, *loc, m));
 }
 
 /* Operator chains (1+1+...+1) build deep trees without deep brackets; every

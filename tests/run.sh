@@ -59,7 +59,7 @@ for f in tests/errors/*.fsd tests/errors/*.gen; do
         "$f" >"$input"
     fi
     want=1
-    first=$(head -c 200 "$input" | head -n 1)
+    first=$(head -c 200 "$input" | head -n 1 | tr -d '\0')
     case "$first" in "# exit: "*) want=${first#\# exit: } ;; esac
     rm -f "$TMP/o.txt"
     timeout 20 "$FSDPC" "$input" --dump-model -o "$TMP/o.txt" >/dev/null 2>"$TMP/err"
@@ -79,6 +79,23 @@ for f in tests/errors/*.fsd tests/errors/*.gen; do
     fi
     compare "error $name" "tests/errors/$name.expected" "$TMP/err"
 done
+# ── the memory plan: tests/memory/check.py, a suite of its own, counted here ──
+# Figures computed by hand from the models' shapes, memory_budget's choices
+# and errors, and golden --dump-memory files (rewritten by --regen).
+mem_args=""
+[ $REGEN = 1 ] && mem_args=--regen
+python3 tests/memory/check.py "$FSDPC" $mem_args >"$TMP/mem" 2>&1
+mem_last=$(tail -n 1 "$TMP/mem")
+sed '$d' "$TMP/mem"
+case "$mem_last" in
+*" passed, "*" failed")
+    pass=$((pass + ${mem_last%% passed*}))
+    mem_f=${mem_last#*, }
+    fail=$((fail + ${mem_f%% failed}))
+    ;;
+*) echo "$mem_last"; bad "tests/memory/check.py ended without a summary" ;;
+esac
+
 [ $REGEN = 1 ] && { echo "$pass passed, $fail failed"; exit 0; }
 
 # ── published parameter counts ──
@@ -121,6 +138,19 @@ for f in examples/*.fsd; do
     st=$?
     if [ $st = 0 ] && [ ! -s "$TMP/err" ]; then ok "check $(basename "$f")"; else bad "check $(basename "$f")" "$TMP/err"; fi
 done
+
+# ── the simulator: tests/sim.sh, a suite of its own, counted here ──
+FSDPC="$FSDPC" tests/sim.sh >"$TMP/sim" 2>&1
+sim_last=$(tail -n 1 "$TMP/sim")
+sed '$d' "$TMP/sim"
+case "$sim_last" in
+*" passed, "*" failed")
+    pass=$((pass + ${sim_last%% passed*}))
+    sim_f=${sim_last#*, }
+    fail=$((fail + ${sim_f%% failed}))
+    ;;
+*) echo "$sim_last"; bad "tests/sim.sh ended without a summary" ;;
+esac
 
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]

@@ -1,6 +1,11 @@
 #!/bin/sh
-# setup.sh — installs what fsdpc needs to build and test, if it is missing.
-# As root it uses apt-get; otherwise it prints the command to run.
+# setup.sh — installs what fsdpc needs to build and test, if it is missing:
+# the compiler's tools, and MPI and OpenBLAS for the CPU runtime. As root it
+# uses apt-get; otherwise it prints the command to run.
+#
+# clang and its runtime libraries (libFuzzer) are optional: `make test` runs
+# its fuzz smoke test only when they are there and says so when they are
+# not, so a missing clang is installed as root but never an error.
 set -e
 
 need=""
@@ -9,16 +14,46 @@ command -v bison >/dev/null 2>&1 || need="$need bison"
 command -v cc    >/dev/null 2>&1 || need="$need gcc"
 command -v make  >/dev/null 2>&1 || need="$need make"
 command -v python3 >/dev/null 2>&1 || need="$need python3"
+# the CPU runtime (make runtime) and its tests: MPI, OpenBLAS, found with
+# pkg-config (its cblas.h, not whichever one /usr/include's alternative
+# names, declares openblas_set_num_threads)
+command -v pkg-config >/dev/null 2>&1 || need="$need pkg-config"
+{ command -v mpicc && command -v mpirun; } >/dev/null 2>&1 || need="$need openmpi-bin libopenmpi-dev"
+if ! pkg-config --exists openblas 2>/dev/null; then
+    ls /usr/include/*/openblas*/cblas.h /usr/include/openblas/cblas.h >/dev/null 2>&1 ||
+        need="$need libopenblas-dev"
+fi
 
-[ -z "$need" ] && exit 0
+# libFuzzer lives in clang's runtime folder (Debian: libclang-rt-dev).
+want=""
+if ! command -v clang >/dev/null 2>&1; then
+    want="clang libclang-rt-dev"
+else
+    rt=$(clang -print-runtime-dir 2>/dev/null || true)
+    if [ ! -e "$rt/libclang_rt.fuzzer-$(uname -m).a" ] && [ ! -e "$rt/libclang_rt.fuzzer.a" ]; then
+        want="libclang-rt-dev"
+    fi
+fi
+
+[ -z "$need$want" ] && exit 0
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "setup: installing$need"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    apt-get install -y -qq $need >/dev/null
-else
+    if [ -n "$need" ]; then
+        echo "setup: installing$need"
+        apt-get install -y -qq $need >/dev/null
+    fi
+    if [ -n "$want" ]; then
+        echo "setup: installing $want (for the fuzz tests)"
+        apt-get install -y -qq $want >/dev/null ||
+            echo "setup: could not install $want; the fuzz smoke test will be skipped" >&2
+    fi
+elif [ -n "$need" ]; then
     echo "setup: missing$need; install with:" >&2
-    echo "  sudo apt-get install -y$need" >&2
+    echo "  sudo apt-get install -y$need${want:+ $want}" >&2
     exit 1
+else
+    echo "setup: no clang with libFuzzer, so \`make test\` skips its fuzz smoke test;" \
+         "install with: sudo apt-get install -y $want" >&2
 fi

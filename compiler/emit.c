@@ -1,0 +1,552 @@
+/*
+ * emit.c — writes train.cu: the verified schedule as one readable program.
+ *
+ * The file has four parts:
+ *   1. the kernels the model uses, copied from templates/ (embedded in fsdpc
+ *      at build time), written once for both backends;
+ *   2. constant tables: parameters (name, group, offset, shape, init),
+ *      shard groups, arena tensors with their live ranges, the train
+ *      section; fsdrt_init sizes everything from them at start-up, so the
+ *      world size stays a run-time value;
+ *   3. one function per distinct micro-batch of the schedule: every event
+ *      in schedule order, each kernel call commented with the .fsd line and
+ *      layer it comes from and the shape of what it writes;
+ *   4. main: the step loop the runtime drives.
+ *
+ * Micro-batches differ only when gradients accumulate unsharded (the first
+ * allocates gradient buffers, the last reduce-scatters them), so the
+ * emitter walks verified schedules of one and of three micro-batches and
+ * writes each distinct micro-batch once: `only` (a step of one), `first`,
+ * `middle` and `last`. Nothing here reorders the schedule.
+ */
+#include "fsdpc.h"
+
+#include <inttypes.h>
+#include <string.h>
+
+typedef struct Emit {
+    FILE *out;
+    Model *m;
+    Graph *g;
+    int *act;          /* by tensor id: arena index, -1 for params, inputs */
+    int nacts;
+} Emit;
+
+#define P(...) fprintf(e->out, __VA_ARGS__)
+
+/* ── names and shapes ── */
+
+/* An element count as a C expression in the micro-batch size B. */
+static const char *numel_expr(const Tensor *t)
+{
+    int64_t n = 1;
+    bool batch = false;
+    for (int i = 0; i < t->rank; i++) {
+        if (t->dim[i] == DIM_BATCH)
+            batch = true;
+        else
+            n *= t->dim[i];
+    }
+    return batch ? arena_printf("B * %" PRId64, n) : arena_printf("%" PRId64, n);
+}
+
+/* Rows of a tensor whose last dimension is C. */
+static const char *rows_expr(const Tensor *t)
+{
+    int64_t n = 1;
+    bool batch = false;
+    for (int i = 0; i + 1 < t->rank; i++) {
+        if (t->dim[i] == DIM_BATCH)
+            batch = true;
+        else
+            n *= t->dim[i];
+    }
+    return batch ? arena_printf("B * %" PRId64, n) : arena_printf("%" PRId64, n);
+}
+
+static int64_t last_dim(const Tensor *t) { return t->dim[t->rank - 1]; }
+
+static const char *shape_comment(const Tensor *t)
+{
+    Type ty = {t->dtype, t->rank, {0}};
+    memcpy(ty.dim, t->dim, sizeof ty.dim);
+    return type_name(&ty);
+}
+
+/* The C expression naming a tensor's memory. */
+static const char *ref(Emit *e, const Tensor *t)
+{
+    switch (t->kind) {
+    case TK_PARAM: return arena_printf("fsdrt_param(r, %d)", t->param->index);
+    case TK_PGRAD: return arena_printf("fsdrt_grad(r, %d)", t->param->index);
+    case TK_INPUT:
+        if (t == e->g->idx)
+            return "fsdrt_idx(r)";
+        if (t == e->g->targets)
+            return "fsdrt_targets(r)";
+        return "fsdrt_positions(r)";
+    case TK_ACT:
+    case TK_AGRAD: return arena_printf("a%d", e->act[t->id]);
+    }
+    fsd_unreachable();
+}
+
+static const char *acc(const OpNode *op, int i) { return op->acc[i] ? "true" : "false"; }
+
+/* ── one op ── */
+
+static void emit_op(Emit *e, const OpNode *op)
+{
+    Model *m = e->m;
+    int line, col;
+    loc_line_col(m->prog->src, op->loc.begin, &line, &col);
+    const char *where = op->layer && op->layer->path[0] ? op->layer->path : m->name;
+    P("    /* %s:%d  %s  %s", m->prog->src->name, line, where, op_name(op->kind));
+    if (op->nout)
+        P(" -> %s", shape_comment(op->out[0]));
+    P(" */\n");
+    P("    fsdrt_trace_begin(r, \"%s %s\");\n", op_name(op->kind), where);
+    const Tensor *x = op->nin ? op->in[0] : NULL;
+    const Tensor *y = op->nout ? op->out[0] : NULL;
+#define R(t) ref(e, (t))
+    switch (op->kind) {
+    case OP_EMBED:
+        P("    embed_fwd(%s, %s, %s, %s, %" PRId64 ", %" PRId64 ");\n", R(y), R(op->in[0]),
+          R(op->in[1]), numel_expr(op->in[1]), last_dim(y), op->in[0]->dim[0]);
+        break;
+    case OP_EMBED_BWD:
+        P("    embed_bwd(%s, %s, %s, %s, %" PRId64 ", %" PRId64 ");\n", R(y), R(op->in[0]),
+          R(op->in[1]), numel_expr(op->in[1]), last_dim(op->in[0]), y->dim[0]);
+        break;
+    case OP_MATMUL: /* y[rows, N] = x[rows, K] · W[N, K]ᵀ */ {
+        int64_t N = op->in[1]->dim[0], K = op->in[1]->dim[1];
+        P("    fsdrt_gemm(r, false, true, %s, %" PRId64 ", %" PRId64 ", 1, %s, %" PRId64
+          ", %s, %" PRId64 ", 0, %s, %" PRId64 ");\n",
+          rows_expr(x), N, K, R(x), K, R(op->in[1]), K, R(y), N);
+        break;
+    }
+    case OP_MATMUL_DX: /* dx[rows, K] (+)= dy[rows, N] · W[N, K] */ {
+        int64_t N = op->in[1]->dim[0], K = op->in[1]->dim[1];
+        P("    fsdrt_gemm(r, false, false, %s, %" PRId64 ", %" PRId64 ", 1, %s, %" PRId64
+          ", %s, %" PRId64 ", %d, %s, %" PRId64 ");\n",
+          rows_expr(x), K, N, R(x), N, R(op->in[1]), K, op->acc[0], R(y), K);
+        break;
+    }
+    case OP_MATMUL_DW: /* dW[N, K] += dy[rows, N]ᵀ · x[rows, K] */ {
+        int64_t N = y->dim[0], K = y->dim[1];
+        P("    fsdrt_gemm(r, true, false, %" PRId64 ", %" PRId64 ", %s, 1, %s, %" PRId64
+          ", %s, %" PRId64 ", 1, %s, %" PRId64 ");\n",
+          N, K, rows_expr(x), R(x), N, R(op->in[1]), K, R(y), K);
+        break;
+    }
+    case OP_BIAS_ADD:
+        P("    bias_add_fwd(%s, %s, %s, %s, %" PRId64 ");\n", R(y), R(x), R(op->in[1]), rows_expr(x),
+          last_dim(x));
+        break;
+    case OP_BIAS_BWD:
+        P("    bias_bwd(%s, %s, %s, %" PRId64 ");\n", R(y), R(x), rows_expr(x), last_dim(x));
+        break;
+    case OP_LAYERNORM:
+        P("    layernorm_fwd(%s, %s, %s, %s, %s, %s, %s, %" PRId64 ", %.9g);\n", R(y),
+          R(op->out[1]), R(op->out[2]), R(x), R(op->in[1]), R(op->in[2]), rows_expr(x),
+          last_dim(x), op->eps);
+        break;
+    case OP_LAYERNORM_BWD: /* in: dy, x, w, mean, rstd; out: dx, dw, db */
+        P("    layernorm_bwd(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %" PRId64 ");\n", R(y),
+          acc(op, 0), R(op->out[1]), R(op->out[2]), R(x), R(op->in[1]), R(op->in[2]),
+          R(op->in[3]), R(op->in[4]), rows_expr(x), last_dim(x));
+        break;
+    case OP_RMSNORM:
+        P("    rmsnorm_fwd(%s, %s, %s, %s, %s, %" PRId64 ", %.9g);\n", R(y), R(op->out[1]), R(x),
+          R(op->in[1]), rows_expr(x), last_dim(x), op->eps);
+        break;
+    case OP_RMSNORM_BWD: /* in: dy, x, w, rstd; out: dx, dw */
+        P("    rmsnorm_bwd(%s, %s, %s, %s, %s, %s, %s, %s, %" PRId64 ");\n", R(y), acc(op, 0),
+          R(op->out[1]), R(x), R(op->in[1]), R(op->in[2]), R(op->in[3]), rows_expr(x),
+          last_dim(x));
+        break;
+    case OP_ROPE:
+        P("    rope_fwd(%s, %s, B, %" PRId64 ", %" PRId64 ", %" PRId64 ", %.17g);\n", R(y), R(x),
+          x->dim[1], op->heads, op->head_dim, op->theta);
+        break;
+    case OP_ROPE_BWD:
+        P("    rope_bwd(%s, %s, %s, B, %" PRId64 ", %" PRId64 ", %" PRId64 ", %.17g);\n", R(y),
+          acc(op, 0), R(x), x->dim[1], op->heads, op->head_dim, op->theta);
+        break;
+    case OP_ATTENTION:
+        P("    attention_fwd(%s, %s, %s, %s, %s, B, %" PRId64 ", %" PRId64 ", %" PRId64
+          ", %" PRId64 ", %s);\n",
+          R(y), R(op->out[1]), R(op->in[0]), R(op->in[1]), R(op->in[2]), x->dim[1], op->heads,
+          op->kv_heads, op->head_dim, op->causal ? "true" : "false");
+        break;
+    case OP_ATTENTION_BWD: /* in: do, q, k, v, out, lse; out: dq, dk, dv */
+        P("    attention_bwd(%s, %s, %s, %s, %s, %s,\n"
+          "                  %s, %s, %s, %s, %s, %s, B, %" PRId64 ", %" PRId64 ", %" PRId64
+          ", %" PRId64 ", %s);\n",
+          R(op->out[0]), acc(op, 0), R(op->out[1]), acc(op, 1), R(op->out[2]), acc(op, 2), R(x),
+          R(op->in[1]), R(op->in[2]), R(op->in[3]), R(op->in[4]), R(op->in[5]),
+          op->in[1]->dim[1], op->heads, op->kv_heads, op->head_dim,
+          op->causal ? "true" : "false");
+        break;
+    case OP_GELU:
+    case OP_RELU:
+    case OP_SILU:
+        P("    %s_fwd(%s, %s, %s);\n", op_name(op->kind), R(y), R(x), numel_expr(x));
+        break;
+    case OP_GELU_BWD:
+    case OP_RELU_BWD:
+    case OP_SILU_BWD: /* in: dy, x */
+        P("    %s(%s, %s, %s, %s, %s);\n", op_name(op->kind), R(y), acc(op, 0), R(x),
+          R(op->in[1]), numel_expr(x));
+        break;
+    case OP_SWIGLU:
+        P("    swiglu_fwd(%s, %s, %s, %s);\n", R(y), R(x), R(op->in[1]), numel_expr(y));
+        break;
+    case OP_SWIGLU_BWD: /* in: dy, g, u; out: dg, du */
+        P("    swiglu_bwd(%s, %s, %s, %s, %s, %s, %s, %s);\n", R(op->out[0]), acc(op, 0),
+          R(op->out[1]), acc(op, 1), R(x), R(op->in[1]), R(op->in[2]), numel_expr(x));
+        break;
+    case OP_ADD:
+    case OP_MUL:
+        P("    %s_fwd(%s, %s, %s, %s, %s);\n", op_name(op->kind), R(y), R(x), R(op->in[1]),
+          numel_expr(x), numel_expr(op->in[1]));
+        break;
+    case OP_MUL_BWD: /* in: dy, a, b; out: da, db */
+        P("    mul_bwd(%s, %s, %s, %s, %s, %s, %s, %s, %s);\n", R(op->out[0]), acc(op, 0),
+          R(op->out[1]), acc(op, 1), R(x), R(op->in[1]), R(op->in[2]), numel_expr(op->in[1]),
+          numel_expr(op->in[2]));
+        break;
+    case OP_REDUCE_TO:
+        P("    reduce_to(%s, %s, %s, %s, %s);\n", R(y), acc(op, 0), R(x), numel_expr(x),
+          numel_expr(y));
+        break;
+    case OP_COPY:
+        P("    copy(%s, %s, %s, %s);\n", R(y), acc(op, 0), R(x), numel_expr(x));
+        break;
+    case OP_CROSS_ENTROPY:
+        P("    cross_entropy_fwd(%s, %s, %s, %s, %s, %" PRId64 ");\n", R(y), R(op->out[1]), R(x),
+          R(op->in[1]), rows_expr(x), last_dim(x));
+        P("    fsdrt_add_loss(r, %s[0]);\n", R(y));
+        break;
+    case OP_CROSS_ENTROPY_BWD: /* in: logits, targets, lse; out: dlogits */
+        P("    cross_entropy_bwd(%s, %s, %s, %s, %s, %s, %" PRId64 ", fsdrt_loss_scale(r));\n",
+          R(y), acc(op, 0), R(x), R(op->in[1]), R(op->in[2]), rows_expr(x), last_dim(x));
+        break;
+    case OP_COUNT:
+        fsd_unreachable();
+    }
+#undef R
+    P("    fsdrt_trace_end(r);\n");
+}
+
+/* ── schedules ── */
+
+static void emit_event(Emit *e, const Event *ev)
+{
+    const char *gname = ev->group >= 0 ? e->m->groups[ev->group]->name : "";
+    switch (ev->kind) {
+    case EV_ALL_GATHER: P("    fsdrt_all_gather(r, %d);      /* %s */\n", ev->group, gname); break;
+    case EV_WAIT_GATHER: P("    fsdrt_wait_gather(r, %d);     /* %s */\n", ev->group, gname); break;
+    case EV_RESHARD: P("    fsdrt_reshard(r, %d);         /* %s */\n", ev->group, gname); break;
+    case EV_ALLOC_GRADS: P("    fsdrt_alloc_grads(r, %d);     /* %s */\n", ev->group, gname); break;
+    case EV_REDUCE_SCATTER: P("    fsdrt_reduce_scatter(r, %d);  /* %s */\n", ev->group, gname); break;
+    case EV_WAIT_REDUCE: P("    fsdrt_wait_reduce(r, %d);     /* %s */\n", ev->group, gname); break;
+    case EV_FREE_GRADS: P("    fsdrt_free_grads(r, %d);      /* %s */\n", ev->group, gname); break;
+    case EV_COMPUTE: emit_op(e, ev->op); break;
+    case EV_GRAD_NORM:
+    case EV_OPTIMIZER: break;   /* fsdrt_end_step runs them, group by group */
+    case EV_COUNT: fsd_unreachable();
+    }
+}
+
+static bool same_micro(const Schedule *a, int ma, const Schedule *b, int mb)
+{
+    int i = 0, j = 0;
+    for (;;) {
+        while (i < a->nev && a->ev[i].micro != ma)
+            i++;
+        while (j < b->nev && b->ev[j].micro != mb)
+            j++;
+        if (i == a->nev || j == b->nev)
+            return i == a->nev && j == b->nev;
+        const Event *x = &a->ev[i++], *y = &b->ev[j++];
+        if (x->kind != y->kind || x->group != y->group || x->op != y->op)
+            return false;
+    }
+}
+
+static void emit_micro(Emit *e, const Schedule *s, int micro, const char *name, const char *why)
+{
+    P("/* micro-batch: %s */\n", why);
+    P("static void micro_%s(FsdRun *r)\n{\n", name);
+    P("    const int64_t B = fsdrt_batch(r);\n");
+    /* every arena tensor this function touches, with its shape */
+    bool *used = arena_alloc(sizeof(bool) * (size_t)e->g->ntensors);
+    for (int i = 0; i < s->nev; i++) {
+        const Event *ev = &s->ev[i];
+        if (ev->micro != micro || !ev->op)
+            continue;
+        for (int k = 0; k < ev->op->nin; k++)
+            used[ev->op->in[k]->id] = true;
+        for (int k = 0; k < ev->op->nout; k++)
+            used[ev->op->out[k]->id] = true;
+    }
+    for (int t = 0; t < e->g->ntensors; t++)
+        if (used[t] && e->act[t] >= 0) {
+            Tensor *tt = e->g->tensors[t];
+            P("    real *a%d = fsdrt_act(r, %d);  /* %-26s %s */\n", e->act[t], e->act[t],
+              shape_comment(tt), tt->name);
+        }
+    P("    (void)B;\n\n");
+    for (int i = 0; i < s->nev; i++)
+        if (s->ev[i].micro == micro)
+            emit_event(e, &s->ev[i]);
+    P("}\n\n");
+}
+
+/* ── tables ── */
+
+static void emit_tables(Emit *e)
+{
+    Model *m = e->m;
+    Graph *g = e->g;
+    P("static const FsdParamInfo params[%d] = {\n", m->nparams);
+    for (int i = 0; i < m->nparams; i++) {
+        Param *p = m->params[i];
+        P("    {\"%s\", %d, %" PRId64 ", %d, {%" PRId64 ", %" PRId64 "}, %" PRId64 ", %s, %s},\n",
+          p->name, p->group, p->offset, p->rank, p->shape[0], p->rank > 1 ? p->shape[1] : 1,
+          p->numel,
+          p->init == INIT_NORMAL ? "FSD_INIT_NORMAL" : p->init == INIT_ZEROS ? "FSD_INIT_ZEROS"
+                                                                            : "FSD_INIT_ONES",
+          p->rank >= 2 ? "true" : "false");
+    }
+    P("};\n\n");
+    P("static const FsdGroupInfo groups[%d] = {\n", m->ngroups);
+    for (int i = 0; i < m->ngroups; i++)
+        P("    {\"%s\", %" PRId64 "},\n", m->groups[i]->name, m->groups[i]->flat_numel);
+    P("};\n\n");
+
+    /* arena tensors: live range over this micro-batch's op order */
+    int *first = arena_alloc(sizeof(int) * (size_t)g->ntensors);
+    int *last = arena_alloc(sizeof(int) * (size_t)g->ntensors);
+    for (int t = 0; t < g->ntensors; t++)
+        first[t] = last[t] = -1;
+    for (int i = 0; i < g->nops; i++) {
+        OpNode *op = g->ops[i];
+        for (int k = 0; k < op->nin + op->nout; k++) {
+            Tensor *t = k < op->nin ? op->in[k] : op->out[k - op->nin];
+            if (first[t->id] < 0)
+                first[t->id] = i;
+            last[t->id] = i;
+        }
+    }
+    P("/* arena tensors: numel = per_sample * B + fixed, live over ops [first, last] */\n");
+    P("static const FsdActInfo acts[%d] = {\n", e->nacts ? e->nacts : 1);
+    for (int t = 0; t < g->ntensors; t++) {
+        if (e->act[t] < 0)
+            continue;
+        Tensor *tt = g->tensors[t];
+        int64_t n = 1;
+        bool batch = false;
+        for (int k = 0; k < tt->rank; k++) {
+            if (tt->dim[k] == DIM_BATCH)
+                batch = true;
+            else
+                n *= tt->dim[k];
+        }
+        P("    {\"%s\", %" PRId64 ", %" PRId64 ", %d, %d},\n", tt->name, batch ? n : 0,
+          batch ? 0 : n, first[t], last[t]);
+    }
+    if (!e->nacts)
+        P("    {\"none\", 0, 0, 0, 0},\n");
+    P("};\n\n");
+}
+
+static const char *cstr(const char *s)
+{
+    if (!s)
+        return "NULL";
+    const char *o = "\"";
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            o = arena_printf("%s\\%c", o, c);
+        else if (c < 32 || c > 126)
+            o = arena_printf("%s\\%03o", o, c);
+        else
+            o = arena_printf("%s%c", o, c);
+    }
+    return arena_printf("%s\"", o);
+}
+
+static void emit_model(Emit *e, uint64_t hash)
+{
+    Model *m = e->m;
+    TrainConfig *t = &m->train;
+    ShardConfig *c = &m->shard;
+    static const char *const dts[] = {"FSD_FP32", "FSD_BF16", "FSD_FP16"};
+    P("static const FsdModel model = {\n");
+    P("    .name = \"%s\",\n", m->name);
+    P("    .source = %s,\n", cstr(m->prog->src->name));
+    P("    .hash = 0x%016" PRIx64 "ull,\n", hash);
+    P("    .vocab = %" PRId64 ", .seq = %" PRId64 ",\n", m->vocab, m->seq);
+    P("    .nparams = %d, .ngroups = %d, .nacts = %d, .nops = %d,\n", m->nparams, m->ngroups,
+      e->nacts, e->g->nops);
+    P("    .params = params, .groups = groups, .acts = acts,\n");
+    P("    .param_dtype = %s, .reduce_dtype = %s,\n", dts[c->param_dtype], dts[c->reduce_dtype]);
+    P("    .accumulate_unsharded = %s,\n", c->accumulate_unsharded ? "true" : "false");
+    P("    .flops_per_sample = %.17g,\n", graph_flops(e->g, 0, e->g->nops, 1));
+    P("    .train = {\n");
+    P("        .micro_batch = %" PRId64 ", .grad_accum = %" PRId64 ", .steps = %" PRId64
+      ", .seed = %" PRId64 ",\n",
+      t->micro_batch, t->grad_accum, t->steps, t->seed);
+    P("        .optimizer = %s, .lr = %.17g, .beta1 = %.17g, .beta2 = %.17g, .eps = %.17g,\n",
+      t->optimizer == OPT_ADAMW ? "FSD_ADAMW" : "FSD_SGD", t->lr, t->beta1, t->beta2, t->eps);
+    P("        .weight_decay = %.17g, .momentum = %.17g, .nesterov = %s,\n", t->weight_decay,
+      t->momentum, t->nesterov ? "true" : "false");
+    P("        .schedule = %s, .warmup = %" PRId64 ", .min_lr = %.17g, .grad_clip = %.17g,\n",
+      t->schedule == SCHED_COSINE ? "FSD_LR_COSINE" : "FSD_LR_CONSTANT", t->warmup, t->min_lr,
+      t->grad_clip);
+    P("        .ckpt_every = %" PRId64 ", .ckpt_dir = %s, .ckpt_async = %s, .ckpt_keep = %" PRId64
+      ",\n",
+      t->ckpt_every, cstr(t->ckpt_dir), t->ckpt_async ? "true" : "false", t->ckpt_keep);
+    P("        .data = %s, .val_data = %s,\n", cstr(t->data), cstr(t->val_data));
+    P("    },\n};\n\n");
+}
+
+/* ── templates ── */
+
+/* Which template file holds the kernels of an op. */
+static const char *template_of(OpKind k)
+{
+    switch (k) {
+    case OP_EMBED:
+    case OP_EMBED_BWD: return "embed.h";
+    case OP_LAYERNORM:
+    case OP_LAYERNORM_BWD:
+    case OP_RMSNORM:
+    case OP_RMSNORM_BWD: return "norm.h";
+    case OP_ROPE:
+    case OP_ROPE_BWD: return "rope.h";
+    case OP_ATTENTION:
+    case OP_ATTENTION_BWD: return "attention.h";
+    case OP_GELU:
+    case OP_GELU_BWD:
+    case OP_RELU:
+    case OP_RELU_BWD:
+    case OP_SILU:
+    case OP_SILU_BWD:
+    case OP_SWIGLU:
+    case OP_SWIGLU_BWD: return "act.h";
+    case OP_CROSS_ENTROPY:
+    case OP_CROSS_ENTROPY_BWD: return "cross_entropy.h";
+    case OP_MATMUL:
+    case OP_MATMUL_DX:
+    case OP_MATMUL_DW: return NULL;   /* fsdrt_gemm */
+    default: return "elementwise.h";
+    }
+}
+
+static void emit_templates(Emit *e)
+{
+    const char *files[16] = {"portable.h"};
+    int n = 1;
+    for (int i = 0; i < e->g->nops; i++) {
+        const char *f = template_of(e->g->ops[i]->kind);
+        bool have = !f;
+        for (int k = 0; k < n && !have; k++)
+            have = strcmp(files[k], f) == 0;
+        if (!have)
+            files[n++] = f;
+    }
+    for (int k = 0; k < n; k++) {
+        const char *text = template_text(files[k]);
+        if (!text)
+            fsd_panic(__FILE__, __LINE__, arena_printf("template %s is not built in", files[k]));
+        P("/* ──── templates/%s ──── */\n%s\n", files[k], text);
+    }
+}
+
+/* FNV-1a over the typed model's identity: names, shapes, groups, dtypes;
+ * checkpoints carry it so a changed model is refused. */
+static uint64_t model_hash(Model *m)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+#define MIX(bytes, n)                                   \
+    for (size_t i_ = 0; i_ < (n); i_++) {               \
+        h ^= ((const unsigned char *)(bytes))[i_];      \
+        h *= 0x100000001b3ull;                          \
+    }
+    for (int i = 0; i < m->nparams; i++) {
+        Param *p = m->params[i];
+        MIX(p->name, strlen(p->name) + 1);
+        MIX(p->shape, sizeof p->shape);
+        MIX(&p->group, sizeof p->group);
+        MIX(&p->offset, sizeof p->offset);
+    }
+    MIX(&m->shard.param_dtype, sizeof m->shard.param_dtype);
+#undef MIX
+    return h;
+}
+
+/* ── the file ── */
+
+void emit_program(FILE *out, Schedule *one, Schedule *three)
+{
+    Plan *p = one->plan;
+    Model *m = p->m;
+    Graph *g = p->g;
+    Emit E = {out, m, g, arena_alloc(sizeof(int) * (size_t)g->ntensors), 0}, *e = &E;
+    for (int t = 0; t < g->ntensors; t++)
+        e->act[t] = g->tensors[t]->kind == TK_ACT || g->tensors[t]->kind == TK_AGRAD ? e->nacts++
+                                                                                     : -1;
+    uint64_t hash = model_hash(m);
+
+    P("/*\n * train.cu — generated by fsdpc %s from %s; do not edit.\n *\n", FSDPC_VERSION,
+      m->prog->src->name);
+    P(" * Model %s: %s parameters in %d shard groups; %d ops per micro-batch\n", m->name,
+      fmt_count(m->numel), m->ngroups, g->nops);
+    P(" * (%d forward, %d backward). The world size is a run-time value: group\n",
+      g->nfwd, g->nops - g->nfwd);
+    P(" * shards are sized at start-up from the tables below.\n *\n");
+    P(" * CPU build:  mpicc -x c -O2 -fopenmp -I$(fsdpc runtime include) train.cu \\\n");
+    P(" *               -lfsdrt_cpu -lopenblas -lm      (or: make trainer FSD=...)\n");
+    P(" * Run:        mpirun -np 2 ./train --data train.bin\n */\n");
+    P("#include \"fsdrt.h\"\n\n");
+    emit_templates(e);
+    P("/* ──── the model ──── */\n\n");
+    emit_tables(e);
+    emit_model(e, hash);
+
+    /* micro-batch variants from the verified schedules */
+    bool uniform = same_micro(three, 0, three, 1) && same_micro(three, 1, three, 2) &&
+                   same_micro(three, 0, one, 0);
+    P("/* ──── the schedule ──── */\n\n");
+    if (uniform) {
+        emit_micro(e, one, 0, "any", "every micro-batch of a step runs the same events");
+    } else {
+        emit_micro(e, one, 0, "only", "a step of one micro-batch");
+        emit_micro(e, three, 0, "first", "the first of several: allocates gradient buffers");
+        emit_micro(e, three, 1, "middle", "neither first nor last: accumulates gradients");
+        emit_micro(e, three, 2, "last", "the last of several: reduce-scatters gradients");
+    }
+
+    P("int main(int argc, char **argv)\n{\n");
+    P("    FsdRun *r = fsdrt_init(argc, argv, &model);\n");
+    P("    const int k = fsdrt_micro_batches(r);\n");
+    P("    while (fsdrt_begin_step(r)) {\n");
+    P("        for (int micro = 0; micro < k; micro++) {\n");
+    P("            fsdrt_load_micro_batch(r, micro);\n");
+    if (uniform) {
+        P("            micro_any(r);\n");
+    } else {
+        P("            if (k == 1)\n                micro_only(r);\n");
+        P("            else if (micro == 0)\n                micro_first(r);\n");
+        P("            else if (micro == k - 1)\n                micro_last(r);\n");
+        P("            else\n                micro_middle(r);\n");
+    }
+    P("        }\n");
+    P("        fsdrt_end_step(r);   /* gradient norm, clipping, optimizer, log */\n");
+    P("    }\n");
+    P("    return fsdrt_finalize(r);\n}\n");
+}

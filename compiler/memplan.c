@@ -1,0 +1,657 @@
+/*
+ * memplan.c — each rank's memory over one training step: what stays
+ * resident, which unsharded buffers every schedule event leaves live, where
+ * each activation sits in one arena placed by liveness, and the peak with
+ * its breakdown (design section 4, "Memory plan"). It also chooses the
+ * reshard policy and prefetch depth that fit the shard section's
+ * `memory_budget`.
+ *
+ * It runs after planning: main calls memplan_fit, which builds the schedule
+ * for the shard section's policy (under a budget, for each candidate policy
+ * in turn) and the memory plan of each; --dump-memory and the "live" column
+ * of --dump-schedule read the result. Memory depends on the world size, so
+ * this is where `--world` matters; the schedule itself does not.
+ *
+ * What one rank holds, in bytes (W ranks, micro-batch B, shard_g and
+ * padded_g the plan's per-group sizes for W):
+ *   resident     the fp32 master shards Σ_g shard_g·4, as much again for the
+ *                sharded fp32 gradients, and the optimizer's state: 2× that
+ *                for AdamW (m and v), 1× for SGD with momentum, none for
+ *                plain SGD. With `offload = cpu` all three live in host
+ *                memory (FSDP2's CPUOffloadPolicy) and not on the device.
+ *   unsharded    padded_g·sizeof(param dtype) from group g's all_gather to
+ *   parameters   its reshard. The all-gather is in place: each rank casts its
+ *                shard into its own slice of this buffer, so there is no
+ *                separate send buffer.
+ *   unsharded    padded_g·sizeof(reduce dtype) from alloc_grads to
+ *   gradients    free_grads; the reduce-scatter is in place too.
+ *   activations  every activation and activation gradient of the graph,
+ *                live from the op that first writes it to the last op that
+ *                reads or writes it, in one micro-batch's op order (forward,
+ *                then backward). Nothing carries over between micro-batches.
+ *   workspace    the scratch one op needs while it runs (op_workspace).
+ * Not counted: the token inputs (idx, targets, positions: int32, a few
+ * B·T·4 bytes) and the libraries' own state (CUDA context, NCCL buffers).
+ */
+#include "fsdpc.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GIB ((double)(1 << 30))
+
+/* Every tensor carved out of the activation arena starts at a multiple of
+ * 256 bytes, cudaMalloc's own alignment, so it is as aligned as a buffer
+ * allocated alone (vector loads, cuBLASLt's 16-byte minimum and better). */
+#define ACT_ALIGN_BYTES 256
+
+static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+/* A dimension's value at micro-batch B. */
+static int64_t dim_at(const Tensor *t, int i, int64_t B)
+{
+    return t->dim[i] == DIM_BATCH ? B : t->dim[i];
+}
+
+/* Scratch an op needs while it runs, beyond its inputs and outputs. The
+ * runtime starts with simple kernels, not fused (flash) attention, so:
+ *
+ *   op                    bytes       why
+ *   attention             B·H·T·T·4   the fp32 probabilities softmax(q·kᵀ/√hd)
+ *                                     are materialised, then multiplied by v
+ *                                     (H query heads: grouped-query attention
+ *                                     shares k and v, not the probabilities)
+ *   attention_bwd         B·H·T·T·4   the probabilities again, recomputed from
+ *                                     q, k and the saved lse; dP and then dS
+ *                                     overwrite them row by row
+ *   matmul, matmul_dx/dw  0           cuBLASLt's workspace is one fixed buffer
+ *                                     the runtime has not sized yet (llm.c
+ *                                     uses 32 MiB), so it is not counted
+ *   cross_entropy(_bwd)   0           one pass per row with a running max and
+ *                                     sum; lse is an output, not scratch
+ *   every other op        0           elementwise, or one row at a time
+ */
+static int64_t op_workspace(const OpNode *op, int64_t B)
+{
+    switch (op->kind) {
+    case OP_ATTENTION:
+    case OP_ATTENTION_BWD: {
+        /* q is input 0 of attention and input 1 (after dy) of its backward */
+        const Tensor *q = op->in[op->kind == OP_ATTENTION ? 0 : 1];
+        int64_t T = dim_at(q, 1, B);
+        return B * op->heads * T * T * 4;
+    }
+    default:
+        return 0;
+    }
+}
+
+/* fp32 states the optimizer keeps per parameter. */
+static int optim_states(const TrainConfig *t)
+{
+    if (t->optimizer == OPT_ADAMW)
+        return 2;   /* first and second moments */
+    return t->momentum > 0 ? 1 : 0;
+}
+
+static bool in_arena(const Tensor *t) { return t->kind == TK_ACT || t->kind == TK_AGRAD; }
+
+/* ── activations: live ranges and placement ── */
+
+typedef struct ActRange {
+    Tensor *t;
+    int first, last;     /* ops that first write and last touch it */
+    int64_t size;        /* bytes the arena reserves: tensor_bytes rounded up */
+    int64_t offset;
+} ActRange;
+
+static int by_size_desc(const void *a, const void *b)
+{
+    const ActRange *x = *(ActRange *const *)a, *y = *(ActRange *const *)b;
+    if (x->size != y->size)
+        return x->size < y->size ? 1 : -1;
+    if (x->first != y->first)
+        return x->first - y->first;
+    return x->t->id - y->t->id;
+}
+
+/* Greedy by size, first fit (TensorFlow Lite's arena planner; Pisarchyk and
+ * Lee, "Efficient Memory Management for Deep Neural Net Inference", 2020):
+ * the largest tensors are placed first, each at the lowest offset where it
+ * overlaps no already placed tensor whose live range overlaps its own.
+ * Returns the arena's size. */
+static int64_t place(ActRange **order, int n)
+{
+    qsort(order, (size_t)n, sizeof *order, by_size_desc);
+    ActRange **placed = arena_alloc(sizeof *placed * (size_t)(n + 1));   /* by offset */
+    int nplaced = 0;
+    int64_t arena = 0;
+    for (int i = 0; i < n; i++) {
+        ActRange *t = order[i];
+        int64_t off = 0;
+        for (int k = 0; k < nplaced; k++) {
+            const ActRange *p = placed[k];
+            if (p->first > t->last || t->first > p->last)
+                continue;                  /* never live at the same time */
+            if (p->offset >= off + t->size)
+                break;                     /* the gap below p holds t; later ones start higher */
+            if (p->offset + p->size > off)
+                off = p->offset + p->size;
+        }
+        t->offset = off;
+        int j = nplaced++;
+        while (j > 0 && placed[j - 1]->offset > off) {
+            placed[j] = placed[j - 1];
+            j--;
+        }
+        placed[j] = t;
+        if (off + t->size > arena)
+            arena = off + t->size;
+    }
+    return arena;
+}
+
+/* Live ranges of the arena's tensors, their placement, the live bytes at
+ * each op, and the lower bound no placement can beat. */
+static void plan_activations(MemPlan *mp, Graph *g, int64_t B)
+{
+    int *first = arena_alloc(sizeof(int) * (size_t)g->ntensors);
+    int *last = arena_alloc(sizeof(int) * (size_t)g->ntensors);
+    for (int i = 0; i < g->ntensors; i++)
+        first[i] = last[i] = -1;
+    for (int i = 0; i < g->nops; i++) {
+        OpNode *op = g->ops[i];
+        for (int k = 0; k < op->nout; k++) {
+            Tensor *t = op->out[k];
+            if (first[t->id] < 0)
+                first[t->id] = i;
+            last[t->id] = i;
+        }
+        for (int k = 0; k < op->nin; k++)
+            last[op->in[k]->id] = i;
+    }
+
+    mp->act = arena_alloc(sizeof(ActRange) * (size_t)(g->ntensors + 1));
+    ActRange **order = arena_alloc(sizeof(ActRange *) * (size_t)(g->ntensors + 1));
+    /* live bytes by op, from a difference array: + at first, − after last */
+    int64_t *delta = arena_alloc(sizeof(int64_t) * (size_t)(g->nops + 1));
+    mp->act_offset = arena_alloc(sizeof(int64_t) * (size_t)(g->ntensors + 1));
+    for (int i = 0; i < g->ntensors; i++) {
+        Tensor *t = g->tensors[i];
+        mp->act_offset[i] = -1;
+        if (!in_arena(t) || first[i] < 0)
+            continue;      /* not an activation, or never written */
+        int64_t bytes = tensor_bytes(t, B);
+        ActRange *l = &mp->act[mp->nact];
+        *l = (ActRange){t, first[i], last[i], round_up(bytes, ACT_ALIGN_BYTES), 0};
+        order[mp->nact++] = l;
+        delta[first[i]] += bytes;
+        delta[last[i] + 1] -= bytes;
+    }
+    mp->act_arena = place(order, mp->nact);
+    for (int i = 0; i < mp->nact; i++)
+        mp->act_offset[mp->act[i].t->id] = mp->act[i].offset;
+
+    mp->act_live_at = arena_alloc(sizeof(int64_t) * (size_t)(g->nops + 1));
+    mp->act_lower_bound_op = -1;
+    int64_t live = 0;
+    for (int i = 0; i < g->nops; i++) {
+        live += delta[i];
+        mp->act_live_at[i] = live;
+        if (live > mp->act_lower_bound) {
+            mp->act_lower_bound = live;
+            mp->act_lower_bound_op = i;
+        }
+        int64_t ws = op_workspace(g->ops[i], B);
+        if (ws > mp->workspace) {
+            mp->workspace = ws;
+            mp->workspace_op = i;
+        }
+    }
+}
+
+/* ── the step, event by event ── */
+
+static int64_t param_buffer_bytes(const MemPlan *mp, const ShardGroup *sg)
+{
+    Model *m = mp->sched->plan->m;
+    return plan_padded_numel(sg, mp->world) * dtype_bytes(m->shard.param_dtype);
+}
+
+static int64_t grad_buffer_bytes(const MemPlan *mp, const ShardGroup *sg)
+{
+    Model *m = mp->sched->plan->m;
+    return plan_padded_numel(sg, mp->world) * dtype_bytes(m->shard.reduce_dtype);
+}
+
+/* Replays the events: unsharded buffers come and go with their events;
+ * activations are those live at the last compute op so far in this
+ * micro-batch (none before its first op); workspace counts during a
+ * compute event only. Buffer states are flags, not counts, so a malformed
+ * schedule (the verifier's business) cannot drive them negative. */
+static void replay(MemPlan *mp)
+{
+    Schedule *s = mp->sched;
+    Model *m = s->plan->m;
+    int G = m->ngroups;
+    bool *gathered = arena_alloc((size_t)G + 1), *grads = arena_alloc((size_t)G + 1);
+    int64_t params = 0, grad = 0, act = 0;
+    int micro = -2;
+    mp->live_after = arena_alloc(sizeof(int64_t) * (size_t)(s->nev + 1));
+    mp->peak = -1;
+    mp->peak_event = mp->max_params_event = mp->max_grads_event = -1;
+    for (int i = 0; i < s->nev; i++) {
+        const Event *e = &s->ev[i];
+        int64_t ws = 0;
+        if (e->micro != micro) {
+            micro = e->micro;
+            act = 0;
+        }
+        switch (e->kind) {
+        case EV_ALL_GATHER:
+            if (!gathered[e->group]) {
+                gathered[e->group] = true;
+                params += param_buffer_bytes(mp, m->groups[e->group]);
+            }
+            break;
+        case EV_RESHARD:
+            if (gathered[e->group]) {
+                gathered[e->group] = false;
+                params -= param_buffer_bytes(mp, m->groups[e->group]);
+            }
+            break;
+        case EV_ALLOC_GRADS:
+            if (!grads[e->group]) {
+                grads[e->group] = true;
+                grad += grad_buffer_bytes(mp, m->groups[e->group]);
+            }
+            break;
+        case EV_FREE_GRADS:
+            if (grads[e->group]) {
+                grads[e->group] = false;
+                grad -= grad_buffer_bytes(mp, m->groups[e->group]);
+            }
+            break;
+        case EV_COMPUTE:
+            act = mp->act_live_at[e->op->index];
+            ws = op_workspace(e->op, mp->batch);
+            break;
+        default:
+            break;
+        }
+        int64_t live = mp->resident + params + grad + act + ws;
+        mp->live_after[i] = live;
+        if (params > mp->max_unsharded_params) {
+            mp->max_unsharded_params = params;
+            mp->max_params_event = i;
+        }
+        if (grad > mp->max_unsharded_grads) {
+            mp->max_unsharded_grads = grad;
+            mp->max_grads_event = i;
+        }
+        if (params + grad > mp->max_unsharded)
+            mp->max_unsharded = params + grad;
+        if (live > mp->peak) {
+            mp->peak = live;
+            mp->peak_event = i;
+            mp->peak_unsharded_params = params;
+            mp->peak_unsharded_grads = grad;
+            mp->peak_activations = act;
+            mp->peak_workspace = ws;
+        }
+    }
+    mp->as_placed = mp->resident + mp->max_unsharded + mp->act_arena + mp->workspace;
+}
+
+MemPlan *memplan_build(Schedule *s, int64_t world)
+{
+    Plan *p = s->plan;
+    Model *m = p->m;
+    MemPlan *mp = arena_alloc(sizeof *mp);
+    mp->sched = s;
+    mp->world = world;
+    mp->batch = p->micro_batch;
+    mp->chosen = -1;
+    for (int i = 0; i < m->ngroups; i++)
+        mp->shard_numel += plan_shard_numel(m->groups[i], world);
+    mp->param_shards = mp->shard_numel * 4;
+    mp->grad_shards = mp->shard_numel * 4;
+    mp->optim_state = optim_states(&m->train) * mp->param_shards;
+    mp->offload = m->shard.offload_cpu;
+    mp->resident = mp->offload ? 0 : mp->param_shards + mp->grad_shards + mp->optim_state;
+    mp->workspace_op = -1;
+    plan_activations(mp, p->g, mp->batch);
+    replay(mp);
+    return mp;
+}
+
+/* ── verifier ──
+ * The placement is what the runtime will trust blindly: no two activations
+ * live at the same op may share a byte, and every one lies inside the
+ * arena. And the replay must add up: live bytes never fall below the
+ * resident state, and the peak is the largest of them. */
+int memplan_verify(MemPlan *mp, FILE *err)
+{
+    int bad = 0;
+#define BAD(...)                                    \
+    do {                                            \
+        bad++;                                      \
+        if (err) {                                  \
+            fputs("memplan verify: ", err);         \
+            fprintf(err, __VA_ARGS__);              \
+            fputc('\n', err);                       \
+        }                                           \
+    } while (0)
+    for (int i = 0; i < mp->nact; i++) {
+        const ActRange *a = &mp->act[i];
+        if (a->offset < 0 || a->offset % ACT_ALIGN_BYTES || a->offset + a->size > mp->act_arena)
+            BAD("%s at offset %" PRId64 " (%" PRId64 " bytes) is misaligned or outside the "
+                "arena of %" PRId64 " bytes",
+                a->t->name, a->offset, a->size, mp->act_arena);
+        for (int j = i + 1; j < mp->nact; j++) {
+            const ActRange *b = &mp->act[j];
+            bool together = a->first <= b->last && b->first <= a->last;
+            bool shared = a->offset < b->offset + b->size && b->offset < a->offset + a->size;
+            if (together && shared)
+                BAD("%s (ops %d-%d) and %s (ops %d-%d) are live together and overlap in the "
+                    "arena",
+                    a->t->name, a->first, a->last, b->t->name, b->first, b->last);
+        }
+    }
+    if (mp->act_arena < mp->act_lower_bound)
+        BAD("the arena (%" PRId64 " bytes) is below the lower bound (%" PRId64 ")",
+            mp->act_arena, mp->act_lower_bound);
+    for (int i = 0; i < mp->sched->nev; i++) {
+        if (mp->live_after[i] < mp->resident || mp->live_after[i] > mp->peak)
+            BAD("event %d: %" PRId64 " bytes live, outside [resident %" PRId64
+                ", peak %" PRId64 "]",
+                i, mp->live_after[i], mp->resident, mp->peak);
+    }
+#undef BAD
+    return bad;
+}
+
+/* ── memory_budget: the fastest policy that fits ── */
+
+static void apply(Plan *p, const MemTry *t)
+{
+    Model *m = p->m;
+    p->prefetch_fwd = t->prefetch_fwd;
+    p->prefetch_bwd = t->prefetch_bwd;
+    for (int i = 0; i < m->ngroups; i++)
+        m->groups[i]->reshard = t->reshard && !m->groups[i]->is_root;
+}
+
+/* "reshard after forward, prefetch 1", for the dump's table */
+static const char *policy_str(const MemTry *t)
+{
+    const char *what = t->reshard ? "reshard after forward" : "keep parameters after forward";
+    if (t->prefetch_fwd == t->prefetch_bwd)
+        return arena_printf("%s, prefetch %d", what, t->prefetch_fwd);
+    return arena_printf("%s, prefetch forward %d, backward %d", what, t->prefetch_fwd,
+                        t->prefetch_bwd);
+}
+
+/* "resharding after forward and prefetching 0 groups ahead", for messages */
+static const char *policy_phrase(const MemTry *t)
+{
+    const char *what = t->reshard ? "resharding" : "keeping parameters";
+    if (t->prefetch_fwd == t->prefetch_bwd)
+        return arena_printf("%s after forward and prefetching %d group%s ahead", what,
+                            t->prefetch_fwd, t->prefetch_fwd == 1 ? "" : "s");
+    return arena_printf("%s after forward and prefetching %d groups ahead in forward and %d "
+                        "in backward",
+                        what, t->prefetch_fwd, t->prefetch_bwd);
+}
+
+/* "1.50 GiB", "12.00 MiB": for messages, where bytes with commas read badly. */
+static const char *size_str(int64_t b)
+{
+    if (b >= (int64_t)1 << 30)
+        return arena_printf("%.2f GiB", (double)b / GIB);
+    if (b >= 1 << 20)
+        return arena_printf("%.2f MiB", (double)b / (1 << 20));
+    if (b >= 1 << 10)
+        return arena_printf("%.2f KiB", (double)b / (1 << 10));
+    return arena_printf("%" PRId64 " B", b);
+}
+
+/* Without a budget, the shard section's policy. With one, the candidates
+ * from fastest to leanest, and the first whose peak fits:
+ *   1. keep every group's parameters after forward (reshard false), with the
+ *      configured prefetch: backward gathers nothing again, so one
+ *      all-gather per group and micro-batch instead of two; it holds every
+ *      group unsharded at the end of forward.
+ *   2-4. reshard after forward (FSDP2's default), prefetching 2, 1, then 0
+ *      groups ahead: each prefetched group is one more unsharded buffer in
+ *      flight, and each one less exposes more of the all-gathers' latency.
+ * The root keeps its parameters in all of them, as FSDP2 does: backward
+ * starts with the root's head. Every candidate is planned (a schedule and a
+ * memory plan are cheap) so --dump-memory can show what each would need.
+ * "Fits" means the peak of live bytes is within the budget: what an
+ * allocator that frees as it goes needs. The arena "as placed" figure,
+ * which the runtime needs if it allocates the arena once, is at least that;
+ * the dump prints it beside the peak. */
+MemPlan *memplan_fit(Plan *p, int64_t world, Diag *d)
+{
+    ShardConfig *c = &p->m->shard;
+    int64_t budget = c->memory_budget_bytes;
+    if (!budget)
+        return memplan_build(schedule_build(p), world);
+
+    MemTry tries[MEMPLAN_TRIES] = {
+        {false, c->prefetch_forward, c->prefetch_backward, 0},
+        {true, 2, 2, 0},
+        {true, 1, 1, 0},
+        {true, 0, 0, 0},
+    };
+    MemPlan *plans[MEMPLAN_TRIES];
+    int chosen = -1;
+    for (int k = 0; k < MEMPLAN_TRIES; k++) {
+        apply(p, &tries[k]);
+        plans[k] = memplan_build(schedule_build(p), world);
+        tries[k].peak = plans[k]->peak;
+        if (chosen < 0 && tries[k].peak <= budget)
+            chosen = k;
+    }
+    if (chosen < 0) {
+        const MemPlan *lean = plans[MEMPLAN_TRIES - 1];
+        diag_error(d, c->memory_budget_loc,
+                   "memory_budget %s is less than the leanest plan needs on %" PRId64
+                   " ranks: %s, each rank peaks at %s (sharded parameters %s, "
+                   "gradients %s, optimizer state %s%s, unsharded parameters %s, unsharded "
+                   "gradients %s, activations %s, workspace %s); raise the budget, shard "
+                   "over more ranks (--world), or lower micro_batch",
+                   size_str(budget), world, policy_phrase(&tries[MEMPLAN_TRIES - 1]),
+                   size_str(lean->peak), size_str(lean->param_shards),
+                   size_str(lean->grad_shards), size_str(lean->optim_state),
+                   lean->offload ? " (on the host)" : "", size_str(lean->peak_unsharded_params),
+                   size_str(lean->peak_unsharded_grads), size_str(lean->peak_activations),
+                   size_str(lean->peak_workspace));
+        return NULL;
+    }
+    apply(p, &tries[chosen]);
+    MemPlan *mp = plans[chosen];
+    mp->budget = budget;
+    mp->chosen = chosen;
+    memcpy(mp->tries, tries, sizeof tries);
+    return mp;
+}
+
+/* ── --dump-memory ── */
+
+static const char *const phase_names[] = {"forward", "backward", "optimizer"};
+
+static const char *event_desc(const MemPlan *mp, int i)
+{
+    const Event *e = &mp->sched->ev[i];
+    Model *m = mp->sched->plan->m;
+    const char *when = e->micro >= 0
+                           ? arena_printf("%s, micro-batch %d", phase_names[e->phase], e->micro)
+                           : phase_names[e->phase];
+    const char *what;
+    if (e->op)
+        what = arena_printf("compute op %d %s%s%s", e->op->index, op_name(e->op->kind),
+                            e->op->layer && e->op->layer->path[0] ? " " : "",
+                            e->op->layer ? e->op->layer->path : "");
+    else if (e->group >= 0)
+        what = arena_printf("%s %s", event_name(e->kind), m->groups[e->group]->name);
+    else
+        what = event_name(e->kind);
+    return arena_printf("event %d (%s): %s", i, when, what);
+}
+
+static void row(FILE *out, const char *label, int64_t bytes, const char *note)
+{
+    fprintf(out, "  %-40s %20s %11.4f%s%s\n", label, fmt_count(bytes), (double)bytes / GIB,
+            note ? "  " : "", note ? note : "");
+}
+
+static const char *shape_str(const Tensor *t)
+{
+    Type ty = {t->dtype, t->rank, {0}};
+    memcpy(ty.dim, t->dim, sizeof ty.dim);
+    return type_name(&ty);
+}
+
+static int by_bytes_desc(const void *a, const void *b)
+{
+    const ActRange *x = *(ActRange *const *)a, *y = *(ActRange *const *)b;
+    if (x->size != y->size)
+        return x->size < y->size ? 1 : -1;
+    return x->t->id - y->t->id;
+}
+
+void memplan_dump(FILE *out, MemPlan *mp)
+{
+    Schedule *s = mp->sched;
+    Plan *p = s->plan;
+    Model *m = p->m;
+    Graph *g = p->g;
+    ShardConfig *c = &m->shard;
+    const char *pdt = dtype_name(c->param_dtype), *rdt = dtype_name(c->reduce_dtype);
+    int nstates = optim_states(&m->train);
+
+    fprintf(out, "memory plan %s for world %" PRId64 " (bytes per rank)\n", m->name, mp->world);
+    fprintf(out, "  micro-batch B = %" PRId64 ", %d micro-batch%s per step\n", mp->batch,
+            p->micro_batches, p->micro_batches == 1 ? "" : "es");
+    fprintf(out, "  dtypes: master parameters, gradient shards and optimizer state fp32; "
+                 "all-gather %s; reduce-scatter %s; activations fp32\n",
+            pdt, rdt);
+    fprintf(out, "  optimizer: %s\n",
+            m->train.optimizer == OPT_ADAMW ? "adamw (2 fp32 states per parameter: m, v)"
+            : nstates ? "sgd with momentum (1 fp32 state per parameter)"
+                      : "sgd without momentum (no state)");
+    bool any_reshard = false;
+    for (int i = 0; i < m->ngroups; i++)
+        any_reshard |= m->groups[i]->reshard;
+    fprintf(out, "  policy: %s; prefetch forward %d, backward %d\n",
+            any_reshard ? "groups but the root reshard after forward"
+                        : "every group keeps its parameters after forward",
+            p->prefetch_fwd, p->prefetch_bwd);
+    fprintf(out, "  offload: %s\n",
+            mp->offload ? "cpu (sharded parameters, gradients and optimizer state live in "
+                          "host memory and are not counted in the peak)"
+                        : "none");
+    if (!mp->budget) {
+        fputs("  memory_budget: none\n", out);
+    } else {
+        fprintf(out, "  memory_budget: %s (%s bytes); policies from fastest to leanest, "
+                     "the first that fits is used:\n",
+                size_str(mp->budget), fmt_count(mp->budget));
+        for (int k = 0; k < MEMPLAN_TRIES; k++) {
+            const MemTry *t = &mp->tries[k];
+            fprintf(out, "    %d. %-44s peak %20s  %s%s\n", k + 1, policy_str(t),
+                    fmt_count(t->peak), t->peak <= mp->budget ? "fits" : "too big",
+                    k == mp->chosen ? "  <- chosen" : "");
+        }
+    }
+
+    fputs("\nbreakdown at the peak                                     bytes         GiB\n", out);
+    const char *host = mp->offload ? "(host)" : NULL;
+    row(out, "sharded parameters (fp32)", mp->param_shards, host);
+    row(out, "sharded gradients (fp32)", mp->grad_shards, host);
+    row(out, arena_printf("optimizer state (%d x fp32)", nstates), mp->optim_state, host);
+    row(out, arena_printf("unsharded parameters (%s)", pdt), mp->peak_unsharded_params, NULL);
+    row(out, arena_printf("unsharded gradients (%s)", rdt), mp->peak_unsharded_grads, NULL);
+    row(out, "activations", mp->peak_activations, NULL);
+    row(out, "workspace", mp->peak_workspace, NULL);
+    row(out, "peak", mp->peak, NULL);
+    fprintf(out, "\n  the peak is after %s\n", event_desc(mp, mp->peak_event));
+
+    fputs("\nover the whole step\n", out);
+    row(out, "largest unsharded parameters", mp->max_unsharded_params,
+        mp->max_params_event >= 0 ? arena_printf("at event %d", mp->max_params_event) : NULL);
+    row(out, "largest unsharded gradients", mp->max_unsharded_grads,
+        mp->max_grads_event >= 0 ? arena_printf("at event %d", mp->max_grads_event) : NULL);
+    row(out, "largest unsharded, both together", mp->max_unsharded, NULL);
+    row(out, "activation arena, as placed", mp->act_arena,
+        arena_printf("%d tensors, each at a multiple of %d bytes", mp->nact, ACT_ALIGN_BYTES));
+    row(out, "activation lower bound", mp->act_lower_bound,
+        mp->act_lower_bound_op >= 0
+            ? arena_printf("live at op %d; the arena is %.1f%% above it", mp->act_lower_bound_op,
+                           mp->act_lower_bound
+                               ? 100.0 * (double)(mp->act_arena - mp->act_lower_bound) /
+                                     (double)mp->act_lower_bound
+                               : 0.0)
+            : NULL);
+    row(out, "largest workspace", mp->workspace,
+        mp->workspace_op >= 0 ? arena_printf("op %d %s", mp->workspace_op,
+                                             op_name(g->ops[mp->workspace_op]->kind))
+                              : NULL);
+    row(out, "if the arena is used as placed", mp->as_placed,
+        "resident + largest unsharded + arena + workspace");
+
+    fputs("\ngroups (padded = flat rounded up to a multiple of W; shard = padded / W)\n", out);
+    fprintf(out, "  %-5s %-20s %15s %15s %13s %17s %17s\n", "group", "name", "flat", "padded",
+            "shard", arena_printf("params %s", pdt), arena_printf("grads %s", rdt));
+    for (int i = 0; i < m->ngroups; i++) {
+        ShardGroup *sg = p->fwd_order[i];
+        fprintf(out, "  %-5d %-20s %15s %15s %13s %17s %17s\n", sg->index, sg->name,
+                fmt_count(sg->flat_numel), fmt_count(plan_padded_numel(sg, mp->world)),
+                fmt_count(plan_shard_numel(sg, mp->world)),
+                fmt_count(param_buffer_bytes(mp, sg)), fmt_count(grad_buffer_bytes(mp, sg)));
+    }
+
+    int ntop = mp->nact < 10 ? mp->nact : 10;
+    ActRange **top = arena_alloc(sizeof(ActRange *) * (size_t)(mp->nact + 1));
+    for (int i = 0; i < mp->nact; i++)
+        top[i] = &mp->act[i];
+    qsort(top, (size_t)mp->nact, sizeof *top, by_bytes_desc);
+    fprintf(out, "\nlargest activation tensors (%d of %d in the arena)\n", ntop, mp->nact);
+    fprintf(out, "  %15s %15s %11s  %-24s %s\n", "bytes", "offset", "ops", "shape", "name");
+    for (int i = 0; i < ntop; i++) {
+        const ActRange *l = top[i];
+        fprintf(out, "  %15s %15s %5d-%-5d  %-24s %s\n", fmt_count(tensor_bytes(l->t, mp->batch)),
+                fmt_count(l->offset), l->first, l->last, shape_str(l->t), l->t->name);
+    }
+
+    fputs("\nformulas\n", out);
+    fprintf(out, "  sharded parameters = sum of shards x 4 = %s x 4\n", fmt_count(mp->shard_numel));
+    fputs("  sharded gradients  = the same\n", out);
+    fprintf(out, "  optimizer state    = %d x sharded parameters\n", nstates);
+    fprintf(out, "  unsharded parameters of a group = padded x %d (%s), from its all_gather "
+                 "to its reshard\n",
+            dtype_bytes(c->param_dtype), pdt);
+    fprintf(out, "  unsharded gradients of a group  = padded x %d (%s), from its alloc_grads "
+                 "to its free_grads\n",
+            dtype_bytes(c->reduce_dtype), rdt);
+    fputs("  activations after an event = bytes of the activations and their gradients live "
+          "at the\n    last compute op so far in its micro-batch (first write <= op <= last "
+          "use); 0 before\n    a micro-batch's first op\n",
+          out);
+    fputs("  workspace during a compute event: attention and attention_bwd B*H*T*T*4; other "
+          "ops 0\n",
+          out);
+    if (mp->workspace_op >= 0) {
+        const OpNode *op = g->ops[mp->workspace_op];
+        const Tensor *q = op->in[op->kind == OP_ATTENTION ? 0 : 1];
+        fprintf(out, "    largest: %" PRId64 "*%" PRId64 "*%" PRId64 "*%" PRId64 "*4 = %s\n",
+                mp->batch, op->heads, dim_at(q, 1, mp->batch), dim_at(q, 1, mp->batch),
+                fmt_count(mp->workspace));
+    }
+    fprintf(out, "  live after an event = %sunsharded parameters\n"
+                 "    + unsharded gradients + activations + workspace\n",
+            mp->offload ? "" : "sharded parameters + gradients + optimizer state + ");
+}

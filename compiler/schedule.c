@@ -1,0 +1,485 @@
+/*
+ * schedule.c — one training step as a list of events on three streams, and
+ * the verifier every schedule passes before anything uses it.
+ *
+ * The schedule is the single source the emitter walks: compute ops in graph
+ * order on the compute stream; all-gathers on their own stream, issued
+ * ahead of use by `prefetch` groups; reduce-scatters on a third stream,
+ * issued as soon as a group's last gradient is written. Waits are the only
+ * points where compute depends on communication (design section 4).
+ *
+ * Per micro-batch:
+ *   forward   before the first op reading group g: issue the all-gather of g
+ *             (if not yet issued) and of the next prefetch.forward groups,
+ *             then wait for g; after the last forward op reading g, free its
+ *             unsharded parameters if g reshards after forward.
+ *   backward  the same with prefetch.backward, in backward order; gradient
+ *             buffers are allocated (zeroed) before a group's first gradient
+ *             write; after its last parameter read the group is resharded,
+ *             after its last gradient write its reduce-scatter is issued
+ *             (every micro-batch when accumulating sharded, the last one when
+ *             accumulating unsharded). One reduce-scatter stays in flight:
+ *             issuing the next waits the previous and frees its buffer, as
+ *             FSDP2 does in its next post-backward.
+ * After the last micro-batch: the global gradient norm, then the optimizer
+ * on each group's shard.
+ */
+#include "fsdpc.h"
+
+#include <inttypes.h>
+#include <string.h>
+
+static const struct {
+    const char *name;
+    StreamId stream;
+} event_table[] = {
+#define EV(e, name, stream) {name, stream},
+    EVENT_LIST(EV)
+#undef EV
+};
+
+const char *event_name(EventKind k) { return event_table[k].name; }
+StreamId event_stream(EventKind k) { return event_table[k].stream; }
+
+static void emit(Schedule *s, EventKind kind, Phase ph, int micro, int group, OpNode *op)
+{
+    if (s->nev == s->cap) {
+        int cap = s->cap ? s->cap * 2 : 256;
+        Event *ev = arena_alloc(sizeof(Event) * (size_t)cap);
+        if (s->nev)
+            memcpy(ev, s->ev, sizeof(Event) * (size_t)s->nev);
+        s->ev = ev;
+        s->cap = cap;
+    }
+    s->ev[s->nev++] = (Event){kind, ph, micro, group, op};
+}
+
+bool op_reads_params(const OpNode *op)
+{
+    for (int i = 0; i < op->nin; i++)
+        if (op->in[i]->kind == TK_PARAM)
+            return true;
+    return false;
+}
+
+bool op_writes_grads(const OpNode *op)
+{
+    for (int i = 0; i < op->nout; i++)
+        if (op->out[i]->kind == TK_PGRAD)
+            return true;
+    return false;
+}
+
+typedef struct Builder {
+    Schedule *s;
+    Plan *p;
+    int ngroups;
+    bool *issued, *gathered, *grads, *reduced;
+    int pending_rs;             /* group whose reduce-scatter is in flight, or -1 */
+} Builder;
+
+/* Before op `at` reads group g: issues g's all-gather if it is not gathered
+ * or in flight, then prefetches: makes sure the all-gathers of the next
+ * `ahead` groups that ops at..end-1 of this phase will read (and that are
+ * not gathered) are in flight; then waits for g. */
+static void gather(Builder *b, Phase ph, int micro, int g, int at, int end, int ahead)
+{
+    Graph *gr = b->p->g;
+    if (!b->issued[g] && !b->gathered[g]) {
+        emit(b->s, EV_ALL_GATHER, ph, micro, g, NULL);
+        b->issued[g] = true;
+    }
+    int *next = arena_alloc(sizeof(int) * (size_t)(ahead + 1)), n = 0;
+    for (int i = at; i < end && n < ahead; i++) {
+        OpNode *op = gr->ops[i];
+        int h = op->group;
+        bool dup = false;
+        for (int k = 0; k < n; k++)
+            dup |= next[k] == h;
+        if (h < 0 || h == g || dup || !op_reads_params(op) || b->gathered[h])
+            continue;
+        next[n++] = h;
+        if (!b->issued[h]) {
+            emit(b->s, EV_ALL_GATHER, ph, micro, h, NULL);
+            b->issued[h] = true;
+        }
+    }
+    if (!b->gathered[g]) {
+        emit(b->s, EV_WAIT_GATHER, ph, micro, g, NULL);
+        b->issued[g] = false;
+        b->gathered[g] = true;
+    }
+}
+
+static void finish_reduce(Builder *b, int micro)
+{
+    if (b->pending_rs < 0)
+        return;
+    emit(b->s, EV_WAIT_REDUCE, PH_BACKWARD, micro, b->pending_rs, NULL);
+    emit(b->s, EV_FREE_GRADS, PH_BACKWARD, micro, b->pending_rs, NULL);
+    b->grads[b->pending_rs] = false;
+    b->pending_rs = -1;
+}
+
+static void micro_batch(Builder *b, int micro)
+{
+    Plan *p = b->p;
+    Graph *g = p->g;
+    Model *m = p->m;
+    int G = b->ngroups;
+    bool last_micro = micro == p->micro_batches - 1;
+    bool reduce_now = p->accum == ACCUM_SHARDED || last_micro;
+
+    /* each group's last parameter read in forward and in backward, and its
+     * last gradient write */
+    int *last_fwd = arena_alloc(sizeof(int) * (size_t)G), *last_read = arena_alloc(sizeof(int) * (size_t)G);
+    int *last_write = arena_alloc(sizeof(int) * (size_t)G);
+    for (int i = 0; i < G; i++)
+        last_fwd[i] = last_read[i] = last_write[i] = -1;
+    for (int i = 0; i < g->nops; i++) {
+        OpNode *op = g->ops[i];
+        if (op->group < 0)
+            continue;
+        if (op_reads_params(op)) {
+            if (!op->backward)
+                last_fwd[op->group] = i;
+            else
+                last_read[op->group] = i;
+        }
+        if (op_writes_grads(op))
+            last_write[op->group] = i;
+    }
+    for (int i = 0; i < g->nfwd; i++) {
+        OpNode *op = g->ops[i];
+        if (op->group >= 0 && op_reads_params(op))
+            gather(b, PH_FORWARD, micro, op->group, i, g->nfwd, p->prefetch_fwd);
+        emit(b->s, EV_COMPUTE, PH_FORWARD, micro, -1, op);
+        /* free after the last forward read when the group reshards, or when
+         * backward never reads its parameters (embeddings) */
+        if (op->group >= 0 && last_fwd[op->group] == i &&
+            (m->groups[op->group]->reshard || last_read[op->group] < 0)) {
+            emit(b->s, EV_RESHARD, PH_FORWARD, micro, op->group, NULL);
+            b->gathered[op->group] = false;
+        }
+    }
+    for (int i = g->nfwd; i < g->nops; i++) {
+        OpNode *op = g->ops[i];
+        int gi = op->group;
+        if (gi >= 0 && op_reads_params(op))
+            gather(b, PH_BACKWARD, micro, gi, i, g->nops, p->prefetch_bwd);
+        if (gi >= 0 && op_writes_grads(op) && !b->grads[gi]) {
+            emit(b->s, EV_ALLOC_GRADS, PH_BACKWARD, micro, gi, NULL);
+            b->grads[gi] = true;
+        }
+        emit(b->s, EV_COMPUTE, PH_BACKWARD, micro, -1, op);
+        if (gi < 0)
+            continue;
+        if (last_read[gi] == i) {
+            emit(b->s, EV_RESHARD, PH_BACKWARD, micro, gi, NULL);
+            b->gathered[gi] = false;
+        }
+        if (last_write[gi] == i && reduce_now) {
+            emit(b->s, EV_REDUCE_SCATTER, PH_BACKWARD, micro, gi, NULL);
+            int prev = b->pending_rs;
+            b->pending_rs = gi;
+            if (prev >= 0) {
+                emit(b->s, EV_WAIT_REDUCE, PH_BACKWARD, micro, prev, NULL);
+                emit(b->s, EV_FREE_GRADS, PH_BACKWARD, micro, prev, NULL);
+                b->grads[prev] = false;
+            }
+        }
+    }
+    finish_reduce(b, micro);
+}
+
+Schedule *schedule_build(Plan *p)
+{
+    Schedule *s = arena_alloc(sizeof *s);
+    s->plan = p;
+    int G = p->m->ngroups;
+    Builder b = {s, p, G, arena_alloc((size_t)G), arena_alloc((size_t)G), arena_alloc((size_t)G),
+                 arena_alloc((size_t)G), -1};
+    for (int micro = 0; micro < p->micro_batches; micro++)
+        micro_batch(&b, micro);
+    emit(s, EV_GRAD_NORM, PH_OPTIMIZER, -1, -1, NULL);
+    for (int gi = 0; gi < G; gi++)
+        emit(s, EV_OPTIMIZER, PH_OPTIMIZER, -1, p->fwd_order[gi]->index, NULL);
+    return s;
+}
+
+/* ── verifier ──
+ * Replays the events with each group's state and checks the rules that make
+ * a schedule correct on every rank:
+ *   - a parameter is read only while its group is gathered: all-gather
+ *     issued and waited, not resharded since;
+ *   - a gradient is written only into an allocated buffer whose
+ *     reduce-scatter has not been issued yet in this micro-batch;
+ *   - a reduce-scatter is issued only after every op writing that group's
+ *     gradients in this micro-batch has run, once per micro-batch when
+ *     accumulating sharded and once per step otherwise;
+ *   - every collective is waited exactly once; every buffer is freed exactly
+ *     once and only when it is live; nothing is in flight or live at the end;
+ *   - the optimizer runs once per group, after the gradient norm, which runs
+ *     after every reduce-scatter was waited.
+ * The events name no rank and no data-dependent branch exists, so every
+ * rank issues the same collectives in the same order. */
+int schedule_verify(Schedule *s, FILE *err)
+{
+    Plan *p = s->plan;
+    Graph *g = p->g;
+    Model *m = p->m;
+    int G = m->ngroups, bad = 0;
+    enum { SHARDED, GATHERING, GATHERED };
+    int *pstate = arena_alloc(sizeof(int) * (size_t)G);
+    bool *grads = arena_alloc((size_t)G), *rs_flight = arena_alloc((size_t)G);
+    bool *rs_done = arena_alloc((size_t)G);   /* this micro-batch's reduce-scatter issued */
+    int *writes_left = arena_alloc(sizeof(int) * (size_t)G), *writes_total = arena_alloc(sizeof(int) * (size_t)G);
+    int *rs_count = arena_alloc(sizeof(int) * (size_t)G), *opt_count = arena_alloc(sizeof(int) * (size_t)G);
+    bool *ran = arena_alloc((size_t)g->nops);
+    bool norm_done = false;
+    int micro = -2;
+    for (int i = 0; i < g->nops; i++)
+        if (g->ops[i]->group >= 0 && op_writes_grads(g->ops[i]))
+            writes_total[g->ops[i]->group]++;
+
+#define BAD(...)                                                                  \
+    do {                                                                          \
+        bad++;                                                                    \
+        if (err) {                                                                \
+            fprintf(err, "schedule verify: event %d (%s", i, event_name(e->kind)); \
+            if (e->group >= 0)                                                    \
+                fprintf(err, " %s", m->groups[e->group]->name);                   \
+            if (e->op)                                                            \
+                fprintf(err, " op %d %s", e->op->index, op_name(e->op->kind));    \
+            fprintf(err, "): ");                                                  \
+            fprintf(err, __VA_ARGS__);                                            \
+            fputc('\n', err);                                                     \
+        }                                                                         \
+    } while (0)
+
+    for (int i = 0; i < s->nev; i++) {
+        Event *e = &s->ev[i];
+        if (e->micro != micro) {
+            /* a new micro-batch: every op runs again, every reduce-scatter may be issued again */
+            if (micro >= 0)
+                for (int k = 0; k < g->nops; k++)
+                    if (!ran[k]) {
+                        bad++;
+                        if (err)
+                            fprintf(err, "schedule verify: micro-batch %d never runs op %d (%s)\n",
+                                    micro, k, op_name(g->ops[k]->kind));
+                    }
+            micro = e->micro;
+            memset(ran, 0, (size_t)g->nops);
+            for (int k = 0; k < G; k++) {
+                rs_done[k] = false;
+                writes_left[k] = writes_total[k];
+            }
+        }
+        int gi = e->group;
+        switch (e->kind) {
+        case EV_ALL_GATHER:
+            if (pstate[gi] != SHARDED)
+                BAD("the group is already %s", pstate[gi] == GATHERING ? "being gathered"
+                                                                       : "gathered");
+            pstate[gi] = GATHERING;
+            break;
+        case EV_WAIT_GATHER:
+            if (pstate[gi] != GATHERING)
+                BAD("no all-gather of this group is in flight");
+            pstate[gi] = GATHERED;
+            break;
+        case EV_RESHARD:
+            if (pstate[gi] != GATHERED)
+                BAD("frees parameters that are not gathered (freed twice, or in flight)");
+            pstate[gi] = SHARDED;
+            break;
+        case EV_COMPUTE: {
+            OpNode *op = e->op;
+            if (ran[op->index])
+                BAD("runs twice in one micro-batch");
+            for (int k = 0; k < op->nin; k++) {
+                Tensor *t = op->in[k];
+                if (t->producer && !ran[t->producer->index] && t->kind != TK_PGRAD)
+                    BAD("reads %s before op %d writes it", t->name, t->producer->index);
+                if (t->kind == TK_PARAM && pstate[t->param->group] != GATHERED)
+                    BAD("reads %s while group %s is not gathered", t->name,
+                        m->groups[t->param->group]->name);
+            }
+            for (int k = 0; k < op->nout; k++) {
+                Tensor *t = op->out[k];
+                if (t->kind != TK_PGRAD)
+                    continue;
+                int h = t->param->group;
+                if (!grads[h])
+                    BAD("writes %s with no gradient buffer allocated", t->name);
+                if (rs_done[h] || rs_flight[h])
+                    BAD("writes %s after its group's reduce-scatter was issued", t->name);
+            }
+            if (op->group >= 0 && op_writes_grads(op))
+                writes_left[op->group]--;
+            ran[op->index] = true;
+            break;
+        }
+        case EV_ALLOC_GRADS:
+            if (grads[gi])
+                BAD("allocates a gradient buffer that is already live");
+            grads[gi] = true;
+            break;
+        case EV_REDUCE_SCATTER:
+            if (!grads[gi])
+                BAD("reduce-scatters a gradient buffer that is not allocated");
+            if (writes_left[gi] > 0)
+                BAD("issued before %d gradient write%s of this micro-batch", writes_left[gi],
+                    writes_left[gi] == 1 ? "" : "s");
+            if (rs_flight[gi] || rs_done[gi])
+                BAD("issued twice");
+            if (p->accum == ACCUM_UNSHARDED && micro != p->micro_batches - 1)
+                BAD("issued before the last micro-batch while accumulating unsharded");
+            rs_flight[gi] = true;
+            rs_done[gi] = true;
+            rs_count[gi]++;
+            break;
+        case EV_WAIT_REDUCE:
+            if (!rs_flight[gi])
+                BAD("no reduce-scatter of this group is in flight");
+            rs_flight[gi] = false;
+            break;
+        case EV_FREE_GRADS:
+            if (!grads[gi])
+                BAD("frees a gradient buffer that is not live");
+            if (rs_flight[gi])
+                BAD("frees the gradient buffer while its reduce-scatter is in flight");
+            if (!rs_done[gi])
+                BAD("frees gradients that were never reduce-scattered");
+            grads[gi] = false;
+            break;
+        case EV_GRAD_NORM:
+            for (int k = 0; k < G; k++)
+                if (rs_flight[k] || grads[k])
+                    BAD("group %s still has gradients in flight or unreduced",
+                        m->groups[k]->name);
+            norm_done = true;
+            break;
+        case EV_OPTIMIZER:
+            if (!norm_done)
+                BAD("runs before the gradient norm");
+            opt_count[gi]++;
+            break;
+        case EV_COUNT:
+            fsd_unreachable();
+        }
+    }
+    int i = s->nev;
+    Event end = {EV_OPTIMIZER, PH_OPTIMIZER, -1, -1, NULL}, *e = &end;
+    for (int k = 0; k < G; k++) {
+        ShardGroup *sg = m->groups[k];
+        int want_rs = writes_total[k] == 0 ? 0
+                      : p->accum == ACCUM_SHARDED ? p->micro_batches
+                                                  : 1;
+        if (pstate[k] != SHARDED)
+            BAD("group %s still holds unsharded parameters at the end", sg->name);
+        if (grads[k] || rs_flight[k])
+            BAD("group %s still holds gradients at the end", sg->name);
+        if (rs_count[k] != want_rs)
+            BAD("group %s is reduce-scattered %d times; expected %d", sg->name, rs_count[k],
+                want_rs);
+        if (opt_count[k] != 1)
+            BAD("the optimizer runs %d times on group %s", opt_count[k], sg->name);
+    }
+#undef BAD
+    return bad;
+}
+
+/* ── dumps ── */
+
+int64_t event_comm_bytes(const Schedule *s, const Event *e, int64_t world)
+{
+    Model *m = s->plan->m;
+    if (e->kind != EV_ALL_GATHER && e->kind != EV_REDUCE_SCATTER)
+        return 0;
+    /* a ring all-gather or reduce-scatter moves (W-1)/W of the padded
+     * buffer through every rank */
+    ShardGroup *sg = m->groups[e->group];
+    int64_t padded = plan_padded_numel(sg, world), shard = plan_shard_numel(sg, world);
+    DType dt = e->kind == EV_ALL_GATHER ? m->shard.param_dtype : m->shard.reduce_dtype;
+    return (padded - shard) * dtype_bytes(dt);
+}
+
+static const char *const phase_names[] = {"forward", "backward", "optimizer"};
+static const char *const stream_names[] = {"compute", "gather", "reduce"};
+
+static const char *event_what(const Schedule *s, const Event *e)
+{
+    if (e->op) {
+        const OpNode *op = e->op;
+        return arena_printf("%d %s %s", op->index, op_name(op->kind),
+                            op->layer && op->layer->path[0] ? op->layer->path : "");
+    }
+    return "";
+}
+
+void schedule_dump(FILE *out, Schedule *s, int64_t world, MemPlan *mp)
+{
+    Plan *p = s->plan;
+    Model *m = p->m;
+    int64_t total[2] = {0, 0};
+    for (int i = 0; i < s->nev; i++) {
+        Event *e = &s->ev[i];
+        if (e->kind == EV_ALL_GATHER || e->kind == EV_REDUCE_SCATTER)
+            total[e->kind == EV_REDUCE_SCATTER] += event_comm_bytes(s, e, world);
+    }
+    fprintf(out, "schedule %s for world %" PRId64 ": %d events, %d micro-batch%s of %" PRId64
+                 "\n",
+            m->name, world, s->nev, p->micro_batches, p->micro_batches == 1 ? "" : "es",
+            p->micro_batch);
+    fprintf(out, "  per rank per step: all-gather %s bytes, reduce-scatter %s bytes\n",
+            fmt_count(total[0]), fmt_count(total[1]));
+    fprintf(out, "\n%6s  %-9s %3s  %-8s %-15s %-18s %-40s %14s%s\n", "#", "phase", "mb", "stream",
+            "event", "group", "op", "bytes/rank", mp ? "   live bytes" : "");
+    for (int i = 0; i < s->nev; i++) {
+        Event *e = &s->ev[i];
+        fprintf(out, "%6d  %-9s ", i, phase_names[e->phase]);
+        if (e->micro >= 0)
+            fprintf(out, "%3d", e->micro);
+        else
+            fputs("  -", out);
+        fprintf(out, "  %-8s %-15s %-18s %-40s %14s", stream_names[event_stream(e->kind)],
+                event_name(e->kind), e->group >= 0 ? m->groups[e->group]->name : "-",
+                event_what(s, e), fmt_count(event_comm_bytes(s, e, world)));
+        if (mp)
+            fprintf(out, " %14s", fmt_count(mp->live_after[i]));
+        fputc('\n', out);
+    }
+}
+
+void schedule_dump_json(FILE *out, Schedule *s, int64_t world, MemPlan *mp)
+{
+    Plan *p = s->plan;
+    Model *m = p->m;
+    fprintf(out, "{\"model\": \"%s\", \"world\": %" PRId64 ", \"micro_batches\": %d, "
+                 "\"micro_batch\": %" PRId64 ",\n \"groups\": [",
+            m->name, world, p->micro_batches, p->micro_batch);
+    for (int i = 0; i < m->ngroups; i++)
+        fprintf(out, "%s\"%s\"", i ? ", " : "", m->groups[i]->name);
+    fputs("],\n \"events\": [\n", out);
+    for (int i = 0; i < s->nev; i++) {
+        Event *e = &s->ev[i];
+        fprintf(out, "  {\"i\": %d, \"phase\": \"%s\", \"micro\": %d, \"stream\": \"%s\", "
+                     "\"event\": \"%s\", \"group\": ",
+                i, phase_names[e->phase], e->micro, stream_names[event_stream(e->kind)],
+                event_name(e->kind));
+        if (e->group >= 0)
+            fprintf(out, "\"%s\"", m->groups[e->group]->name);
+        else
+            fputs("null", out);
+        if (e->op)
+            fprintf(out, ", \"op\": %d, \"op_kind\": \"%s\", \"layer\": \"%s\"", e->op->index,
+                    op_name(e->op->kind), e->op->layer ? e->op->layer->path : "");
+        fprintf(out, ", \"bytes\": %" PRId64, event_comm_bytes(s, e, world));
+        if (mp)
+            fprintf(out, ", \"live\": %" PRId64, mp->live_after[i]);
+        fprintf(out, "}%s\n", i + 1 < s->nev ? "," : "");
+    }
+    fputs(" ]\n}\n", out);
+}

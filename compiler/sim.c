@@ -1,0 +1,592 @@
+/*
+ * sim.c — the cost model and the simulator: predicts one training step's
+ * time on a cluster of GPUs by replaying the verified schedule (design
+ * section 4, "Simulation"), and writes the replay as a Chrome trace.
+ *
+ * It runs after schedule_build and changes nothing: the schedule's events
+ * are given durations (a roofline per compute op, an alpha-beta ring model
+ * per collective) and replayed on the three streams with the schedule's own
+ * ordering rules, so what it predicts is what the emitted program does,
+ * under the assumptions named below. docs/simulator.md explains the model,
+ * its sources and its known limits at more length.
+ *
+ * Every hardware figure comes from a vendor datasheet or NCCL's own tuning
+ * model, and says which; every modelling assumption is a named constant
+ * with the reason for its value.
+ */
+#include "fsdpc.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+/* ── presets ──
+ * Rates are per GPU. Datasheets print tensor-core peaks "with sparsity"
+ * (2:4 structured sparsity doubles them); training is dense, so every
+ * tensor figure below is the datasheet's halved. NVLink is printed as the
+ * total of both directions; a ring sends and receives at once, so the
+ * figure that bounds it is one direction, half the printed total. Memory
+ * capacities are the datasheets' GB read as GiB, which is what the parts
+ * carry (HBM stacks come in binary sizes; an "80GB" A100 reports 81,920
+ * MiB); a process gets a little less (the driver's reservations, the CUDA
+ * context, NCCL's buffers). InfiniBand is the DGX system of each generation: one
+ * NIC per GPU ("rail-optimized"), so each GPU has its own NIC's bandwidth.
+ *
+ * Latencies are NCCL's own, from its tuning model (src/graph/tuning.cc,
+ * hwLat for the Ring algorithm with the Simple protocol, which NCCL uses
+ * for the large messages FSDP sends): 3.4 us per NVLink ring step, 14 us
+ * per network step, and a fixed 8.4 us per collective (baseLat). NCCL uses
+ * the same figures for every GPU generation, and so do these presets. */
+#define NCCL_BASE_LAT_S   8.4e-6   /* NCCL tuning.cc baseLat, Ring/Simple */
+#define NCCL_NVLINK_LAT_S 3.4e-6   /* NCCL tuning.cc hwLat[NVLINK], Ring/Simple */
+#define NCCL_NET_LAT_S    14.0e-6  /* NCCL tuning.cc hwLat[NET], Ring/Simple */
+
+#define T 1e12
+#define G 1e9
+static const SimGpu presets[] = {
+    {
+        /* NVIDIA A100 Tensor Core GPU datasheet, "A100 80GB SXM" column:
+         * BF16 Tensor Core 312 TFLOPS (624 with sparsity), TF32 Tensor Core
+         * 156 TFLOPS (312 with sparsity), FP32 19.5 TFLOPS, 80GB HBM2e at
+         * 2,039 GB/s, NVLink 600 GB/s. DGX A100 datasheet: 8x single-port
+         * ConnectX-6 VPI 200 Gb/s HDR InfiniBand = 25 GB/s per GPU. */
+        .key = "a100", .name = "A100 SXM 80GB",
+        .bf16_flops = 312 * T, .tf32_flops = 156 * T, .fp32_flops = 19.5 * T,
+        .hbm_bytes_per_s = 2039 * G, .hbm_bytes = (int64_t)80 << 30,
+        .nvlink_bytes_per_s = 600 * G / 2, .nvlink_alpha_s = NCCL_NVLINK_LAT_S,
+        .ib_bytes_per_s = 200 * G / 8, .ib_alpha_s = NCCL_NET_LAT_S,
+    },
+    {
+        /* NVIDIA H100 Tensor Core GPU datasheet, "H100 SXM" column: BF16
+         * Tensor Core 1,979 TFLOPS with sparsity (989.5 dense), TF32 Tensor
+         * Core 989 TFLOPS with sparsity (494.5 dense), FP32 67 TFLOPS, 80GB
+         * HBM3 at 3.35 TB/s, NVLink 900 GB/s. DGX H100: eight single-port
+         * ConnectX-7 VPI, 400 Gb/s NDR InfiniBand = 50 GB/s per GPU. */
+        .key = "h100", .name = "H100 SXM 80GB",
+        .bf16_flops = 1979 * T / 2, .tf32_flops = 989 * T / 2, .fp32_flops = 67 * T,
+        .hbm_bytes_per_s = 3350 * G, .hbm_bytes = (int64_t)80 << 30,
+        .nvlink_bytes_per_s = 900 * G / 2, .nvlink_alpha_s = NCCL_NVLINK_LAT_S,
+        .ib_bytes_per_s = 400 * G / 8, .ib_alpha_s = NCCL_NET_LAT_S,
+    },
+    {
+        /* NVIDIA H200 Tensor Core GPU datasheet, "H200 SXM" column: the
+         * H100's compute (BF16 1,979 and TF32 989 TFLOPS with sparsity, FP32
+         * 67 TFLOPS) with 141GB HBM3e at 4.8 TB/s, NVLink 900 GB/s. DGX
+         * H200: eight single-port ConnectX-7 VPI, 400 Gb/s InfiniBand. */
+        .key = "h200", .name = "H200 SXM 141GB",
+        .bf16_flops = 1979 * T / 2, .tf32_flops = 989 * T / 2, .fp32_flops = 67 * T,
+        .hbm_bytes_per_s = 4800 * G, .hbm_bytes = (int64_t)141 << 30,
+        .nvlink_bytes_per_s = 900 * G / 2, .nvlink_alpha_s = NCCL_NVLINK_LAT_S,
+        .ib_bytes_per_s = 400 * G / 8, .ib_alpha_s = NCCL_NET_LAT_S,
+    },
+    {
+        /* NVIDIA Blackwell datasheet, "HGX B200" column, per GPU: FP16/BF16
+         * Tensor Core 4.5 PFLOPS with sparsity (2.25 dense), TF32 Tensor
+         * Core 2.2 PFLOPS with sparsity (1.1 dense), FP32 75 TFLOPS, 180GB
+         * HBM3e at 7.7 TB/s, fifth-generation NVLink 1.8 TB/s. DGX B200
+         * user guide: 8x ConnectX-7 single-port cards, InfiniBand up to
+         * 400 Gb/s. */
+        .key = "b200", .name = "B200 (HGX) 180GB",
+        .bf16_flops = 4500 * T / 2, .tf32_flops = 2200 * T / 2, .fp32_flops = 75 * T,
+        .hbm_bytes_per_s = 7700 * G, .hbm_bytes = (int64_t)180 << 30,
+        .nvlink_bytes_per_s = 1800 * G / 2, .nvlink_alpha_s = NCCL_NVLINK_LAT_S,
+        .ib_bytes_per_s = 400 * G / 8, .ib_alpha_s = NCCL_NET_LAT_S,
+    },
+};
+#undef T
+#undef G
+#define NPRESETS ((int)(sizeof presets / sizeof presets[0]))
+
+/* GPUs per node in every preset: HGX/DGX baseboards of 8 GPUs on one
+ * NVSwitch fabric. `gpus=N` may ask for fewer, not more. */
+#define NODE_MAX_GPUS 8
+
+/* ── modelling assumptions ── */
+
+/* Large bf16 GEMMs under cuBLAS reach roughly 70–80% of the dense tensor
+ * peak on A100 and H100; the graph's GEMMs (thousands of rows, hundreds to
+ * thousands wide) are in that regime. Small ones are slower; see limits. */
+#define MATMUL_EFFICIENCY 0.75
+/* FlashAttention-2 reaches 50–73% of A100's peak forward and less in
+ * backward (Dao, "FlashAttention-2", 2023); FlashAttention-3 reaches 75% on
+ * H100, FlashAttention-2 only 35% there (Shah et al., 2024). Half of peak
+ * sits between the kernels the emitter might use. */
+#define ATTENTION_EFFICIENCY 0.50
+/* Elementwise arithmetic runs on the CUDA cores in fp32; tanh and exp take
+ * several instructions each, so half the FMA peak. It rarely matters: these
+ * ops are memory-bound by far. */
+#define VECTOR_EFFICIENCY 0.50
+/* Streaming kernels reach about 80–90% of HBM peak; fused elementwise and
+ * normalization kernels in training code sit near the lower end. */
+#define HBM_EFFICIENCY 0.80
+/* nccl-tests bus bandwidth on 8 A100s over NVLink is 230–250 GB/s of the
+ * 300 GB/s per direction; the same fraction is assumed for ring all-gather
+ * and reduce-scatter on every preset. (H100 all-reduce exceeds it through
+ * NVLink SHARP, which ring all-gather and reduce-scatter do not use.) */
+#define NVLINK_EFFICIENCY 0.80
+/* Across nodes: assumed equal to NVLink's fraction; not calibrated. */
+#define IB_EFFICIENCY 0.80
+/* No kernel takes less than this: the gap between back-to-back kernels on
+ * one stream plus the launch tail is a microsecond or two, even when the
+ * host keeps ahead. It only shows for tiny models. */
+#define KERNEL_MIN_S 2e-6
+/* Matmuls with fp32 parameters run on TF32 tensor cores, as llm.c's fp32
+ * build does (cuBLASLt with CUBLAS_COMPUTE_32F_FAST_TF32 on sm_80 and up)
+ * and PyTorch does with allow_tf32. MFU is measured against the same peak. */
+#define FP32_MATMUL_USES_TF32 1
+
+/* ── cluster specs ── */
+
+const char *sim_preset_list(void)
+{
+    const char *s = "";
+    for (int i = 0; i < NPRESETS; i++)
+        s = arena_printf("%s%s%s", s, i ? ", " : "", presets[i].key);
+    return s;
+}
+
+static const SimGpu *find_preset(const char *key, size_t n)
+{
+    for (int i = 0; i < NPRESETS; i++)
+        if (strlen(presets[i].key) == n && strncasecmp(presets[i].key, key, n) == 0)
+            return &presets[i];
+    return NULL;
+}
+
+SimCluster sim_default_cluster(int64_t world)
+{
+    SimCluster c = {&presets[1], (world + NODE_MAX_GPUS - 1) / NODE_MAX_GPUS,
+                    world < NODE_MAX_GPUS ? world : NODE_MAX_GPUS, world};
+    return c;
+}
+
+/*   spec := preset [ ':' setting { ',' setting } ]
+ *   setting := ( 'nodes' | 'gpus' ) '=' integer */
+bool sim_parse_cluster(const char *spec, SimCluster *c, char *msg, size_t msgsize)
+{
+    const char *colon = strchr(spec, ':');
+    size_t n = colon ? (size_t)(colon - spec) : strlen(spec);
+    const SimGpu *gpu = find_preset(spec, n);
+    if (!gpu) {
+        snprintf(msg, msgsize, "--sim %s: unknown preset `%.*s`; the presets are %s "
+                               "(e.g. --sim h100, --sim h100:nodes=16, --sim a100:gpus=4)",
+                 spec, (int)n, spec, sim_preset_list());
+        return false;
+    }
+    int64_t nodes = 1, gpus = NODE_MAX_GPUS;
+    const char *p = colon ? colon + 1 : NULL;
+    while (p) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        const char *eq = memchr(p, '=', len);
+        int64_t *dst = NULL, max = 0;
+        if (eq && eq - p == 5 && strncmp(p, "nodes", 5) == 0)
+            dst = &nodes, max = (int64_t)1 << 24;
+        else if (eq && eq - p == 4 && strncmp(p, "gpus", 4) == 0)
+            dst = &gpus, max = NODE_MAX_GPUS;
+        if (!dst) {
+            snprintf(msg, msgsize, "--sim %s: unknown setting `%.*s`; use nodes=N and gpus=N "
+                                   "(GPUs per node), e.g. --sim %s:nodes=16",
+                     spec, (int)len, p, gpu->key);
+            return false;
+        }
+        char num[32] = "";
+        size_t nl = len - (size_t)(eq + 1 - p);
+        if (nl < sizeof num)
+            memcpy(num, eq + 1, nl), num[nl] = 0;
+        char *e;
+        errno = 0;
+        long long v = strtoll(num, &e, 10);
+        if (nl == 0 || nl >= sizeof num || *e || errno || !isdigit((unsigned char)num[0]) ||
+            v < 1 || v > max) {
+            snprintf(msg, msgsize, "--sim %s: `%.*s` must be a whole number from 1 to %" PRId64
+                                   "%s",
+                     spec, (int)(eq - p), p, max,
+                     dst == &gpus ? " (a node has 8 GPUs on one NVLink switch)" : "");
+            return false;
+        }
+        *dst = v;
+        p = end ? end + 1 : NULL;
+    }
+    if (nodes * gpus > (int64_t)1 << 24) {
+        snprintf(msg, msgsize, "--sim %s: %" PRId64 " ranks is more than fsdpc sizes (%d)", spec,
+                 nodes * gpus, 1 << 24);
+        return false;
+    }
+    *c = (SimCluster){gpu, nodes, gpus, nodes * gpus};
+    return true;
+}
+
+/* ── costs ── */
+
+typedef enum { CAT_MATMUL, CAT_ATTENTION, CAT_MEMORY, CAT_OPTIMIZER, CAT_COUNT } CostCat;
+_Static_assert(CAT_COUNT == sizeof(((Sim *)0)->cat_s) / sizeof(double), "Sim.cat_s by CostCat");
+
+/* The tensor-core peak the policy's parameter dtype runs matmuls at. */
+static double matmul_peak(const Sim *sim)
+{
+    const SimGpu *gpu = sim->cluster.gpu;
+    if (sim->sched->plan->m->shard.param_dtype != DTYPE_FP32)
+        return gpu->bf16_flops;   /* fp16 has the same peak on every preset */
+    return FP32_MATMUL_USES_TF32 ? gpu->tf32_flops : gpu->fp32_flops;
+}
+
+static double hbm_rate(const Sim *sim)
+{
+    return sim->cluster.gpu->hbm_bytes_per_s * HBM_EFFICIENCY;
+}
+
+/* Roofline: the slower of the op's arithmetic at its unit's achievable
+ * peak and its memory traffic at achievable HBM bandwidth. */
+static double op_seconds(const Sim *sim, const OpNode *op, CostCat *cat, bool *mem_bound)
+{
+    int64_t B = sim->sched->plan->micro_batch;
+    double flops = op_flops(op, B), bytes = op_bytes(op, B), rate;
+    switch (op->kind) {
+    case OP_MATMUL:
+    case OP_MATMUL_DX:
+    case OP_MATMUL_DW:
+        *cat = CAT_MATMUL;
+        rate = matmul_peak(sim) * MATMUL_EFFICIENCY;
+        break;
+    case OP_ATTENTION:
+    case OP_ATTENTION_BWD:
+        *cat = CAT_ATTENTION;
+        rate = matmul_peak(sim) * ATTENTION_EFFICIENCY;
+        break;
+    default:
+        *cat = CAT_MEMORY;
+        rate = sim->cluster.gpu->fp32_flops * VECTOR_EFFICIENCY;
+        break;
+    }
+    double tc = flops / rate, tm = bytes / hbm_rate(sim);
+    *mem_bound = tm > tc;
+    double t = tc > tm ? tc : tm;
+    return t > KERNEL_MIN_S ? t : KERNEL_MIN_S;
+}
+
+/* Elements of every group's shard on one rank. */
+static double shard_elems(const Sim *sim, int group)
+{
+    Model *m = sim->sched->plan->m;
+    double n = 0;
+    for (int i = 0; i < m->ngroups; i++)
+        if (group < 0 || i == group)
+            n += (double)plan_shard_numel(m->groups[i], sim->cluster.world);
+    return n;
+}
+
+/* Bytes per shard element the optimizer step moves, all fp32: AdamW reads
+ * the parameter, gradient and both moments and writes parameter and
+ * moments (4 reads + 3 writes); SGD with momentum 3 + 2; plain SGD 2 + 1. */
+static double optimizer_bytes_per_elem(const TrainConfig *t)
+{
+    if (t->optimizer == OPT_ADAMW)
+        return 7 * 4;
+    return t->momentum > 0 ? 5 * 4 : 3 * 4;
+}
+
+/* A ring all-gather or reduce-scatter over the whole world, NCCL's model
+ * (src/graph/tuning.cc): a fixed launch latency, one latency per ring step
+ * (W-1 steps, N-1 of which cross nodes), and the bytes each rank receives
+ * at the slowest link's bus bandwidth. Within one node that link is
+ * NVLink; across nodes the ring's inter-node hops go through each GPU's own
+ * NIC, so InfiniBand bounds the whole ring. A hierarchical model (reduce-
+ * scatter within nodes over NVLink, then across nodes over all 8 rails) is
+ * a possible refinement; NCCL's ring is what FSDP runs today. */
+double sim_collective_seconds(const SimCluster *c, int64_t bytes)
+{
+    if (c->world <= 1)
+        return 0;
+    bool multi = c->world > c->gpus_per_node;
+    int64_t nodes = multi ? c->nodes : 1, steps = c->world - 1, inter = nodes - 1;
+    double alpha = NCCL_BASE_LAT_S + (double)(steps - inter) * c->gpu->nvlink_alpha_s +
+                   (double)inter * c->gpu->ib_alpha_s;
+    double bw = multi ? c->gpu->ib_bytes_per_s * IB_EFFICIENCY
+                      : c->gpu->nvlink_bytes_per_s * NVLINK_EFFICIENCY;
+    return alpha + (double)bytes / bw;
+}
+
+/* A latency-bound all-reduce of one float (the global gradient norm): a
+ * tree's way up and down, one NCCL launch each way. */
+static double scalar_allreduce_seconds(const SimCluster *c)
+{
+    if (c->world <= 1)
+        return 0;
+    double hops = ceil(log2((double)c->world));
+    double hop = c->world > c->gpus_per_node ? c->gpu->ib_alpha_s : c->gpu->nvlink_alpha_s;
+    return 2 * (NCCL_BASE_LAT_S + hops * hop);
+}
+
+/* ── replay ──
+ * Compute events run back to back on the compute stream. A collective is
+ * issued when the compute stream reaches it (the event recorded there
+ * completes when the work before it has) and starts when its stream has
+ * finished the previous collective. A wait holds the compute stream until
+ * that group's latest collective of its kind has finished; the time it
+ * holds is exposed communication. Reshard, allocation and free events are
+ * bookkeeping and take no time. */
+Sim *sim_run(Schedule *s, const SimCluster *c)
+{
+    Sim *sim = arena_alloc(sizeof *sim);
+    sim->sched = s;
+    sim->cluster = *c;
+    Plan *p = s->plan;
+    Model *m = p->m;
+    int64_t W = c->world;
+    sim->start_s = arena_alloc(sizeof(double) * (size_t)(s->nev + 1));
+    sim->end_s = arena_alloc(sizeof(double) * (size_t)(s->nev + 1));
+    sim->mem_bound = arena_alloc(sizeof(bool) * (size_t)(s->nev + 1));
+    double *gather_done = arena_alloc(sizeof(double) * (size_t)m->ngroups);
+    double *reduce_done = arena_alloc(sizeof(double) * (size_t)m->ngroups);
+    double now[STREAM_COUNT] = {0, 0, 0};
+
+    for (int i = 0; i < s->nev; i++) {
+        Event *e = &s->ev[i];
+        double start = now[STREAM_COMPUTE], dur = 0;
+        CostCat cat = CAT_COUNT;
+        switch (e->kind) {
+        case EV_COMPUTE: {
+            bool mb;
+            dur = op_seconds(sim, e->op, &cat, &mb);
+            sim->mem_bound[i] = mb;
+            break;
+        }
+        case EV_GRAD_NORM:
+            cat = CAT_OPTIMIZER;
+            dur = shard_elems(sim, -1) * 4 / hbm_rate(sim);
+            dur = (dur > KERNEL_MIN_S ? dur : KERNEL_MIN_S) + scalar_allreduce_seconds(c);
+            sim->mem_bound[i] = true;
+            break;
+        case EV_OPTIMIZER:
+            cat = CAT_OPTIMIZER;
+            dur = shard_elems(sim, e->group) * optimizer_bytes_per_elem(&m->train) / hbm_rate(sim);
+            dur = dur > KERNEL_MIN_S ? dur : KERNEL_MIN_S;
+            sim->mem_bound[i] = true;
+            break;
+        case EV_ALL_GATHER:
+        case EV_REDUCE_SCATTER: {
+            StreamId st = event_stream(e->kind);
+            int64_t bytes = event_comm_bytes(s, e, W);
+            if (now[st] > start)
+                start = now[st];
+            dur = sim_collective_seconds(c, bytes);
+            now[st] = start + dur;
+            (e->kind == EV_ALL_GATHER ? gather_done : reduce_done)[e->group] = now[st];
+            sim->busy_s[st] += dur;
+            sim->bytes[st] += bytes;
+            break;
+        }
+        case EV_WAIT_GATHER:
+        case EV_WAIT_REDUCE: {
+            double done = (e->kind == EV_WAIT_GATHER ? gather_done : reduce_done)[e->group];
+            if (done > start) {
+                dur = done - start;
+                if (e->kind == EV_WAIT_GATHER)
+                    sim->exposed_gather_s += dur;
+                else
+                    sim->exposed_reduce_s += dur;
+            }
+            break;
+        }
+        case EV_RESHARD:
+        case EV_ALLOC_GRADS:
+        case EV_FREE_GRADS:
+            break;
+        case EV_COUNT:
+            fsd_unreachable();
+        }
+        sim->start_s[i] = start;
+        sim->end_s[i] = start + dur;
+        if (event_stream(e->kind) == STREAM_COMPUTE)
+            now[STREAM_COMPUTE] = start + dur;
+        if (cat != CAT_COUNT) {
+            sim->compute_s += dur;
+            sim->busy_s[STREAM_COMPUTE] += dur;
+            sim->cat_s[cat] += dur;
+        }
+    }
+    double end = 0;
+    for (int st = 0; st < STREAM_COUNT; st++)
+        end = now[st] > end ? now[st] : end;
+    sim->step_s = end;
+    sim->exposed_s = sim->exposed_gather_s + sim->exposed_reduce_s;
+
+    /* MFU counts the planner's FLOPs (ops.def: matmuls 2 per multiply-add,
+     * causal attention only its unmasked half) for every op of every
+     * micro-batch, over the peak matmuls run at: the same convention the
+     * trainer logs (design section 5). The optimizer and recomputation
+     * count nothing; there is no recomputation yet. */
+    Graph *g = p->g;
+    sim->model_flops = graph_flops(g, 0, g->nops, p->micro_batch) * p->micro_batches;
+    sim->peak_flops = matmul_peak(sim);
+    sim->mfu = sim->step_s > 0 ? sim->model_flops / (sim->step_s * sim->peak_flops) : 0;
+    sim->tokens_per_step = (double)p->micro_batch * (double)m->seq * p->micro_batches;
+    sim->tokens_per_s_gpu = sim->step_s > 0 ? sim->tokens_per_step / sim->step_s : 0;
+    sim->tokens_per_s = sim->tokens_per_s_gpu * (double)W;
+    return sim;
+}
+
+/* ── --sim: the summary ── */
+
+static const char *ms(double s) { return arena_printf("%10.3f ms", s * 1e3); }
+
+static const char *human_rate(double v, const char *unit)
+{
+    if (v >= 1e15)
+        return arena_printf("%.3g P%s", v / 1e15, unit);
+    if (v >= 1e12)
+        return arena_printf("%.4g T%s", v / 1e12, unit);
+    return arena_printf("%.4g G%s", v / 1e9, unit);
+}
+
+static const char *gib(double b) { return arena_printf("%.2f GiB", b / (double)(1 << 30)); }
+
+void sim_dump(FILE *out, const Sim *sim, const MemPlan *mp)
+{
+    const SimCluster *c = &sim->cluster;
+    const SimGpu *gpu = c->gpu;
+    Plan *p = sim->sched->plan;
+    Model *m = p->m;
+    bool multi = c->world > c->gpus_per_node;
+    fprintf(out, "simulation %s on %" PRId64 " node%s x %" PRId64 " %s (world %" PRId64 ")\n",
+            m->name, c->nodes, c->nodes == 1 ? "" : "s", c->gpus_per_node, gpu->name, c->world);
+    fprintf(out, "  per GPU: matmul peak %s (%s), HBM %s; %s %s per direction\n",
+            human_rate(sim->peak_flops, "FLOP/s"),
+            m->shard.param_dtype == DTYPE_FP32 ? (FP32_MATMUL_USES_TF32 ? "tf32" : "fp32") : "bf16",
+            human_rate(gpu->hbm_bytes_per_s, "B/s"), multi ? "InfiniBand" : "NVLink",
+            human_rate(multi ? gpu->ib_bytes_per_s : gpu->nvlink_bytes_per_s, "B/s"));
+    fprintf(out, "  assumed: matmul %.0f%%, attention %.0f%% of peak; HBM %.0f%%, %s %.0f%% of "
+                 "link bandwidth\n",
+            MATMUL_EFFICIENCY * 100, ATTENTION_EFFICIENCY * 100, HBM_EFFICIENCY * 100,
+            multi ? "InfiniBand" : "NVLink", (multi ? IB_EFFICIENCY : NVLINK_EFFICIENCY) * 100);
+    fprintf(out, "  %-16s %s  (%d micro-batch%s of %" PRId64 " x %" PRId64 " tokens)\n", "step",
+            ms(sim->step_s), p->micro_batches, p->micro_batches == 1 ? "" : "es", p->micro_batch,
+            m->seq);
+    fprintf(out, "  %-16s %s  (matmul %.3f, attention %.3f, memory-bound ops %.3f, "
+                 "optimizer %.3f ms)\n",
+            "compute", ms(sim->compute_s), sim->cat_s[CAT_MATMUL] * 1e3,
+            sim->cat_s[CAT_ATTENTION] * 1e3, sim->cat_s[CAT_MEMORY] * 1e3,
+            sim->cat_s[CAT_OPTIMIZER] * 1e3);
+    fprintf(out, "  %-16s %s  (waiting on all-gather %.3f, reduce-scatter %.3f ms; %.1f%% of "
+                 "the step)\n",
+            "exposed comm", ms(sim->exposed_s), sim->exposed_gather_s * 1e3,
+            sim->exposed_reduce_s * 1e3,
+            sim->step_s > 0 ? 100 * sim->exposed_s / sim->step_s : 0.0);
+    fprintf(out, "  %-16s %s busy  %s bytes per rank\n", "all-gather",
+            ms(sim->busy_s[STREAM_GATHER]), fmt_count(sim->bytes[STREAM_GATHER]));
+    fprintf(out, "  %-16s %s busy  %s bytes per rank\n", "reduce-scatter",
+            ms(sim->busy_s[STREAM_REDUCE]), fmt_count(sim->bytes[STREAM_REDUCE]));
+    double n6 = 6.0 * (double)m->numel * sim->tokens_per_step;
+    fprintf(out, "  %-16s %9.1f%%  (%s counted FLOPs per rank per step; by 6*N*tokens: %.1f%%)\n",
+            "MFU", sim->mfu * 100, human_rate(sim->model_flops, "FLOP"),
+            sim->step_s > 0 ? 100 * n6 / (sim->step_s * sim->peak_flops) : 0.0);
+    fprintf(out, "  %-16s %10.0f per GPU, %.0f in total\n", "tokens/s", sim->tokens_per_s_gpu,
+            sim->tokens_per_s);
+    if (mp)
+        fprintf(out, "  %-16s %10s peak of %s HBM per GPU%s\n", "memory", gib((double)mp->peak),
+                gib((double)gpu->hbm_bytes),
+                mp->peak > gpu->hbm_bytes ? "  -- DOES NOT FIT" : "");
+}
+
+/* ── --trace: Chrome trace (Trace Event Format) ──
+ * One process, one thread per stream; complete events ("ph": "X") with
+ * "ts" and "dur" in microseconds. Perfetto and chrome://tracing open it. */
+
+static void json_str(FILE *out, const char *s)
+{
+    fputc('"', out);
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\')
+            fprintf(out, "\\%c", ch);
+        else if (ch < 0x20)
+            fprintf(out, "\\u%04x", ch);
+        else
+            fputc(ch, out);
+    }
+    fputc('"', out);
+}
+
+static const char *const track_names[STREAM_COUNT] = {"compute", "all-gather", "reduce-scatter"};
+static const char *const phase_names[] = {"forward", "backward", "optimizer"};
+
+void sim_trace(FILE *out, const Sim *sim)
+{
+    Schedule *s = sim->sched;
+    Model *m = s->plan->m;
+    const SimCluster *c = &sim->cluster;
+    fputs("{\"traceEvents\": [\n", out);
+    fputs("{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": 0, \"args\": {\"name\": ",
+          out);
+    json_str(out, arena_printf("fsdpc plan: %s on %" PRId64 " x %" PRId64 " %s (world %" PRId64 ")",
+                               m->name, c->nodes, c->gpus_per_node, c->gpu->name, c->world));
+    fputs("}}", out);
+    for (int t = 0; t < STREAM_COUNT; t++) {
+        fprintf(out, ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, "
+                     "\"args\": {\"name\": \"%s\"}}",
+                t, track_names[t]);
+        fprintf(out, ",\n{\"name\": \"thread_sort_index\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, "
+                     "\"args\": {\"sort_index\": %d}}",
+                t, t);
+    }
+    int64_t B = s->plan->micro_batch;
+    for (int i = 0; i < s->nev; i++) {
+        Event *e = &s->ev[i];
+        double dur = sim->end_s[i] - sim->start_s[i];
+        const char *name;
+        switch (e->kind) {
+        case EV_COMPUTE:
+            name = e->op->layer && e->op->layer->path[0]
+                       ? arena_printf("%s %s", op_name(e->op->kind), e->op->layer->path)
+                       : op_name(e->op->kind);
+            break;
+        case EV_ALL_GATHER:
+        case EV_REDUCE_SCATTER:
+        case EV_OPTIMIZER:
+            name = arena_printf("%s %s", event_name(e->kind), m->groups[e->group]->name);
+            break;
+        case EV_GRAD_NORM:
+            name = event_name(e->kind);
+            break;
+        case EV_WAIT_GATHER:
+        case EV_WAIT_REDUCE:
+            /* only waits that hold the compute stream: exposed time */
+            if (dur <= 0)
+                continue;
+            name = arena_printf("%s %s", event_name(e->kind), m->groups[e->group]->name);
+            break;
+        default:
+            continue;
+        }
+        fputs(",\n{\"name\": ", out);
+        json_str(out, name);
+        fprintf(out, ", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": 0, \"tid\": %d, \"ts\": %.3f, "
+                     "\"dur\": %.3f, \"args\": {\"event\": %d, \"micro\": %d",
+                e->kind == EV_WAIT_GATHER || e->kind == EV_WAIT_REDUCE ? "wait"
+                                                                        : phase_names[e->phase],
+                (int)event_stream(e->kind), sim->start_s[i] * 1e6, dur * 1e6, i, e->micro);
+        if (e->group >= 0) {
+            fputs(", \"group\": ", out);
+            json_str(out, m->groups[e->group]->name);
+        }
+        if (e->kind == EV_ALL_GATHER || e->kind == EV_REDUCE_SCATTER)
+            fprintf(out, ", \"bytes\": %" PRId64, event_comm_bytes(s, e, c->world));
+        if (e->op)
+            fprintf(out, ", \"op\": %d, \"flops\": %.0f, \"bytes\": %.0f, \"bound\": \"%s\"",
+                    e->op->index, op_flops(e->op, B), op_bytes(e->op, B),
+                    sim->mem_bound[i] ? "memory" : "compute");
+        fputs("}}", out);
+    }
+    fprintf(out, "\n],\n\"displayTimeUnit\": \"ms\",\n\"otherData\": {\"model\": ");
+    json_str(out, m->name);
+    fprintf(out, ", \"gpu\": ");
+    json_str(out, c->gpu->name);
+    fprintf(out, ", \"world\": %" PRId64 ", \"step_ms\": %.6f, \"exposed_comm_ms\": %.6f, "
+                 "\"mfu\": %.6f}\n}\n",
+            c->world, sim->step_s * 1e3, sim->exposed_s * 1e3, sim->mfu);
+}

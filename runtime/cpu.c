@@ -1,0 +1,635 @@
+/*
+ * cpu.c — the runtime's CPU backend: MPI between ranks, OpenBLAS for
+ * matrix products, OpenMP for the loops over shards.
+ *
+ * It is how the emitted schedule is tested without a GPU, so it follows the
+ * GPU's numerics where they matter: parameters are all-gathered in the
+ * `param` dtype (bf16 and fp16 travel as 2-byte values and are widened into
+ * the fp32 unsharded buffer, so kernels see exactly the rounded weights a
+ * GPU would), and gradients are rounded to the `reduce` dtype before and
+ * after the reduce-scatter. Collectives are MPI's nonblocking ones, issued
+ * where the schedule issues them and completed at its waits; without an
+ * asynchronous progress thread they mostly move data inside the wait, which
+ * costs time but not correctness.
+ *
+ * Both collectives work in place, as the memory plan assumes: the
+ * all-gather's send buffer is this rank's slice of the unsharded buffer,
+ * and the reduce-scatter leaves this rank's summed slice at the start of the
+ * unsharded gradient buffer, from where the wait adds it, divided by the
+ * world size, into the fp32 gradient shard.
+ */
+#include "half.h"
+#include "internal.h"
+
+#include <cblas.h>
+#include <limits.h>
+#include <math.h>
+#include <mpi.h>
+#include <omp.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef FSD_FLOAT64
+#define MPI_REAL_T MPI_DOUBLE
+#define SQRT sqrt
+#else
+#define MPI_REAL_T MPI_FLOAT
+#define SQRT sqrtf
+#endif
+
+typedef struct Pooled {
+    void *p;
+    int64_t cap;
+    bool out;
+} Pooled;
+
+/* Collective state of one group. */
+typedef struct GroupComm {
+    MPI_Request gather, reduce;
+    bool gathering, reducing;
+    uint16_t *wire;          /* 2-byte all-gather buffer while gathering */
+    double gather_t0, reduce_t0;
+} GroupComm;
+
+struct Backend {
+    MPI_Comm comm;           /* the runtime's own copy of the world */
+    bool have_comm;
+    bool started_mpi;        /* MPI_Init was ours, so MPI_Finalize is too */
+    Pooled *pool;
+    int npool, pool_cap;
+    GroupComm *gc;
+};
+
+/* ── errors ── */
+
+static _Noreturn void mpi_failed(FsdRun *r, const char *file, int line, const char *call, int err)
+{
+    char why[MPI_MAX_ERROR_STRING];
+    int n = 0;
+    if (MPI_Error_string(err, why, &n) != MPI_SUCCESS)
+        snprintf(why, sizeof why, "error %d", err);
+    fprintf(stderr, "train: rank %d: %s:%d: %s failed: %s\n", r->rank, file, line, call, why);
+    bk_abort(r);
+}
+
+#define MPI_CHECK(r, call)                                   \
+    do {                                                     \
+        int e_ = (call);                                     \
+        if (e_ != MPI_SUCCESS)                               \
+            mpi_failed((r), __FILE__, __LINE__, #call, e_);  \
+    } while (0)
+
+/* MPI counts are ints; the model's shapes are not. */
+static int count_of(FsdRun *r, int64_t n, const char *what)
+{
+    if (n < 0 || n > INT_MAX)
+        RT_BUG(r, "%s has %lld elements, more than an MPI count holds", what, (long long)n);
+    return (int)n;
+}
+
+_Noreturn void bk_abort(FsdRun *r)
+{
+    fflush(stdout);
+    fflush(stderr);
+    int up = 0, down = 0;
+    MPI_Initialized(&up);
+    MPI_Finalized(&down);
+    if (up && !down)
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    exit(1);
+}
+
+/* ── start-up ── */
+
+/* A launcher that started several processes which MPI does not see as one
+ * job (torchrun, or srun with an MPI built without Slurm's PMI) would make
+ * each of them train alone; refuse that rather than train W copies. */
+static void check_launcher(FsdRun *r)
+{
+    static const char *const vars[] = {"WORLD_SIZE", "SLURM_STEP_NUM_TASKS"};
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
+        const char *v = getenv(vars[i]);
+        long n = v ? strtol(v, NULL, 10) : 0;
+        if (n > r->world && r->world == 1) {
+            rt_fail(r,
+                    "%s=%s, but MPI started this process alone: the CPU backend's ranks "
+                    "must be started by mpirun (or srun with Slurm's PMI support)",
+                    vars[i], v);
+            return;
+        }
+    }
+}
+
+/* OpenMP and OpenBLAS default to every core for every rank; with several
+ * ranks on one node that oversubscribes the cores many times over, so
+ * unless the user chose (OMP_NUM_THREADS) each rank takes its share. */
+static void set_threads(FsdRun *r)
+{
+    if (getenv("OMP_NUM_THREADS"))
+        return;    /* OpenMP reads it; OpenBLAS too, unless OPENBLAS_NUM_THREADS is set */
+    int n = omp_get_num_procs() / (r->local_world > 0 ? r->local_world : 1);
+    if (n < 1)
+        n = 1;
+    omp_set_num_threads(n);
+    if (!getenv("OPENBLAS_NUM_THREADS"))
+        openblas_set_num_threads(n);
+}
+
+bool bk_start(FsdRun *r, int *argc, char ***argv)
+{
+    r->rank = 0;
+    r->world = r->local_world = 1;
+    r->local_rank = 0;
+    Backend *bk = calloc(1, sizeof *bk);
+    if (!bk) {
+        rt_fail(r, "out of memory starting the runtime");
+        return false;
+    }
+    r->bk = bk;
+    int up = 0;
+    MPI_Initialized(&up);
+    if (!up) {
+        /* MPI_Init works alone (a singleton) as well as under mpirun and
+         * srun; only the main thread calls MPI, OpenMP's threads never do */
+        int provided = 0;
+        int e = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+        if (e != MPI_SUCCESS) {
+            rt_fail(r, "cannot start MPI (MPI_Init_thread failed with error %d); the CPU "
+                       "backend needs a working MPI, even for one process",
+                    e);
+            return false;
+        }
+        bk->started_mpi = true;
+    }
+    MPI_CHECK(r, MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+    MPI_CHECK(r, MPI_Comm_dup(MPI_COMM_WORLD, &bk->comm));
+    bk->have_comm = true;
+    MPI_CHECK(r, MPI_Comm_set_errhandler(bk->comm, MPI_ERRORS_RETURN));
+    MPI_CHECK(r, MPI_Comm_rank(bk->comm, &r->rank));
+    MPI_CHECK(r, MPI_Comm_size(bk->comm, &r->world));
+    /* the local rank is the rank among processes sharing this node's
+     * memory, whatever launcher set the environment */
+    MPI_Comm node;
+    MPI_CHECK(r, MPI_Comm_split_type(bk->comm, MPI_COMM_TYPE_SHARED, r->rank, MPI_INFO_NULL, &node));
+    MPI_CHECK(r, MPI_Comm_rank(node, &r->local_rank));
+    MPI_CHECK(r, MPI_Comm_size(node, &r->local_world));
+    MPI_CHECK(r, MPI_Comm_free(&node));
+    bk->gc = calloc((size_t)r->m->ngroups + 1, sizeof *bk->gc);
+    if (!bk->gc) {
+        rt_fail(r, "out of memory starting the runtime");
+        return true;
+    }
+    check_launcher(r);
+    set_threads(r);
+    return true;
+}
+
+void bk_stop(FsdRun *r)
+{
+    Backend *bk = r->bk;
+    if (!bk)
+        return;
+    for (int i = 0; i < bk->npool; i++)
+        free(bk->pool[i].p);
+    free(bk->pool);
+    free(bk->gc);
+    int up = 0, down = 0;
+    MPI_Initialized(&up);
+    MPI_Finalized(&down);
+    if (up && !down) {
+        /* shutting down: a failure is reported, but there is nothing to undo */
+        int e = bk->have_comm ? MPI_Comm_free(&bk->comm) : MPI_SUCCESS;
+        if (e == MPI_SUCCESS && bk->started_mpi)
+            e = MPI_Finalize();
+        if (e != MPI_SUCCESS)
+            fprintf(stderr, "train: rank %d: %s:%d: shutting down MPI failed (error %d)\n",
+                    r->rank, __FILE__, __LINE__, e);
+    }
+    free(bk);
+    r->bk = NULL;
+}
+
+/* ── small collectives ── */
+
+bool bk_agree(FsdRun *r)
+{
+    int mine = r->err[0] ? r->rank : r->world, first = r->world;
+    MPI_CHECK(r, MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, r->bk->comm));
+    if (first == r->world)
+        return false;
+    MPI_CHECK(r, MPI_Bcast(r->err, ERR_MAX, MPI_CHAR, first, r->bk->comm));
+    r->err[ERR_MAX - 1] = 0;
+    return true;
+}
+
+void bk_barrier(FsdRun *r) { MPI_CHECK(r, MPI_Barrier(r->bk->comm)); }
+
+void bk_allreduce_sum(FsdRun *r, double *v, int n)
+{
+    MPI_CHECK(r, MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_DOUBLE, MPI_SUM, r->bk->comm));
+}
+
+void bk_gather_shards(FsdRun *r, int g, real *dst)
+{
+    Group *G = &r->groups[g];
+    int n = count_of(r, G->shard, "a shard");
+    MPI_CHECK(r, MPI_Gather(G->master, n, MPI_REAL_T, dst, n, MPI_REAL_T, 0, r->bk->comm));
+}
+
+bool bk_gather_bytes(FsdRun *r, const char *buf, int64_t n, char **out, int64_t *outn)
+{
+    *out = NULL;
+    *outn = 0;
+    long long mine = n, *all = NULL;
+    int *counts = NULL, *displs = NULL;
+    bool ok = true;
+    if (r->rank == 0) {
+        all = malloc(sizeof *all * (size_t)r->world);
+        counts = malloc(sizeof *counts * (size_t)r->world);
+        displs = malloc(sizeof *displs * (size_t)r->world);
+        ok = all && counts && displs;
+    }
+    /* every rank learns whether rank 0 could take part, so none waits in
+     * a gather rank 0 never joins */
+    int ok0 = ok;
+    MPI_CHECK(r, MPI_Bcast(&ok0, 1, MPI_INT, 0, r->bk->comm));
+    if (!ok0) {
+        free(all), free(counts), free(displs);
+        return false;
+    }
+    MPI_CHECK(r, MPI_Gather(&mine, 1, MPI_LONG_LONG, all, 1, MPI_LONG_LONG, 0, r->bk->comm));
+    int64_t total = 0;
+    if (r->rank == 0) {
+        for (int i = 0; i < r->world; i++) {
+            if (total + all[i] > INT_MAX)
+                ok = false;
+            counts[i] = ok ? (int)all[i] : 0;
+            displs[i] = ok ? (int)total : 0;
+            total += all[i];
+        }
+        if (ok && !(*out = malloc((size_t)total + 1)))
+            ok = false;
+        if (!ok)
+            for (int i = 0; i < r->world; i++)
+                counts[i] = displs[i] = 0;
+    }
+    int sent = count_of(r, n, "a rank's trace");
+    ok0 = ok;
+    MPI_CHECK(r, MPI_Bcast(&ok0, 1, MPI_INT, 0, r->bk->comm));
+    if (!ok0)
+        sent = 0;
+    MPI_CHECK(r, MPI_Gatherv(buf, sent, MPI_CHAR, *out, counts, displs, MPI_CHAR, 0, r->bk->comm));
+    free(all), free(counts), free(displs);
+    if (!ok0) {
+        free(*out);
+        *out = NULL;
+        return false;
+    }
+    *outn = r->rank == 0 ? total : 0;
+    return true;
+}
+
+/* ── buffers ── */
+
+/* FSDRT_ARENA_ALIGN (256 bytes, cudaMalloc's alignment): every buffer, and
+ * every tensor carved from the arena, is as aligned as on the GPU. */
+static void *aligned(int64_t bytes)
+{
+    void *p = NULL;
+    if (posix_memalign(&p, FSDRT_ARENA_ALIGN, (size_t)(bytes > 0 ? bytes : 64)) != 0)
+        return NULL;
+    return p;
+}
+
+void *bk_alloc(FsdRun *r, int64_t bytes)
+{
+    void *p = aligned(bytes);
+    if (!p)
+        return NULL;
+    memset(p, 0, (size_t)(bytes > 0 ? bytes : 64));
+    rt_count(r, bytes);
+    return p;
+}
+
+void bk_free(FsdRun *r, void *p, int64_t bytes)
+{
+    if (!p)
+        return;
+    free(p);
+    rt_count(r, -bytes);
+}
+
+/* Unsharded buffers come and go many times a step; the pool mallocs each
+ * size once and hands the smallest free buffer that fits, so the system
+ * allocator is never called on the hot path after the first step. */
+void *bk_pool_get(FsdRun *r, int64_t bytes, int64_t count)
+{
+    Backend *bk = r->bk;
+    int best = -1;
+    for (int i = 0; i < bk->npool; i++)
+        if (!bk->pool[i].out && bk->pool[i].cap >= bytes &&
+            (best < 0 || bk->pool[i].cap < bk->pool[best].cap))
+            best = i;
+    if (best < 0) {
+        if (bk->npool == bk->pool_cap) {
+            int cap = bk->pool_cap ? 2 * bk->pool_cap : 16;
+            Pooled *np = realloc(bk->pool, sizeof *np * (size_t)cap);
+            if (!np)
+                goto oom;
+            bk->pool = np;
+            bk->pool_cap = cap;
+        }
+        void *p = aligned(bytes);
+        if (!p)
+            goto oom;
+        bk->pool[bk->npool] = (Pooled){p, bytes, false};
+        best = bk->npool++;
+    }
+    bk->pool[best].out = true;
+    rt_count(r, count);
+    return bk->pool[best].p;
+oom:
+    fprintf(stderr, "train: rank %d: out of memory allocating an unsharded buffer of %lld bytes\n",
+            r->rank, (long long)bytes);
+    bk_abort(r);
+}
+
+void bk_pool_put(FsdRun *r, void *p, int64_t count)
+{
+    Backend *bk = r->bk;
+    for (int i = 0; i < bk->npool; i++)
+        if (bk->pool[i].p == p && bk->pool[i].out) {
+            bk->pool[i].out = false;
+            rt_count(r, -count);
+            return;
+        }
+    RT_BUG(r, "a buffer returned to the pool did not come from it");
+}
+
+/* ── 16-bit floats, emulated ── */
+
+static uint16_t narrow(FsdDtype dt, real x)
+{
+    return dt == FSD_BF16 ? bf16_from_float((float)x) : fp16_from_float((float)x);
+}
+
+static real widen(FsdDtype dt, uint16_t h)
+{
+    return dt == FSD_BF16 ? float_from_bf16(h) : float_from_fp16(h);
+}
+
+/* x rounded to what dtype dt holds */
+static void round_to(FsdDtype dt, real *x, int64_t n)
+{
+    if (dt == FSD_FP32)
+        return;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++)
+        x[i] = widen(dt, narrow(dt, x[i]));
+}
+
+/* ── parameters: all-gather ── */
+
+void fsdrt_all_gather(FsdRun *r, int g)
+{
+    if (g < 0 || g >= r->m->ngroups)
+        RT_BUG(r, "fsdrt_all_gather: no group %d", g);
+    Group *G = &r->groups[g];
+    GroupComm *c = &r->bk->gc[g];
+    FsdDtype dt = r->m->param_dtype;
+    if (c->gathering)
+        RT_BUG(r, "all-gather of group %s issued again before its wait", r->m->groups[g].name);
+    /* a group gathered again without a reshard reuses its buffer */
+    if (!G->params)
+        G->params = bk_pool_get(r, G->padded * (int64_t)sizeof(real), G->padded * dtype_bytes(dt));
+    int n = count_of(r, G->shard, "a shard");
+    if (dt == FSD_FP32) {
+        memcpy(G->params + G->lo, G->master, (size_t)G->shard * sizeof(real));
+        MPI_CHECK(r, MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, G->params, n, MPI_REAL_T,
+                                    r->bk->comm, &c->gather));
+    } else {
+        /* the 2-byte buffer is what a GPU would hold; the fp32 copy the
+         * kernels read is the emulation's, so only the first is counted */
+        c->wire = bk_pool_get(r, G->padded * 2, 0);
+        uint16_t *own = c->wire + G->lo;
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < G->shard; i++)
+            own[i] = narrow(dt, G->master[i]);
+        MPI_CHECK(r, MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, c->wire, n, MPI_UINT16_T,
+                                    r->bk->comm, &c->gather));
+    }
+    c->gathering = true;
+    c->gather_t0 = rt_now();
+    r->counters.gather_bytes += (G->padded - G->shard) * dtype_bytes(dt);
+}
+
+void fsdrt_wait_gather(FsdRun *r, int g)
+{
+    if (g < 0 || g >= r->m->ngroups || !r->bk->gc[g].gathering)
+        RT_BUG(r, "fsdrt_wait_gather(%d) without an all-gather in flight", g);
+    Group *G = &r->groups[g];
+    GroupComm *c = &r->bk->gc[g];
+    MPI_CHECK(r, MPI_Wait(&c->gather, MPI_STATUS_IGNORE));
+    if (c->wire) {
+        FsdDtype dt = r->m->param_dtype;
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < G->padded; i++)
+            G->params[i] = widen(dt, c->wire[i]);
+        bk_pool_put(r, c->wire, 0);
+        c->wire = NULL;
+    }
+    c->gathering = false;
+    rt_trace(r, r->m->groups[g].name, "all_gather", 1, c->gather_t0, rt_now(),
+             (G->padded - G->shard) * dtype_bytes(r->m->param_dtype));
+}
+
+void fsdrt_reshard(FsdRun *r, int g)
+{
+    if (g < 0 || g >= r->m->ngroups || !r->groups[g].params || r->bk->gc[g].gathering)
+        RT_BUG(r, "fsdrt_reshard(%d) of a group that is not gathered (or still gathering)", g);
+    Group *G = &r->groups[g];
+    bk_pool_put(r, G->params, G->padded * dtype_bytes(r->m->param_dtype));
+    G->params = NULL;
+}
+
+/* ── gradients: reduce-scatter ── */
+
+void fsdrt_alloc_grads(FsdRun *r, int g)
+{
+    if (g < 0 || g >= r->m->ngroups || r->groups[g].grads)
+        RT_BUG(r, "fsdrt_alloc_grads(%d) of a group whose gradients are already allocated", g);
+    Group *G = &r->groups[g];
+    G->grads = bk_pool_get(r, G->padded * (int64_t)sizeof(real),
+                           G->padded * dtype_bytes(r->m->reduce_dtype));
+    memset(G->grads, 0, (size_t)G->padded * sizeof(real));
+}
+
+void fsdrt_reduce_scatter(FsdRun *r, int g)
+{
+    if (g < 0 || g >= r->m->ngroups || !r->groups[g].grads || r->bk->gc[g].reducing)
+        RT_BUG(r, "fsdrt_reduce_scatter(%d) without gradients, or with one in flight", g);
+    Group *G = &r->groups[g];
+    GroupComm *c = &r->bk->gc[g];
+    FsdDtype dt = r->m->reduce_dtype;
+    /* bf16/fp16 reduction, emulated: every rank's values are rounded to the
+     * dtype, summed in fp32 (MPI has no 16-bit float sum) and the sum
+     * rounded again in the wait; a GPU ring rounds after every hop, so the
+     * two agree to the dtype's precision, not bit for bit */
+    round_to(dt, G->grads, G->padded);
+    MPI_CHECK(r, MPI_Ireduce_scatter_block(MPI_IN_PLACE, G->grads, count_of(r, G->shard, "a shard"),
+                                           MPI_REAL_T, MPI_SUM, r->bk->comm, &c->reduce));
+    c->reducing = true;
+    c->reduce_t0 = rt_now();
+    r->counters.reduce_bytes += (G->padded - G->shard) * dtype_bytes(dt);
+}
+
+void fsdrt_wait_reduce(FsdRun *r, int g)
+{
+    if (g < 0 || g >= r->m->ngroups || !r->bk->gc[g].reducing)
+        RT_BUG(r, "fsdrt_wait_reduce(%d) without a reduce-scatter in flight", g);
+    Group *G = &r->groups[g];
+    GroupComm *c = &r->bk->gc[g];
+    MPI_CHECK(r, MPI_Wait(&c->reduce, MPI_STATUS_IGNORE));
+    c->reducing = false;
+    FsdDtype dt = r->m->reduce_dtype;
+    round_to(dt, G->grads, G->shard);
+    /* averaged over ranks, accumulated over micro-batches */
+    const real world = (real)r->world;
+    real *sum = G->grads, *shard = G->grad;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < G->shard; i++)
+        shard[i] += sum[i] / world;
+    rt_trace(r, r->m->groups[g].name, "reduce_scatter", 2, c->reduce_t0, rt_now(),
+             (G->padded - G->shard) * dtype_bytes(dt));
+}
+
+void fsdrt_free_grads(FsdRun *r, int g)
+{
+    if (g < 0 || g >= r->m->ngroups || !r->groups[g].grads || r->bk->gc[g].reducing)
+        RT_BUG(r, "fsdrt_free_grads(%d) of gradients not allocated, or still reducing", g);
+    Group *G = &r->groups[g];
+    bk_pool_put(r, G->grads, G->padded * dtype_bytes(r->m->reduce_dtype));
+    G->grads = NULL;
+}
+
+void bk_check_idle(FsdRun *r)
+{
+    for (int g = 0; g < r->m->ngroups; g++) {
+        const char *what = r->bk->gc[g].gathering  ? "an all-gather in flight"
+                           : r->bk->gc[g].reducing ? "a reduce-scatter in flight"
+                           : r->groups[g].grads    ? "unsharded gradients allocated"
+                           : r->groups[g].params   ? "unsharded parameters gathered"
+                                                   : NULL;
+        if (what)
+            RT_BUG(r, "fsdrt_end_step: group %s still has %s; the optimizer would update "
+                      "shards the step has not finished with",
+                   r->m->groups[g].name, what);
+    }
+}
+
+/* ── compute ── */
+
+void fsdrt_gemm(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64_t K, real alpha,
+                const real *A, int64_t lda, const real *B, int64_t ldb, real beta, real *C,
+                int64_t ldc)
+{
+    if (M < 0 || N < 0 || K < 0 || M > INT_MAX || N > INT_MAX || K > INT_MAX || lda > INT_MAX ||
+        ldb > INT_MAX || ldc > INT_MAX || lda < (transA ? M : K) || ldb < (transB ? K : N) ||
+        ldc < N)
+        RT_BUG(r, "fsdrt_gemm: M %lld N %lld K %lld with lda %lld ldb %lld ldc %lld", (long long)M,
+               (long long)N, (long long)K, (long long)lda, (long long)ldb, (long long)ldc);
+    if (M == 0 || N == 0)
+        return;
+    if (K == 0) {   /* BLAS refuses lda = 0; the product is empty, C = beta·C */
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++)
+                C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
+        return;
+    }
+#ifdef FSD_FLOAT64
+    cblas_dgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans,
+                (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+#else
+    cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans,
+                (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+#endif
+}
+
+/* ── the optimizer on the shards ── */
+
+double bk_grad_sumsq(FsdRun *r)
+{
+    double s = 0;
+    for (int g = 0; g < r->m->ngroups; g++) {
+        const real *x = r->groups[g].grad;
+        int64_t n = r->groups[g].shard;
+#pragma omp parallel for schedule(static) reduction(+ : s)
+        for (int64_t i = 0; i < n; i++)
+            s += (double)x[i] * (double)x[i];
+    }
+    return s;
+}
+
+/* PyTorch's AdamW (torch.optim.AdamW, single-tensor path), term by term:
+ *   p ← p·(1 − lr·wd)                     decoupled weight decay
+ *   m ← m + (1 − β1)(g − m)               exp_avg.lerp_(grad, 1 − β1)
+ *   v ← β2·v + (1 − β2)·g²
+ *   p ← p − lr/(1 − β1^t) · m / (√v / √(1 − β2^t) + eps)
+ * with scalars computed in double and applied in `real`, as PyTorch does. */
+static void adamw(const FsdTrainConfig *c, Group *G, const Segment *s, double lr, int64_t t)
+{
+    const real decay = s->decay && c->weight_decay != 0 ? (real)(1 - lr * c->weight_decay) : 1;
+    const real w1 = (real)(1 - c->beta1), b2 = (real)c->beta2, w2 = (real)(1 - c->beta2);
+    const real step = (real)(lr / (1 - pow(c->beta1, (double)t)));
+    const real bc2_sqrt = (real)sqrt(1 - pow(c->beta2, (double)t)), eps = (real)c->eps;
+    real *p = G->master, *g = G->grad, *m = G->m, *v = G->v;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = s->begin; i < s->end; i++) {
+        p[i] *= decay;
+        m[i] += w1 * (g[i] - m[i]);
+        v[i] = b2 * v[i] + w2 * g[i] * g[i];
+        p[i] -= step * m[i] / (SQRT(v[i]) / bc2_sqrt + eps);
+    }
+}
+
+/* torch.optim.SGD without dampening: weight decay into the gradient, then
+ * momentum b ← μ·b + g (b starts at zero, so the first step's b is g, as
+ * PyTorch's), Nesterov's look-ahead when asked. Without momentum there is
+ * no buffer. */
+static void sgd(const FsdTrainConfig *c, Group *G, const Segment *s, double lr)
+{
+    const real wd = s->decay ? (real)c->weight_decay : 0, mu = (real)c->momentum, lr_ = (real)lr;
+    const bool nesterov = c->nesterov;
+    real *p = G->master, *g = G->grad, *b = G->m;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = s->begin; i < s->end; i++) {
+        real d = g[i] + wd * p[i];
+        if (b) {
+            b[i] = mu * b[i] + d;
+            d = nesterov ? d + mu * b[i] : b[i];
+        }
+        p[i] -= lr_ * d;
+    }
+}
+
+void bk_optimizer(FsdRun *r, double lr, double coef, int64_t t)
+{
+    for (int gi = 0; gi < r->m->ngroups; gi++) {
+        Group *G = &r->groups[gi];
+        if (coef < 1) {   /* clip_grad_norm_: every gradient times one coefficient */
+            const real k = (real)coef;
+            real *g = G->grad;
+#pragma omp parallel for schedule(static)
+            for (int64_t i = 0; i < G->shard; i++)
+                g[i] *= k;
+        }
+        for (int k = 0; k < G->nseg; k++) {
+            if (r->cfg.optimizer == FSD_ADAMW)
+                adamw(&r->cfg, G, &G->seg[k], lr, t);
+            else
+                sgd(&r->cfg, G, &G->seg[k], lr);
+        }
+        memset(G->grad, 0, (size_t)G->shard * sizeof(real));
+    }
+}

@@ -1,0 +1,191 @@
+/*
+ * fsdrt.h — the fsdpc runtime: the one header an emitted train.cu includes.
+ *
+ * The emitted program describes its model in constant tables (parameters,
+ * shard groups, arena tensors, the train section) and walks the compiler's
+ * schedule as straight-line calls: all-gathers, waits, kernels, reshards,
+ * reduce-scatters, the optimizer. Everything stateful lives behind FsdRun:
+ * start-up from mpirun/srun/torchrun variables, the sharded master
+ * parameters and optimizer state, pooled unsharded buffers, the activation
+ * arena, the data loader, the learning-rate schedule, logging, counters of
+ * bytes moved and memory allocated, weights export and import.
+ *
+ * Two backends implement this header: cpu (MPI, OpenBLAS, OpenMP; bf16
+ * emulated by rounding) and cuda (NCCL, cuBLASLt, streams and events).
+ * Building with -DFSD_FLOAT64 makes `real` double everywhere: the build the
+ * finite-difference gradient checks use.
+ */
+#ifndef FSDRT_H
+#define FSDRT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef FSD_FLOAT64
+typedef double real;
+#else
+typedef float real;
+#endif
+
+/* ── the model, as the emitted program describes it ── */
+
+typedef enum { FSD_INIT_NORMAL, FSD_INIT_ZEROS, FSD_INIT_ONES } FsdInit;
+typedef enum { FSD_FP32, FSD_BF16, FSD_FP16 } FsdDtype;
+typedef enum { FSD_ADAMW, FSD_SGD } FsdOptimizer;
+typedef enum { FSD_LR_CONSTANT, FSD_LR_COSINE } FsdSchedule;
+
+typedef struct FsdParamInfo {
+    const char *name;        /* blocks.3.attn.q.weight (design section 9) */
+    int group;               /* shard group */
+    int64_t offset;          /* elements into the group's flat buffer */
+    int rank;                /* 1 or 2 */
+    int64_t shape[2];
+    int64_t numel;
+    FsdInit init;            /* normal(0, 0.02), zeros or ones */
+    bool decay;              /* weight decay applies: 2 or more dimensions */
+} FsdParamInfo;
+
+typedef struct FsdGroupInfo {
+    const char *name;
+    int64_t flat_numel;      /* aligned parameters end to end, before padding */
+} FsdGroupInfo;
+
+/* A tensor of the activation arena: numel = per_sample * B + fixed, live
+ * from op `first` to op `last` (inclusive) of one micro-batch. The runtime
+ * places them at start-up, once B is known. */
+typedef struct FsdActInfo {
+    const char *name;
+    int64_t per_sample, fixed;
+    int first, last;
+} FsdActInfo;
+
+typedef struct FsdTrainConfig {
+    int64_t micro_batch, grad_accum, steps, seed;
+    FsdOptimizer optimizer;
+    double lr, beta1, beta2, eps, weight_decay, momentum;
+    bool nesterov;
+    FsdSchedule schedule;
+    int64_t warmup;
+    double min_lr;
+    double grad_clip;        /* 0: none */
+    int64_t ckpt_every;      /* 0: none */
+    const char *ckpt_dir;
+    bool ckpt_async;
+    int64_t ckpt_keep;
+    const char *data, *val_data;   /* NULL: must come from --data */
+} FsdTrainConfig;
+
+typedef struct FsdModel {
+    const char *name;        /* model name */
+    const char *source;      /* the .fsd file it was compiled from */
+    uint64_t hash;           /* of the typed model: checkpoints refuse others */
+    int64_t vocab, seq;
+    int nparams, ngroups, nacts, nops;
+    const FsdParamInfo *params;
+    const FsdGroupInfo *groups;
+    const FsdActInfo *acts;
+    FsdDtype param_dtype;    /* all-gather dtype */
+    FsdDtype reduce_dtype;   /* reduce-scatter dtype */
+    bool accumulate_unsharded;
+    double flops_per_sample; /* forward + backward of one sequence, for MFU */
+    FsdTrainConfig train;    /* the .fsd train section; flags override it */
+} FsdModel;
+
+typedef struct FsdRun FsdRun;
+
+/* ── lifecycle ── */
+
+/* Parses the trainer's flags (they override m->train), starts MPI (or runs
+ * as one process), places the arena, allocates and initialises the sharded
+ * parameters (or loads --init-from), opens the data. On a user error it
+ * prints `train: ...` on every rank and exits 1 on every rank. */
+FsdRun *fsdrt_init(int argc, char **argv, const FsdModel *m);
+/* Frees everything the runtime allocated; returns the process exit status. */
+int fsdrt_finalize(FsdRun *r);
+
+/* The effective settings, after flags. */
+int64_t fsdrt_batch(const FsdRun *r);         /* micro-batch B */
+int fsdrt_micro_batches(const FsdRun *r);     /* grad_accum */
+int fsdrt_rank(const FsdRun *r);
+int fsdrt_world(const FsdRun *r);
+
+/* ── the training loop ── */
+
+/* Starts the next step (loads nothing yet); false when all steps ran,
+ * having then written --export. */
+bool fsdrt_begin_step(FsdRun *r);
+/* Loads micro-batch `micro` of the current step into the input buffers
+ * (design section 9's data order). */
+void fsdrt_load_micro_batch(FsdRun *r, int micro);
+const int32_t *fsdrt_idx(const FsdRun *r);        /* [B, T] */
+const int32_t *fsdrt_targets(const FsdRun *r);    /* [B, T] */
+const int32_t *fsdrt_positions(const FsdRun *r);  /* [T]: 0..T-1 */
+/* Records this rank's mean loss of one micro-batch. */
+void fsdrt_add_loss(FsdRun *r, real loss);
+/* Scale of d(loss)/d(logits) for one micro-batch: 1 / (B·T·grad_accum), so
+ * that summing over micro-batches and averaging over ranks gives the
+ * gradient of the step's mean loss. */
+real fsdrt_loss_scale(const FsdRun *r);
+/* Gradient norm, clipping, the optimizer on every group, the learning-rate
+ * schedule, the log line, checkpoints. Every group must be resharded, its
+ * gradients freed and no collective in flight. */
+void fsdrt_end_step(FsdRun *r);
+
+/* ── tensors ── */
+
+real *fsdrt_act(FsdRun *r, int act);          /* arena tensor, by FsdActInfo index */
+real *fsdrt_param(FsdRun *r, int param);      /* unsharded; valid while gathered */
+real *fsdrt_grad(FsdRun *r, int param);       /* unsharded; valid while allocated */
+
+/* ── collectives, in the schedule's order ── */
+
+void fsdrt_all_gather(FsdRun *r, int group);   /* async: cast shard, gather (again: same buffer) */
+void fsdrt_wait_gather(FsdRun *r, int group);
+void fsdrt_reshard(FsdRun *r, int group);      /* unsharded params back to the pool */
+void fsdrt_alloc_grads(FsdRun *r, int group);  /* a zeroed unsharded grad buffer */
+void fsdrt_reduce_scatter(FsdRun *r, int group);  /* async: average over ranks */
+void fsdrt_wait_reduce(FsdRun *r, int group);  /* and accumulate into the grad shard */
+void fsdrt_free_grads(FsdRun *r, int group);
+
+/* ── compute ── */
+
+/* C[M,N] = alpha·op(A)·op(B) + beta·C, row-major; op(X) = Xᵀ when transX.
+ * lda, ldb, ldc as BLAS (row-major leading dimensions). */
+void fsdrt_gemm(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64_t K, real alpha,
+                const real *A, int64_t lda, const real *B, int64_t ldb, real beta, real *C,
+                int64_t ldc);
+
+/* ── observability ── */
+
+/* Marks one op for --trace-out (name: op and layer; no cost when off). */
+void fsdrt_trace_begin(FsdRun *r, const char *name);
+void fsdrt_trace_end(FsdRun *r);
+
+/* Collective bytes count what a rank receives in a ring: (W-1)/W of the
+ * padded buffer in the collective's dtype, the planner's figure exactly. */
+typedef struct FsdCounters {
+    int64_t gather_bytes;        /* all-gathers */
+    int64_t reduce_bytes;        /* reduce-scatters */
+    int64_t alloc_bytes;         /* runtime-owned memory now */
+    int64_t peak_alloc_bytes;    /* its maximum */
+} FsdCounters;
+FsdCounters fsdrt_counters(const FsdRun *r);
+
+/* ── the activation arena's placement ── */
+
+/* Offsets into the arena are multiples of this (cudaMalloc's alignment, and
+ * the compiler memory planner's). */
+#define FSDRT_ARENA_ALIGN 256
+
+/* Places n tensors of bytes[i] bytes, live over ops [first[i], last[i]],
+ * in one buffer so that tensors whose live ranges overlap never overlap in
+ * memory: greedy by size descending (ties: earlier first, then lower
+ * index), each at the lowest fitting offset; sizes are rounded up to
+ * `align`. Writes offset[i] and returns the buffer's size in bytes, or -1
+ * when out of memory. Pure (runtime/arena.c needs only libc), so the
+ * compiler links the same file to predict the arena. */
+int64_t fsdrt_place_arena(int n, const int64_t *bytes, const int *first, const int *last,
+                          int64_t align, int64_t *offset);
+
+#endif

@@ -1,0 +1,144 @@
+/*
+ * act.h — activations, elementwise over n elements: gelu (the tanh
+ * approximation GPT-2 uses), relu, silu, and swiglu y = silu(g)·u (Llama's
+ * MLP). Forward outputs are overwritten; the backward's input gradients
+ * accumulate when their acc flag says so. In place (y == x, dx == dy) is
+ * safe: each element is read before it is written. Needs portable.h.
+ */
+#ifndef FSD_PORTABLE_H
+#include "portable.h"
+#endif
+
+#define FSD_GELU_K 0.7978845608028654   /* √(2/π) */
+#define FSD_GELU_C 0.044715
+
+DEVICE real fsd_sigmoid(real x) { return 1 / (1 + fsd_exp(-x)); }
+
+/* ── gelu: y = ½x(1 + tanh(√(2/π)(x + 0.044715x³))) ── */
+
+DEVICE void gelu_fwd_elem(int64_t i, real *y, const real *x)
+{
+    real v = x[i];
+    real u = (real)FSD_GELU_K * (v + (real)FSD_GELU_C * v * v * v);
+    y[i] = (real)0.5 * v * (1 + fsd_tanh(u));
+}
+FSD_ELEM_KERNEL(gelu_fwd, (real *y, const real *x), (y, x))
+
+/* gelu_fwd: y [n] = gelu(x [n]). */
+LAUNCHER void gelu_fwd(real *y, const real *x, int64_t n)
+{
+    FSD_REQUIRE("gelu_fwd", y && x && n > 0);
+    FSD_RUN_ELEMS(gelu_fwd, n, (y, x));
+}
+
+/* dy/dx = ½(1 + tanh u) + ½x(1 − tanh²u)·√(2/π)(1 + 3·0.044715x²) */
+DEVICE void gelu_bwd_elem(int64_t i, real *dx, bool acc, const real *dy, const real *x)
+{
+    real v = x[i];
+    real u = (real)FSD_GELU_K * (v + (real)FSD_GELU_C * v * v * v);
+    real th = fsd_tanh(u);
+    real du = (real)FSD_GELU_K * (1 + 3 * (real)FSD_GELU_C * v * v);
+    real grad = (real)0.5 * (1 + th) + (real)0.5 * v * (1 - th * th) * du;
+    fsd_store(&dx[i], dy[i] * grad, acc);
+}
+FSD_ELEM_KERNEL(gelu_bwd, (real *dx, bool acc, const real *dy, const real *x), (dx, acc, dy, x))
+
+/* gelu_bwd: dx [n] (+)= dy [n] · gelu'(x [n]). */
+LAUNCHER void gelu_bwd(real *dx, bool acc, const real *dy, const real *x, int64_t n)
+{
+    FSD_REQUIRE("gelu_bwd", dx && dy && x && n > 0);
+    FSD_RUN_ELEMS(gelu_bwd, n, (dx, acc, dy, x));
+}
+
+/* ── relu: y = max(x, 0); relu'(0) = 0, as PyTorch ── */
+
+DEVICE void relu_fwd_elem(int64_t i, real *y, const real *x) { y[i] = x[i] > 0 ? x[i] : 0; }
+FSD_ELEM_KERNEL(relu_fwd, (real *y, const real *x), (y, x))
+
+/* relu_fwd: y [n] = max(x [n], 0). */
+LAUNCHER void relu_fwd(real *y, const real *x, int64_t n)
+{
+    FSD_REQUIRE("relu_fwd", y && x && n > 0);
+    FSD_RUN_ELEMS(relu_fwd, n, (y, x));
+}
+
+DEVICE void relu_bwd_elem(int64_t i, real *dx, bool acc, const real *dy, const real *x)
+{
+    fsd_store(&dx[i], x[i] > 0 ? dy[i] : 0, acc);
+}
+FSD_ELEM_KERNEL(relu_bwd, (real *dx, bool acc, const real *dy, const real *x), (dx, acc, dy, x))
+
+/* relu_bwd: dx [n] (+)= x > 0 ? dy : 0. */
+LAUNCHER void relu_bwd(real *dx, bool acc, const real *dy, const real *x, int64_t n)
+{
+    FSD_REQUIRE("relu_bwd", dx && dy && x && n > 0);
+    FSD_RUN_ELEMS(relu_bwd, n, (dx, acc, dy, x));
+}
+
+/* ── silu: y = x·σ(x) ── */
+
+DEVICE void silu_fwd_elem(int64_t i, real *y, const real *x) { y[i] = x[i] * fsd_sigmoid(x[i]); }
+FSD_ELEM_KERNEL(silu_fwd, (real *y, const real *x), (y, x))
+
+/* silu_fwd: y [n] = x·σ(x). */
+LAUNCHER void silu_fwd(real *y, const real *x, int64_t n)
+{
+    FSD_REQUIRE("silu_fwd", y && x && n > 0);
+    FSD_RUN_ELEMS(silu_fwd, n, (y, x));
+}
+
+/* silu'(x) = σ(x)·(1 + x·(1 − σ(x))) */
+DEVICE real fsd_silu_grad(real x)
+{
+    real sg = fsd_sigmoid(x);
+    return sg * (1 + x * (1 - sg));
+}
+
+DEVICE void silu_bwd_elem(int64_t i, real *dx, bool acc, const real *dy, const real *x)
+{
+    fsd_store(&dx[i], dy[i] * fsd_silu_grad(x[i]), acc);
+}
+FSD_ELEM_KERNEL(silu_bwd, (real *dx, bool acc, const real *dy, const real *x), (dx, acc, dy, x))
+
+/* silu_bwd: dx [n] (+)= dy · silu'(x). */
+LAUNCHER void silu_bwd(real *dx, bool acc, const real *dy, const real *x, int64_t n)
+{
+    FSD_REQUIRE("silu_bwd", dx && dy && x && n > 0);
+    FSD_RUN_ELEMS(silu_bwd, n, (dx, acc, dy, x));
+}
+
+/* ── swiglu: y = silu(g)·u ── */
+
+DEVICE void swiglu_fwd_elem(int64_t i, real *y, const real *g, const real *u)
+{
+    y[i] = g[i] * fsd_sigmoid(g[i]) * u[i];
+}
+FSD_ELEM_KERNEL(swiglu_fwd, (real *y, const real *g, const real *u), (y, g, u))
+
+/* swiglu_fwd: y [n] = silu(g [n]) · u [n]. */
+LAUNCHER void swiglu_fwd(real *y, const real *g, const real *u, int64_t n)
+{
+    FSD_REQUIRE("swiglu_fwd", y && g && u && n > 0);
+    FSD_RUN_ELEMS(swiglu_fwd, n, (y, g, u));
+}
+
+DEVICE void swiglu_bwd_elem(int64_t i, real *dg, bool acc_g, real *du, bool acc_u,
+                            const real *dy, const real *g, const real *u)
+{
+    real d = dy[i], gv = g[i], uv = u[i];   /* read all before writing: dg may alias dy */
+    fsd_store(&dg[i], d * uv * fsd_silu_grad(gv), acc_g);
+    fsd_store(&du[i], d * gv * fsd_sigmoid(gv), acc_u);
+}
+FSD_ELEM_KERNEL(swiglu_bwd,
+                (real *dg, bool acc_g, real *du, bool acc_u, const real *dy, const real *g,
+                 const real *u),
+                (dg, acc_g, du, acc_u, dy, g, u))
+
+/* swiglu_bwd: dg [n] (+)= dy · u · silu'(g);  du [n] (+)= dy · silu(g). */
+LAUNCHER void swiglu_bwd(real *dg, bool acc_g, real *du, bool acc_u, const real *dy,
+                         const real *g, const real *u, int64_t n)
+{
+    FSD_REQUIRE("swiglu_bwd", dg && du && dy && g && u && n > 0);
+    FSD_REQUIRE("swiglu_bwd", dg != du);
+    FSD_RUN_ELEMS(swiglu_bwd, n, (dg, acc_g, du, acc_u, dy, g, u));
+}

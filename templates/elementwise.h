@@ -1,0 +1,149 @@
+/*
+ * elementwise.h — `+` and `*` with suffix broadcasting, the Linear bias,
+ * and the gradient plumbing autodiff creates (reduce_to, copy). Needs
+ * portable.h.
+ *
+ * Broadcasting is by suffix, as the front end allows it: an operand b of
+ * nb elements against a of n elements (n a multiple of nb) is repeated
+ * over a's leading dimensions, b[i mod nb]. Its gradient sums over them:
+ * column j of the view [n/nb, nb]. Those sums run one column per worker
+ * in row order (portable.h's cols shape): deterministic, no atomics.
+ */
+#ifndef FSD_PORTABLE_H
+#include "portable.h"
+#endif
+
+/* dst[j] (+)= Σ_r src[r·C + j] over rows r: the shared column sum. */
+DEVICE void reduce_to_cols(int64_t j0, int64_t j1, real *dst, bool acc, const real *src,
+                           int64_t rows, int64_t C)
+{
+    real s[FSD_COL_TILE];
+    for (int64_t j = j0; j < j1; j++)
+        s[j - j0] = 0;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = j0; j < j1; j++)
+            s[j - j0] += src[r * C + j];
+    for (int64_t j = j0; j < j1; j++)
+        fsd_store(&dst[j], s[j - j0], acc);
+}
+FSD_COL_KERNEL(reduce_to, (real *dst, bool acc, const real *src, int64_t rows, int64_t C),
+               (dst, acc, src, rows, C))
+
+/* ── add ── */
+
+DEVICE void add_fwd_elem(int64_t i, real *y, const real *a, const real *b, int64_t nb)
+{
+    y[i] = a[i] + b[i % nb];
+}
+FSD_ELEM_KERNEL(add_fwd, (real *y, const real *a, const real *b, int64_t nb), (y, a, b, nb))
+
+/* add_fwd: y[i] = a[i] + b[i mod nb]; y, a [n], b [nb], n a multiple of
+ * nb. y may be a (in place). Its backward is copy (or a pass-through) for
+ * a, and reduce_to for a broadcast b. */
+LAUNCHER void add_fwd(real *y, const real *a, const real *b, int64_t n, int64_t nb)
+{
+    FSD_REQUIRE("add_fwd", y && a && b);
+    FSD_REQUIRE("add_fwd", n > 0 && nb > 0 && n % nb == 0);
+    FSD_RUN_ELEMS(add_fwd, n, (y, a, b, nb));
+}
+
+/* ── mul ── */
+
+DEVICE void mul_fwd_elem(int64_t i, real *y, const real *a, const real *b, int64_t nb)
+{
+    y[i] = a[i] * b[i % nb];
+}
+FSD_ELEM_KERNEL(mul_fwd, (real *y, const real *a, const real *b, int64_t nb), (y, a, b, nb))
+
+/* mul_fwd: y[i] = a[i] · b[i mod nb]; y, a [n], b [nb], n a multiple of
+ * nb. y may be a. */
+LAUNCHER void mul_fwd(real *y, const real *a, const real *b, int64_t n, int64_t nb)
+{
+    FSD_REQUIRE("mul_fwd", y && a && b);
+    FSD_REQUIRE("mul_fwd", n > 0 && nb > 0 && n % nb == 0);
+    FSD_RUN_ELEMS(mul_fwd, n, (y, a, b, nb));
+}
+
+DEVICE void mul_bwd_a_elem(int64_t i, real *da, bool acc, const real *dy, const real *b,
+                           int64_t nb)
+{
+    fsd_store(&da[i], dy[i] * b[i % nb], acc);
+}
+FSD_ELEM_KERNEL(mul_bwd_a, (real *da, bool acc, const real *dy, const real *b, int64_t nb),
+                (da, acc, dy, b, nb))
+
+DEVICE void mul_bwd_b_cols(int64_t j0, int64_t j1, real *db, bool acc, const real *dy,
+                           const real *a, int64_t rows, int64_t nb)
+{
+    real s[FSD_COL_TILE];
+    for (int64_t j = j0; j < j1; j++)
+        s[j - j0] = 0;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = j0; j < j1; j++)
+            s[j - j0] += dy[r * nb + j] * a[r * nb + j];
+    for (int64_t j = j0; j < j1; j++)
+        fsd_store(&db[j], s[j - j0], acc);
+}
+FSD_COL_KERNEL(mul_bwd_b,
+               (real *db, bool acc, const real *dy, const real *a, int64_t rows, int64_t nb),
+               (db, acc, dy, a, rows, nb))
+
+/* mul_bwd: the backward of y = a · b (b broadcast as in mul_fwd):
+ *   da[i] (+)= dy[i] · b[i mod nb]            da, dy, a [n]
+ *   db[j] (+)= Σ_{i mod nb = j} dy[i] · a[i]  db, b [nb]
+ * db is computed first, so da may be dy (in place). */
+LAUNCHER void mul_bwd(real *da, bool acc_a, real *db, bool acc_b, const real *dy,
+                      const real *a, const real *b, int64_t n, int64_t nb)
+{
+    FSD_REQUIRE("mul_bwd", da && db && dy && a && b);
+    FSD_REQUIRE("mul_bwd", n > 0 && nb > 0 && n % nb == 0);
+    FSD_REQUIRE("mul_bwd", db != dy && db != a && da != db);
+    FSD_RUN_COLS(mul_bwd_b, nb, (db, acc_b, dy, a, n / nb, nb));
+    FSD_RUN_ELEMS(mul_bwd_a, n, (da, acc_a, dy, b, nb));
+}
+
+/* ── the Linear bias ── */
+
+/* bias_add_fwd: y[r, j] = x[r, j] + b[j]; y, x [rows, C], b [C]. y may
+ * be x. */
+LAUNCHER void bias_add_fwd(real *y, const real *x, const real *b, int64_t rows, int64_t C)
+{
+    FSD_REQUIRE("bias_add_fwd", y && x && b);
+    FSD_REQUIRE("bias_add_fwd", rows > 0 && C > 0);
+    FSD_RUN_ELEMS(add_fwd, rows * C, (y, x, b, C));
+}
+
+/* bias_bwd: db[j] += Σ_r dy[r, j]; always accumulates (a parameter
+ * gradient). db [C], dy [rows, C]. */
+LAUNCHER void bias_bwd(real *db, const real *dy, int64_t rows, int64_t C)
+{
+    FSD_REQUIRE("bias_bwd", db && dy);
+    FSD_REQUIRE("bias_bwd", rows > 0 && C > 0);
+    FSD_RUN_COLS(reduce_to, C, (db, true, dy, rows, C));
+}
+
+/* ── gradient plumbing ── */
+
+/* reduce_to: dst[j] (+)= Σ_{i mod n_dst = j} src[i]; src [n_src], dst
+ * [n_dst], n_src a multiple of n_dst. The gradient of add_fwd's broadcast
+ * operand. */
+LAUNCHER void reduce_to(real *dst, bool acc, const real *src, int64_t n_src, int64_t n_dst)
+{
+    FSD_REQUIRE("reduce_to", dst && src && dst != src);
+    FSD_REQUIRE("reduce_to", n_src > 0 && n_dst > 0 && n_src % n_dst == 0);
+    FSD_RUN_COLS(reduce_to, n_dst, (dst, acc, src, n_src / n_dst, n_dst));
+}
+
+DEVICE void copy_elem(int64_t i, real *dst, bool acc, const real *src)
+{
+    fsd_store(&dst[i], src[i], acc);
+}
+FSD_ELEM_KERNEL(copy, (real *dst, bool acc, const real *src), (dst, acc, src))
+
+/* copy: dst[i] (+)= src[i]; dst, src [n]. A gradient passed on to a value
+ * whose gradient buffer is already taken. */
+LAUNCHER void copy(real *dst, bool acc, const real *src, int64_t n)
+{
+    FSD_REQUIRE("copy", dst && src && n > 0);
+    FSD_RUN_ELEMS(copy, n, (dst, acc, src));
+}

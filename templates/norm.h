@@ -1,0 +1,186 @@
+/*
+ * norm.h — LayerNorm and RMSNorm over the last dimension, forward and
+ * backward, with PyTorch's semantics: biased variance, eps inside the
+ * square root. The forward saves per-row statistics (mean and rstd, or
+ * rstd) that the backward reads instead of recomputing them. Needs
+ * portable.h.
+ */
+#ifndef FSD_PORTABLE_H
+#include "portable.h"
+#endif
+
+/* ── LayerNorm ── */
+
+/* layernorm_fwd: per row r of x [rows, C]:
+ *   mean[r] = Σ_j x[r,j] / C
+ *   rstd[r] = 1 / sqrt(Σ_j (x[r,j] − mean[r])² / C + eps)
+ *   y[r,j]  = (x[r,j] − mean[r]) · rstd[r] · w[j] + b[j]
+ *   y [rows, C], mean [rows], rstd [rows], w [C], b [C]. */
+DEVICE void layernorm_fwd_row(int64_t r, int lane, int lanes, real *y, real *mean, real *rstd,
+                              const real *x, const real *w, const real *b, int64_t C, real eps)
+{
+    const real *xr = x + r * C;
+    real s = 0;
+    for (int64_t j = lane; j < C; j += lanes)
+        s += xr[j];
+    real m = fsd_warp_sum(s) / (real)C;
+    real v = 0;   /* two passes: no cancellation when |mean| >> std */
+    for (int64_t j = lane; j < C; j += lanes)
+        v += (xr[j] - m) * (xr[j] - m);
+    real rs = 1 / fsd_sqrt(fsd_warp_sum(v) / (real)C + eps);
+    for (int64_t j = lane; j < C; j += lanes)
+        y[r * C + j] = (xr[j] - m) * rs * w[j] + b[j];
+    if (lane == 0) {
+        mean[r] = m;
+        rstd[r] = rs;
+    }
+}
+FSD_ROW_KERNEL(layernorm_fwd,
+               (real *y, real *mean, real *rstd, const real *x, const real *w, const real *b,
+                int64_t C, real eps),
+               (y, mean, rstd, x, w, b, C, eps))
+
+LAUNCHER void layernorm_fwd(real *y, real *mean, real *rstd, const real *x, const real *w,
+                            const real *b, int64_t rows, int64_t C, real eps)
+{
+    FSD_REQUIRE("layernorm_fwd", y && mean && rstd && x && w && b);
+    FSD_REQUIRE("layernorm_fwd", rows > 0 && C > 0 && eps >= 0);
+    FSD_RUN_ROWS(layernorm_fwd, rows, (y, mean, rstd, x, w, b, C, eps));
+}
+
+/* layernorm_bwd: with x̂ = (x − mean) · rstd and g = dy · w,
+ *   dx[r,j] (+)= rstd[r] · (g[r,j] − Σ_k g[r,k] / C − x̂[r,j] · Σ_k g[r,k] x̂[r,k] / C)
+ *   dw[j]   +=  Σ_r dy[r,j] · x̂[r,j]
+ *   db[j]   +=  Σ_r dy[r,j]
+ * dx accumulates when acc; dw and db always accumulate (parameter
+ * gradients). dx, dy, x [rows, C]; dw, db, w [C]; mean, rstd [rows]. */
+DEVICE void layernorm_bwd_row(int64_t r, int lane, int lanes, real *dx, bool acc, const real *dy,
+                              const real *x, const real *w, const real *mean, const real *rstd,
+                              int64_t C)
+{
+    const real *dyr = dy + r * C, *xr = x + r * C;
+    real m = mean[r], rs = rstd[r], sg = 0, sgx = 0;
+    for (int64_t j = lane; j < C; j += lanes) {
+        real g = dyr[j] * w[j];
+        sg += g;
+        sgx += g * (xr[j] - m) * rs;
+    }
+    sg = fsd_warp_sum(sg) / (real)C;
+    sgx = fsd_warp_sum(sgx) / (real)C;
+    for (int64_t j = lane; j < C; j += lanes)
+        fsd_store(&dx[r * C + j], rs * (dyr[j] * w[j] - sg - (xr[j] - m) * rs * sgx), acc);
+}
+FSD_ROW_KERNEL(layernorm_bwd,
+               (real *dx, bool acc, const real *dy, const real *x, const real *w,
+                const real *mean, const real *rstd, int64_t C),
+               (dx, acc, dy, x, w, mean, rstd, C))
+
+DEVICE void layernorm_bwd_params_cols(int64_t j0, int64_t j1, real *dw, real *db,
+                                      const real *dy, const real *x, const real *mean,
+                                      const real *rstd, int64_t rows, int64_t C)
+{
+    real sw[FSD_COL_TILE], sb[FSD_COL_TILE];
+    for (int64_t j = j0; j < j1; j++)
+        sw[j - j0] = sb[j - j0] = 0;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = j0; j < j1; j++) {
+            real d = dy[r * C + j];
+            sw[j - j0] += d * (x[r * C + j] - mean[r]) * rstd[r];
+            sb[j - j0] += d;
+        }
+    for (int64_t j = j0; j < j1; j++) {
+        dw[j] += sw[j - j0];
+        db[j] += sb[j - j0];
+    }
+}
+FSD_COL_KERNEL(layernorm_bwd_params,
+               (real *dw, real *db, const real *dy, const real *x, const real *mean,
+                const real *rstd, int64_t rows, int64_t C),
+               (dw, db, dy, x, mean, rstd, rows, C))
+
+LAUNCHER void layernorm_bwd(real *dx, bool acc, real *dw, real *db, const real *dy,
+                            const real *x, const real *w, const real *mean, const real *rstd,
+                            int64_t rows, int64_t C)
+{
+    FSD_REQUIRE("layernorm_bwd", dx && dw && db && dy && x && w && mean && rstd);
+    FSD_REQUIRE("layernorm_bwd", rows > 0 && C > 0);
+    FSD_RUN_ROWS(layernorm_bwd, rows, (dx, acc, dy, x, w, mean, rstd, C));
+    FSD_RUN_COLS(layernorm_bwd_params, C, (dw, db, dy, x, mean, rstd, rows, C));
+}
+
+/* ── RMSNorm ── */
+
+/* rmsnorm_fwd: per row r of x [rows, C]:
+ *   rstd[r] = 1 / sqrt(Σ_j x[r,j]² / C + eps)
+ *   y[r,j]  = x[r,j] · rstd[r] · w[j]
+ *   y [rows, C], rstd [rows], w [C]. (PyTorch's nn.RMSNorm; Llama's.) */
+DEVICE void rmsnorm_fwd_row(int64_t r, int lane, int lanes, real *y, real *rstd, const real *x,
+                            const real *w, int64_t C, real eps)
+{
+    const real *xr = x + r * C;
+    real s = 0;
+    for (int64_t j = lane; j < C; j += lanes)
+        s += xr[j] * xr[j];
+    real rs = 1 / fsd_sqrt(fsd_warp_sum(s) / (real)C + eps);
+    for (int64_t j = lane; j < C; j += lanes)
+        y[r * C + j] = xr[j] * rs * w[j];
+    if (lane == 0)
+        rstd[r] = rs;
+}
+FSD_ROW_KERNEL(rmsnorm_fwd, (real *y, real *rstd, const real *x, const real *w, int64_t C, real eps),
+               (y, rstd, x, w, C, eps))
+
+LAUNCHER void rmsnorm_fwd(real *y, real *rstd, const real *x, const real *w, int64_t rows,
+                          int64_t C, real eps)
+{
+    FSD_REQUIRE("rmsnorm_fwd", y && rstd && x && w);
+    FSD_REQUIRE("rmsnorm_fwd", rows > 0 && C > 0 && eps >= 0);
+    FSD_RUN_ROWS(rmsnorm_fwd, rows, (y, rstd, x, w, C, eps));
+}
+
+/* rmsnorm_bwd: with x̂ = x · rstd and g = dy · w,
+ *   dx[r,j] (+)= rstd[r] · (g[r,j] − x̂[r,j] · Σ_k g[r,k] x̂[r,k] / C)
+ *   dw[j]   +=  Σ_r dy[r,j] · x̂[r,j]
+ * dx accumulates when acc; dw always accumulates. dx, dy, x [rows, C];
+ * dw, w [C]; rstd [rows]. */
+DEVICE void rmsnorm_bwd_row(int64_t r, int lane, int lanes, real *dx, bool acc, const real *dy,
+                            const real *x, const real *w, const real *rstd, int64_t C)
+{
+    const real *dyr = dy + r * C, *xr = x + r * C;
+    real rs = rstd[r], sgx = 0;
+    for (int64_t j = lane; j < C; j += lanes)
+        sgx += dyr[j] * w[j] * xr[j] * rs;
+    sgx = fsd_warp_sum(sgx) / (real)C;
+    for (int64_t j = lane; j < C; j += lanes)
+        fsd_store(&dx[r * C + j], rs * (dyr[j] * w[j] - xr[j] * rs * sgx), acc);
+}
+FSD_ROW_KERNEL(rmsnorm_bwd,
+               (real *dx, bool acc, const real *dy, const real *x, const real *w, const real *rstd,
+                int64_t C),
+               (dx, acc, dy, x, w, rstd, C))
+
+DEVICE void rmsnorm_bwd_params_cols(int64_t j0, int64_t j1, real *dw, const real *dy,
+                                    const real *x, const real *rstd, int64_t rows, int64_t C)
+{
+    real sw[FSD_COL_TILE];
+    for (int64_t j = j0; j < j1; j++)
+        sw[j - j0] = 0;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = j0; j < j1; j++)
+            sw[j - j0] += dy[r * C + j] * x[r * C + j] * rstd[r];
+    for (int64_t j = j0; j < j1; j++)
+        dw[j] += sw[j - j0];
+}
+FSD_COL_KERNEL(rmsnorm_bwd_params,
+               (real *dw, const real *dy, const real *x, const real *rstd, int64_t rows,
+                int64_t C),
+               (dw, dy, x, rstd, rows, C))
+
+LAUNCHER void rmsnorm_bwd(real *dx, bool acc, real *dw, const real *dy, const real *x,
+                          const real *w, const real *rstd, int64_t rows, int64_t C)
+{
+    FSD_REQUIRE("rmsnorm_bwd", dx && dw && dy && x && w && rstd);
+    FSD_REQUIRE("rmsnorm_bwd", rows > 0 && C > 0);
+    FSD_RUN_ROWS(rmsnorm_bwd, rows, (dx, acc, dy, x, w, rstd, C));
+    FSD_RUN_COLS(rmsnorm_bwd_params, C, (dw, dy, x, rstd, rows, C));
+}

@@ -1,0 +1,269 @@
+/*
+ * portable.h — the layer that lets one kernel source serve both backends.
+ *
+ * fsdpc pastes the kernel templates the model uses into train.cu after
+ * `#include "fsdrt.h"` and this file; the same text then builds with nvcc
+ * (CUDA) and with a C compiler (CPU backend, OpenMP). Every kernel is
+ * written once, as a DEVICE body that does one unit of work, in one of
+ * three shapes (design section 5):
+ *
+ *   row     NAME_row(row, lane, lanes, ...): one row, with loops strided by
+ *           lane over its columns and fsd_warp_sum / fsd_warp_max to
+ *           combine the lanes. The GPU runs one warp (32 lanes) per row;
+ *           the CPU runs each row as a "warp" of one lane, where the
+ *           reductions are the identity, on an OpenMP thread.
+ *   elem    NAME_elem(i, ...): one element; a grid-stride loop on the GPU,
+ *           an OpenMP loop on the CPU.
+ *   cols    NAME_cols(j0, j1, ...): columns [j0, j1) of a reduction over
+ *           rows, each column summed in row order. The GPU runs one column
+ *           per thread, the CPU tiles of FSD_COL_TILE columns per iteration
+ *           (so a thread walks rows with unit-stride inner loops). Either
+ *           way every column is summed by one worker in a fixed order: the
+ *           result does not depend on the thread count, and no atomics are
+ *           needed.
+ *
+ * FSD_ROW_KERNEL / FSD_ELEM_KERNEL / FSD_COL_KERNEL write the __global__
+ * wrapper of a body under CUDA (nothing on the CPU); FSD_RUN_ROWS /
+ * FSD_RUN_ELEMS / FSD_RUN_COLS, used in the launchers, start it: a launch
+ * (checked) on the GPU, an OpenMP loop calling the body on the CPU. A body
+ * must not return early on some lanes only: every lane of a warp reaches
+ * every warp reduction.
+ *
+ * Launchers (one per kernel, named after the op in compiler/ops.def) take
+ * plain pointers and int64_t sizes, check them, and abort through
+ * fsd_kernel_fail on a violated assumption: that is a bug of the emitter,
+ * not a user error. On CUDA they launch on FSD_STREAM (default: stream 0),
+ * which the program may define before this file.
+ */
+#ifndef FSD_PORTABLE_H
+#define FSD_PORTABLE_H
+
+#ifndef FSDRT_H
+#include "fsdrt.h"   /* real: float, or double with -DFSD_FLOAT64 */
+#endif
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* Splices a parenthesised list: FSD_UNPAREN (a, b) is a, b. */
+#define FSD_UNPAREN(...) __VA_ARGS__
+
+/* ── math on `real` ── */
+#ifdef FSD_FLOAT64
+#define fsd_exp exp
+#define fsd_log log
+#define fsd_sqrt sqrt
+#define fsd_tanh tanh
+#define fsd_pow pow
+#define fsd_cos cos
+#define fsd_sin sin
+#define fsd_fmax fmax
+#else
+#define fsd_exp expf
+#define fsd_log logf
+#define fsd_sqrt sqrtf
+#define fsd_tanh tanhf
+#define fsd_pow powf
+#define fsd_cos cosf
+#define fsd_sin sinf
+#define fsd_fmax fmaxf
+#endif
+
+/* A launcher: host code, static (train.cu holds each family once), marked
+ * unused because a family's other launchers often are (nvcc warns). */
+#define LAUNCHER static inline __attribute__((unused))
+
+/* A launcher's assumption did not hold: says which and stops. */
+static inline void fsd_kernel_fail(const char *kernel, const char *what)
+{
+    fprintf(stderr, "fsdpc kernel %s: %s\n", kernel, what);
+    fflush(stderr);
+    abort();
+}
+
+/* FSD_REQUIRE(kernel, cond): a launcher's argument check. */
+#define FSD_REQUIRE(kernel, cond)                     \
+    do {                                              \
+        if (!(cond))                                  \
+            fsd_kernel_fail(kernel, "need " #cond);   \
+    } while (0)
+
+#ifdef __CUDACC__
+/* ════════════════════════════ CUDA ════════════════════════════ */
+
+#define DEVICE __device__ inline
+#define FSD_WARP 32
+#define FSD_COL_TILE 1        /* one column per thread: coalesced row walks */
+#define FSD_ROW_THREADS 128   /* 4 warps, 4 rows per block */
+#define FSD_ELEM_THREADS 256
+#ifndef FSD_STREAM
+#define FSD_STREAM 0
+#endif
+
+/* Sum and max over the 32 lanes of a warp. The xor butterfly leaves the
+ * same bits in every lane (each step adds a pair in both orders, and
+ * addition commutes exactly), so lanes agree on what they branch on. */
+DEVICE real fsd_warp_sum(real v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+DEVICE double fsd_warp_sum_f64(double v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+DEVICE real fsd_warp_max(real v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = fsd_fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+/* A device-side check failed (an index out of range): the launch fails
+ * and the next checked CUDA call reports it. */
+DEVICE void fsd_trap(void) { __trap(); }
+
+/* Blocks for `work` items at `per_block` a block; grid-stride loops take
+ * what a capped grid leaves. */
+static inline unsigned fsd_blocks(int64_t work, int64_t per_block)
+{
+    int64_t b = (work + per_block - 1) / per_block;
+    return (unsigned)(b < 1 ? 1 : b > 65536 ? 65536 : b);
+}
+
+static inline void fsd_launch_check(const char *kernel)
+{
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess)
+        fsd_kernel_fail(kernel, cudaGetErrorString(err));
+}
+
+#define FSD_ROW_KERNEL(name, params, args)                                           \
+    static __global__ void name##_kernel(int64_t fsd_rows_, FSD_UNPAREN params)       \
+    {                                                                                \
+        int fsd_lane_ = (int)(threadIdx.x % FSD_WARP);                               \
+        int64_t fsd_warp_ = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / FSD_WARP; \
+        int64_t fsd_warps_ = (int64_t)gridDim.x * blockDim.x / FSD_WARP;             \
+        for (int64_t fsd_row_ = fsd_warp_; fsd_row_ < fsd_rows_; fsd_row_ += fsd_warps_) \
+            name##_row(fsd_row_, fsd_lane_, FSD_WARP, FSD_UNPAREN args);             \
+    }
+#define FSD_RUN_ROWS(name, rows, args)                                                 \
+    do {                                                                               \
+        const int64_t fsd_rows_ = (rows);                                              \
+        name##_kernel<<<fsd_blocks(fsd_rows_, FSD_ROW_THREADS / FSD_WARP),             \
+                        FSD_ROW_THREADS, 0, FSD_STREAM>>>(fsd_rows_, FSD_UNPAREN args); \
+        fsd_launch_check(#name);                                                       \
+    } while (0)
+
+#define FSD_ELEM_KERNEL(name, params, args)                                          \
+    static __global__ void name##_kernel(int64_t fsd_n_, FSD_UNPAREN params)          \
+    {                                                                                \
+        int64_t fsd_stride_ = (int64_t)gridDim.x * blockDim.x;                       \
+        for (int64_t fsd_i_ = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;        \
+             fsd_i_ < fsd_n_; fsd_i_ += fsd_stride_)                                 \
+            name##_elem(fsd_i_, FSD_UNPAREN args);                                   \
+    }
+#define FSD_RUN_ELEMS(name, n, args)                                                   \
+    do {                                                                               \
+        const int64_t fsd_n_ = (n);                                                    \
+        name##_kernel<<<fsd_blocks(fsd_n_, FSD_ELEM_THREADS), FSD_ELEM_THREADS, 0,     \
+                        FSD_STREAM>>>(fsd_n_, FSD_UNPAREN args);                       \
+        fsd_launch_check(#name);                                                       \
+    } while (0)
+
+#define FSD_COL_KERNEL(name, params, args)                                           \
+    static __global__ void name##_kernel(int64_t fsd_cols_, FSD_UNPAREN params)       \
+    {                                                                                \
+        int64_t fsd_stride_ = (int64_t)gridDim.x * blockDim.x;                       \
+        for (int64_t fsd_j_ = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;        \
+             fsd_j_ < fsd_cols_; fsd_j_ += fsd_stride_)                              \
+            name##_cols(fsd_j_, fsd_j_ + 1, FSD_UNPAREN args);                       \
+    }
+#define FSD_RUN_COLS(name, cols, args)                                                 \
+    do {                                                                               \
+        const int64_t fsd_cols_ = (cols);                                              \
+        name##_kernel<<<fsd_blocks(fsd_cols_, FSD_ELEM_THREADS), FSD_ELEM_THREADS, 0,  \
+                        FSD_STREAM>>>(fsd_cols_, FSD_UNPAREN args);                    \
+        fsd_launch_check(#name);                                                       \
+    } while (0)
+
+#elif defined(FSD_WARP_EMULATION)
+/* Tests only: the CPU runs row kernels as 32 lanes in lockstep, to check
+ * the GPU's lane logic without a GPU (tests/kernels/warp_emulation.h). */
+#include "warp_emulation.h"
+
+#else
+/* ═══════════════════════ CPU (OpenMP) ═══════════════════════ */
+
+#define DEVICE static inline
+#define FSD_WARP 1
+#define FSD_COL_TILE 64       /* columns per work item: unit-stride inner loops */
+
+DEVICE real fsd_warp_sum(real v) { return v; }
+DEVICE double fsd_warp_sum_f64(double v) { return v; }
+DEVICE real fsd_warp_max(real v) { return v; }
+/* Launchers check indices on the host first, so this does not happen. */
+DEVICE void fsd_trap(void) { abort(); }
+
+/* No wrapper on the CPU: the launcher's loop calls the body. */
+#define FSD_ROW_KERNEL(name, params, args)
+#define FSD_ELEM_KERNEL(name, params, args)
+#define FSD_COL_KERNEL(name, params, args)
+
+#define FSD_RUN_ROWS(name, rows, args)                                        \
+    do {                                                                      \
+        const int64_t fsd_rows_ = (rows);                                     \
+        _Pragma("omp parallel for schedule(static)")                          \
+        for (int64_t fsd_row_ = 0; fsd_row_ < fsd_rows_; fsd_row_++)          \
+            name##_row(fsd_row_, 0, 1, FSD_UNPAREN args);                     \
+    } while (0)
+#define FSD_RUN_ELEMS(name, n, args)                                          \
+    do {                                                                      \
+        const int64_t fsd_n_ = (n);                                           \
+        _Pragma("omp parallel for schedule(static)")                          \
+        for (int64_t fsd_i_ = 0; fsd_i_ < fsd_n_; fsd_i_++)                   \
+            name##_elem(fsd_i_, FSD_UNPAREN args);                            \
+    } while (0)
+#define FSD_RUN_COLS(name, cols, args)                                                   \
+    do {                                                                                 \
+        const int64_t fsd_cols_ = (cols);                                                \
+        const int64_t fsd_tiles_ = (fsd_cols_ + FSD_COL_TILE - 1) / FSD_COL_TILE;        \
+        _Pragma("omp parallel for schedule(static)")                                     \
+        for (int64_t fsd_t_ = 0; fsd_t_ < fsd_tiles_; fsd_t_++) {                        \
+            int64_t fsd_j0_ = fsd_t_ * FSD_COL_TILE, fsd_j1_ = fsd_j0_ + FSD_COL_TILE;   \
+            name##_cols(fsd_j0_, fsd_j1_ < fsd_cols_ ? fsd_j1_ : fsd_cols_, FSD_UNPAREN args); \
+        }                                                                                \
+    } while (0)
+
+#endif
+
+/* Stores a kernel result: gradients either overwrite their output or add
+ * to it (autodiff's `acc`: a later contribution to the same gradient).
+ * With acc false the old value is never read, so it may be garbage. */
+DEVICE void fsd_store(real *p, real v, bool acc) { *p = acc ? *p + v : v; }
+
+/* Host-side check that every index in idx[0, n) lies in [0, bound): token
+ * ids and targets. The GPU cannot read device memory here; its kernels
+ * trap instead. */
+static inline void fsd_check_indices(const char *kernel, const int32_t *idx, int64_t n,
+                                     int64_t bound)
+{
+#ifndef __CUDACC__
+    for (int64_t i = 0; i < n; i++)
+        if (idx[i] < 0 || idx[i] >= bound) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "index %ld at position %ld is outside [0, %ld)",
+                     (long)idx[i], (long)i, (long)bound);
+            fsd_kernel_fail(kernel, msg);
+        }
+#else
+    (void)kernel, (void)idx, (void)n, (void)bound;
+#endif
+}
+
+#endif /* FSD_PORTABLE_H */

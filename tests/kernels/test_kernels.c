@@ -1,0 +1,1014 @@
+/*
+ * test_kernels.c — numerical tests of the kernel templates (templates/),
+ * on the CPU backend. tests/kernels/run.sh builds it twice:
+ *
+ *   -DFSD_FLOAT64  every backward kernel against central finite differences
+ *                  of its forward, along random directions (relative error
+ *                  under 1e-6), plus everything below at tight tolerances;
+ *   float          the forward kernels against reference formulas computed
+ *                  here in double, with float tolerances.
+ *
+ * Both builds also check the output-accumulation contract (acc false never
+ * reads the output; acc true and parameter gradients add to it), that
+ * column reductions and the loss do not depend on the thread count, and
+ * that launchers refuse bad arguments. With -DFSD_WARP_EMULATION the row
+ * kernels run with 32 lanes, as on the GPU (warp_emulation.h). The same file compiles with nvcc
+ * (managed memory, a sync after every launch), so a GPU machine can run it
+ * too; run.sh uses that as the CUDA compile check.
+ *
+ * One line per check; the last line is "N passed, N failed".
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "portable.h"
+#include "embed.h"
+#include "norm.h"
+#include "rope.h"
+#include "attention.h"
+#include "act.h"
+#include "elementwise.h"
+#include "cross_entropy.h"
+
+#include <signal.h>
+#include <stdarg.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#ifdef FSD_FLOAT64
+#define PRECISION "float64"
+#define REF_TOL 1e-12   /* kernel vs reference formula, relative to the reference's scale */
+#define ACC_TOL 1e-12   /* acc: new − old vs the overwriting result */
+#else
+#define PRECISION "float32"
+#define REF_TOL 2e-6
+#define ACC_TOL 2e-6
+#endif
+#define FD_TOL 1e-6
+#define FD_EPS 1e-5
+#define FD_DIRS 3
+
+static int npass, nfail;
+
+static void report(bool ok, double err, double tol, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void report(bool ok, double err, double tol, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    printf("%s ", ok ? "ok  " : "FAIL");
+    vprintf(fmt, ap);
+    va_end(ap);
+    if (err >= 0)
+        printf(": max rel err %.2e (tol %.0e)", err, tol);
+    printf("\n");
+    if (ok)
+        npass++;
+    else
+        nfail++;
+}
+
+static void check_err(double err, double tol, const char *what, const char *name)
+{
+    report(err <= tol, err, tol, "%s %s", what, name);
+}
+
+/* ── memory (managed under CUDA) and random numbers ── */
+
+#ifdef __CUDACC__
+#define SYNC() cudaDeviceSynchronize()
+#else
+#define SYNC() ((void)0)
+#endif
+
+static void *allocs[4096];
+static int nallocs;
+
+static void *alloc_bytes(size_t n)
+{
+    void *p;
+#ifdef __CUDACC__
+    if (cudaMallocManaged(&p, n, cudaMemAttachGlobal) != cudaSuccess)
+        p = NULL;
+#else
+    p = malloc(n);
+#endif
+    if (!p || nallocs == (int)(sizeof allocs / sizeof allocs[0])) {
+        fprintf(stderr, "test_kernels: out of memory\n");
+        exit(2);
+    }
+    return allocs[nallocs++] = p;
+}
+
+static void free_all(void)
+{
+    for (int i = 0; i < nallocs; i++) {
+#ifdef __CUDACC__
+        cudaFree(allocs[i]);
+#else
+        free(allocs[i]);
+#endif
+    }
+    nallocs = 0;
+}
+
+static real *new_real(int64_t n) { return (real *)alloc_bytes(sizeof(real) * (size_t)n); }
+static double *new_double(int64_t n) { return (double *)alloc_bytes(sizeof(double) * (size_t)n); }
+
+static uint64_t rng = 0x2545f4914f6cdd1dull;
+
+static double urand(void)   /* splitmix64 → [0, 1) */
+{
+    uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return (double)((z ^ (z >> 31)) >> 11) / 9007199254740992.0;
+}
+
+static double uniform(double lo, double hi) { return lo + (hi - lo) * urand(); }
+
+static void fill(real *x, int64_t n, double lo, double hi)
+{
+    for (int64_t i = 0; i < n; i++)
+        x[i] = (real)uniform(lo, hi);
+}
+
+static real *rand_real(int64_t n, double lo, double hi)
+{
+    real *x = new_real(n);
+    fill(x, n, lo, hi);
+    return x;
+}
+
+/* |x| in [0.05, 1]: away from relu's kink */
+static real *rand_away_from_zero(int64_t n)
+{
+    real *x = new_real(n);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = (real)(uniform(0.05, 1.0) * (urand() < 0.5 ? -1 : 1));
+    return x;
+}
+
+static int32_t *rand_idx(int64_t n, int64_t bound)
+{
+    int32_t *idx = (int32_t *)alloc_bytes(sizeof(int32_t) * (size_t)n);
+    for (int64_t i = 0; i < n; i++)
+        idx[i] = (int32_t)(urand() * (double)bound);
+    return idx;
+}
+
+/* max |a − ref| / max |ref|: error relative to the reference's scale */
+static double err_vs(const real *a, const double *ref, int64_t n)
+{
+    double num = 0, den = 1e-300;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - ref[i]);
+        if (!(d <= num))   /* NaN counts as infinitely wrong */
+            num = d == d ? d : INFINITY;
+        den = fmax(den, fabs(ref[i]));
+    }
+    return num / den;
+}
+
+/* ═══════════════ backward kernels: acc contract and finite differences ═══════════════ */
+
+/* One kernel pair at one shape. The harness differentiates the scalar
+ * L = Σ r·y, with y the forward's (first) output and r random, with
+ * respect to each variable: the backward gets dy = r. */
+typedef struct Var {
+    const char *name;
+    real *x, *dx;
+    int64_t n;
+    bool param;      /* a parameter gradient: always accumulates */
+} Var;
+
+typedef struct Case Case;
+struct Case {
+    char name[256];
+    Var v[3];
+    int nv;
+    real *y, *r;     /* the differentiated output and dL/dy */
+    int64_t ny;
+    bool acc;        /* for the backward's activation gradients */
+    void (*fwd)(Case *);
+    void (*bwd)(Case *);
+    /* what fwd and bwd need */
+    int64_t B, T, H, KV, hd, rows, C, n, nb, V;
+    bool causal;
+    real eps, theta;
+    real *s1, *s2;   /* saved statistics: mean/rstd, lse */
+    int32_t *idx;
+};
+
+static Case *new_case(const char *name)
+{
+    Case *c = (Case *)alloc_bytes(sizeof(Case));
+    memset(c, 0, sizeof *c);
+    snprintf(c->name, sizeof c->name, "%s", name);
+    return c;
+}
+
+static void add_var(Case *c, const char *name, real *x, int64_t n, bool param)
+{
+    Var *v = &c->v[c->nv++];
+    v->name = name;
+    v->x = x;
+    v->n = n;
+    v->param = param;
+    v->dx = new_real(n);
+}
+
+static void set_out(Case *c, real *y, int64_t ny)
+{
+    c->y = y;
+    c->ny = ny;
+    c->r = rand_real(ny, -1, 1);
+}
+
+#ifdef FSD_FLOAT64
+static double loss_of(Case *c)
+{
+    c->fwd(c);
+    SYNC();
+    double L = 0;
+    for (int64_t i = 0; i < c->ny; i++)
+        L += (double)c->r[i] * (double)c->y[i];
+    return L;
+}
+#endif
+
+static void run_case(Case *c)
+{
+    double *G[3], *P[3];
+    c->fwd(c);
+    SYNC();
+
+    /* 1. acc false: activation gradients must not read their output (NaN
+     * there would show); parameter gradients add to zeros. */
+    for (int k = 0; k < c->nv; k++)
+        for (int64_t i = 0; i < c->v[k].n; i++)
+            c->v[k].dx[i] = c->v[k].param ? 0 : (real)NAN;
+    c->acc = false;
+    c->bwd(c);
+    SYNC();
+    bool finite = true;
+    for (int k = 0; k < c->nv; k++) {
+        G[k] = new_double(c->v[k].n);
+        P[k] = new_double(c->v[k].n);
+        for (int64_t i = 0; i < c->v[k].n; i++) {
+            G[k][i] = (double)c->v[k].dx[i];
+            finite = finite && G[k][i] == G[k][i] && fabs(G[k][i]) < INFINITY;
+        }
+    }
+    report(finite, -1, 0, "overwrite %s: acc false ignores the output's old value", c->name);
+
+    /* 2. on random old values: acc true adds to them, acc false replaces
+     * them, parameter gradients add either way */
+    double worst = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int k = 0; k < c->nv; k++)
+            for (int64_t i = 0; i < c->v[k].n; i++)
+                c->v[k].dx[i] = (real)(P[k][i] = uniform(-1, 1));
+        c->acc = pass == 1;
+        c->bwd(c);
+        SYNC();
+        for (int k = 0; k < c->nv; k++) {
+            double num = 0, den = 1e-300;
+            for (int64_t i = 0; i < c->v[k].n; i++) {
+                double want = (c->acc || c->v[k].param ? P[k][i] : 0) + G[k][i];
+                num = fmax(num, fabs((double)c->v[k].dx[i] - want));
+                den = fmax(den, fmax(fabs(G[k][i]), fabs(P[k][i])));
+            }
+            worst = fmax(worst, num / den);
+        }
+    }
+    check_err(worst, ACC_TOL, "accumulate", c->name);
+
+#ifdef FSD_FLOAT64
+    /* 3. central differences of L along random directions, per variable */
+    for (int k = 0; k < c->nv; k++) {
+        Var *v = &c->v[k];
+        real *x0 = new_real(v->n);
+        double *u = new_double(v->n), err = 0;
+        memcpy(x0, v->x, sizeof(real) * (size_t)v->n);
+        for (int dir = 0; dir < FD_DIRS; dir++) {
+            double an = 0;
+            for (int64_t i = 0; i < v->n; i++) {
+                u[i] = uniform(-1, 1);
+                an += G[k][i] * u[i];
+            }
+            for (int64_t i = 0; i < v->n; i++)
+                v->x[i] = x0[i] + FD_EPS * u[i];
+            double Lp = loss_of(c);
+            for (int64_t i = 0; i < v->n; i++)
+                v->x[i] = x0[i] - FD_EPS * u[i];
+            double Lm = loss_of(c);
+            memcpy(v->x, x0, sizeof(real) * (size_t)v->n);
+            double fd = (Lp - Lm) / (2 * FD_EPS);
+            err = fmax(err, fabs(fd - an) / fmax(fmax(fabs(fd), fabs(an)), 1e-300));
+        }
+        report(err <= FD_TOL, err, FD_TOL, "finite-diff %s d%s", c->name, v->name);
+    }
+    c->fwd(c);   /* the saved statistics of the unperturbed point */
+    SYNC();
+#endif
+}
+
+/* ── the pairs ── */
+
+static void embed_case_fwd(Case *c) { embed_fwd(c->y, c->v[0].x, c->idx, c->n, c->C, c->V); }
+static void embed_case_bwd(Case *c) { embed_bwd(c->v[0].dx, c->r, c->idx, c->n, c->C, c->V); }
+
+static void case_embed(int64_t N, int64_t V, int64_t C)
+{
+    char name[256];
+    snprintf(name, sizeof name, "embed N=%ld V=%ld C=%ld", (long)N, (long)V, (long)C);
+    Case *c = new_case(name);
+    c->n = N, c->V = V, c->C = C;
+    c->idx = rand_idx(N, V);   /* N > V: tokens repeat, their gradients add */
+    add_var(c, "W", rand_real(V * C, -1, 1), V * C, true);
+    set_out(c, new_real(N * C), N * C);
+    c->fwd = embed_case_fwd;
+    c->bwd = embed_case_bwd;
+    run_case(c);
+}
+
+static void ln_case_fwd(Case *c)
+{
+    layernorm_fwd(c->y, c->s1, c->s2, c->v[0].x, c->v[1].x, c->v[2].x, c->rows, c->C, c->eps);
+}
+static void ln_case_bwd(Case *c)
+{
+    layernorm_bwd(c->v[0].dx, c->acc, c->v[1].dx, c->v[2].dx, c->r, c->v[0].x, c->v[1].x, c->s1,
+                  c->s2, c->rows, c->C);
+}
+
+static void case_layernorm(int64_t rows, int64_t C)
+{
+    char name[256];
+    snprintf(name, sizeof name, "layernorm rows=%ld C=%ld", (long)rows, (long)C);
+    Case *c = new_case(name);
+    c->rows = rows, c->C = C, c->eps = (real)1e-5;
+    add_var(c, "x", rand_real(rows * C, -2, 3), rows * C, false);
+    add_var(c, "w", rand_real(C, 0.5, 1.5), C, true);
+    add_var(c, "b", rand_real(C, -0.5, 0.5), C, true);
+    c->s1 = new_real(rows);
+    c->s2 = new_real(rows);
+    set_out(c, new_real(rows * C), rows * C);
+    c->fwd = ln_case_fwd;
+    c->bwd = ln_case_bwd;
+    run_case(c);
+}
+
+static void rms_case_fwd(Case *c)
+{
+    rmsnorm_fwd(c->y, c->s1, c->v[0].x, c->v[1].x, c->rows, c->C, c->eps);
+}
+static void rms_case_bwd(Case *c)
+{
+    rmsnorm_bwd(c->v[0].dx, c->acc, c->v[1].dx, c->r, c->v[0].x, c->v[1].x, c->s1, c->rows, c->C);
+}
+
+static void case_rmsnorm(int64_t rows, int64_t C)
+{
+    char name[256];
+    snprintf(name, sizeof name, "rmsnorm rows=%ld C=%ld", (long)rows, (long)C);
+    Case *c = new_case(name);
+    c->rows = rows, c->C = C, c->eps = (real)1e-6;
+    add_var(c, "x", rand_real(rows * C, -2, 2), rows * C, false);
+    add_var(c, "w", rand_real(C, 0.5, 1.5), C, true);
+    c->s1 = new_real(rows);
+    set_out(c, new_real(rows * C), rows * C);
+    c->fwd = rms_case_fwd;
+    c->bwd = rms_case_bwd;
+    run_case(c);
+}
+
+static void rope_case_fwd(Case *c)
+{
+    rope_fwd(c->y, c->v[0].x, c->B, c->T, c->H, c->hd, c->theta);
+}
+static void rope_case_bwd(Case *c)
+{
+    rope_bwd(c->v[0].dx, c->acc, c->r, c->B, c->T, c->H, c->hd, c->theta);
+}
+
+static void case_rope(int64_t B, int64_t T, int64_t H, int64_t hd, double theta)
+{
+    char name[256];
+    snprintf(name, sizeof name, "rope B=%ld T=%ld H=%ld hd=%ld theta=%g", (long)B, (long)T,
+             (long)H, (long)hd, theta);
+    Case *c = new_case(name);
+    c->B = B, c->T = T, c->H = H, c->hd = hd, c->theta = (real)theta;
+    int64_t n = B * T * H * hd;
+    add_var(c, "x", rand_real(n, -1, 1), n, false);
+    set_out(c, new_real(n), n);
+    c->fwd = rope_case_fwd;
+    c->bwd = rope_case_bwd;
+    run_case(c);
+}
+
+static void attn_case_fwd(Case *c)
+{
+    attention_fwd(c->y, c->s1, c->v[0].x, c->v[1].x, c->v[2].x, c->B, c->T, c->H, c->KV, c->hd,
+                  c->causal);
+}
+static void attn_case_bwd(Case *c)
+{
+    attention_bwd(c->v[0].dx, c->acc, c->v[1].dx, c->acc, c->v[2].dx, c->acc, c->r, c->v[0].x,
+                  c->v[1].x, c->v[2].x, c->y, c->s1, c->B, c->T, c->H, c->KV, c->hd, c->causal);
+}
+
+static void case_attention(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, bool causal)
+{
+    char name[256];
+    snprintf(name, sizeof name, "attention B=%ld T=%ld H=%ld KV=%ld hd=%ld %s", (long)B, (long)T,
+             (long)H, (long)KV, (long)hd, causal ? "causal" : "non-causal");
+    Case *c = new_case(name);
+    c->B = B, c->T = T, c->H = H, c->KV = KV, c->hd = hd, c->causal = causal;
+    int64_t nq = B * T * H * hd, nk = B * T * KV * hd;
+    add_var(c, "q", rand_real(nq, -1.5, 1.5), nq, false);
+    add_var(c, "k", rand_real(nk, -1.5, 1.5), nk, false);
+    add_var(c, "v", rand_real(nk, -1, 1), nk, false);
+    c->s1 = new_real(B * H * T);
+    set_out(c, new_real(nq), nq);
+    c->fwd = attn_case_fwd;
+    c->bwd = attn_case_bwd;
+    run_case(c);
+}
+
+static void gelu_case_fwd(Case *c) { gelu_fwd(c->y, c->v[0].x, c->n); }
+static void gelu_case_bwd(Case *c) { gelu_bwd(c->v[0].dx, c->acc, c->r, c->v[0].x, c->n); }
+static void relu_case_fwd(Case *c) { relu_fwd(c->y, c->v[0].x, c->n); }
+static void relu_case_bwd(Case *c) { relu_bwd(c->v[0].dx, c->acc, c->r, c->v[0].x, c->n); }
+static void silu_case_fwd(Case *c) { silu_fwd(c->y, c->v[0].x, c->n); }
+static void silu_case_bwd(Case *c) { silu_bwd(c->v[0].dx, c->acc, c->r, c->v[0].x, c->n); }
+
+static void case_unary(const char *op, int64_t n, void (*fwd)(Case *), void (*bwd)(Case *))
+{
+    char name[256];
+    snprintf(name, sizeof name, "%s n=%ld", op, (long)n);
+    Case *c = new_case(name);
+    c->n = n;
+    add_var(c, "x", strcmp(op, "relu") == 0 ? rand_away_from_zero(n) : rand_real(n, -4, 4), n,
+            false);
+    set_out(c, new_real(n), n);
+    c->fwd = fwd;
+    c->bwd = bwd;
+    run_case(c);
+}
+
+static void swiglu_case_fwd(Case *c) { swiglu_fwd(c->y, c->v[0].x, c->v[1].x, c->n); }
+static void swiglu_case_bwd(Case *c)
+{
+    swiglu_bwd(c->v[0].dx, c->acc, c->v[1].dx, c->acc, c->r, c->v[0].x, c->v[1].x, c->n);
+}
+
+static void case_swiglu(int64_t n)
+{
+    char name[256];
+    snprintf(name, sizeof name, "swiglu n=%ld", (long)n);
+    Case *c = new_case(name);
+    c->n = n;
+    add_var(c, "g", rand_real(n, -4, 4), n, false);
+    add_var(c, "u", rand_real(n, -2, 2), n, false);
+    set_out(c, new_real(n), n);
+    c->fwd = swiglu_case_fwd;
+    c->bwd = swiglu_case_bwd;
+    run_case(c);
+}
+
+/* add's backward is what autodiff emits for it: a copy for a, and for b
+ * reduce_to when it broadcasts, a copy otherwise */
+static void add_case_fwd(Case *c) { add_fwd(c->y, c->v[0].x, c->v[1].x, c->n, c->nb); }
+static void add_case_bwd(Case *c)
+{
+    copy(c->v[0].dx, c->acc, c->r, c->n);
+    if (c->nb < c->n)
+        reduce_to(c->v[1].dx, c->acc, c->r, c->n, c->nb);
+    else
+        copy(c->v[1].dx, c->acc, c->r, c->n);
+}
+static void mul_case_fwd(Case *c) { mul_fwd(c->y, c->v[0].x, c->v[1].x, c->n, c->nb); }
+static void mul_case_bwd(Case *c)
+{
+    mul_bwd(c->v[0].dx, c->acc, c->v[1].dx, c->acc, c->r, c->v[0].x, c->v[1].x, c->n, c->nb);
+}
+
+static void case_binary(const char *op, int64_t n, int64_t nb, void (*fwd)(Case *),
+                        void (*bwd)(Case *))
+{
+    char name[256];
+    snprintf(name, sizeof name, "%s n=%ld nb=%ld (%s)", op, (long)n, (long)nb,
+             nb < n ? "broadcast b" : "same shape");
+    Case *c = new_case(name);
+    c->n = n, c->nb = nb;
+    add_var(c, "a", rand_real(n, -2, 2), n, false);
+    add_var(c, "b", rand_real(nb, -2, 2), nb, false);
+    set_out(c, new_real(n), n);
+    c->fwd = fwd;
+    c->bwd = bwd;
+    run_case(c);
+}
+
+static void bias_case_fwd(Case *c) { bias_add_fwd(c->y, c->v[0].x, c->v[1].x, c->rows, c->C); }
+static void bias_case_bwd(Case *c)
+{
+    copy(c->v[0].dx, c->acc, c->r, c->rows * c->C);
+    bias_bwd(c->v[1].dx, c->r, c->rows, c->C);
+}
+
+static void case_bias(int64_t rows, int64_t C)
+{
+    char name[256];
+    snprintf(name, sizeof name, "bias_add rows=%ld C=%ld", (long)rows, (long)C);
+    Case *c = new_case(name);
+    c->rows = rows, c->C = C;
+    add_var(c, "x", rand_real(rows * C, -2, 2), rows * C, false);
+    add_var(c, "b", rand_real(C, -1, 1), C, true);
+    set_out(c, new_real(rows * C), rows * C);
+    c->fwd = bias_case_fwd;
+    c->bwd = bias_case_bwd;
+    run_case(c);
+}
+
+static void ce_case_fwd(Case *c)
+{
+    cross_entropy_fwd(c->y, c->s1, c->v[0].x, c->idx, c->rows, c->V);
+}
+static void ce_case_bwd(Case *c)
+{
+    /* dL/dlogits = r · d(mean loss)/dlogits: scale r/rows */
+    cross_entropy_bwd(c->v[0].dx, c->acc, c->v[0].x, c->idx, c->s1, c->rows, c->V,
+                      c->r[0] / (real)c->rows);
+}
+
+static void case_cross_entropy(int64_t rows, int64_t V)
+{
+    char name[256];
+    snprintf(name, sizeof name, "cross_entropy rows=%ld V=%ld", (long)rows, (long)V);
+    Case *c = new_case(name);
+    c->rows = rows, c->V = V;
+    c->idx = rand_idx(rows, V);
+    add_var(c, "logits", rand_real(rows * V, -3, 3), rows * V, false);
+    c->s1 = new_real(rows);
+    set_out(c, new_real(1), 1);
+    c->fwd = ce_case_fwd;
+    c->bwd = ce_case_bwd;
+    run_case(c);
+}
+
+static void backward_checks(void)
+{
+    case_embed(12, 7, 5);
+    case_embed(40, 11, 130);   /* columns past one CPU tile */
+    case_layernorm(3, 5);
+    case_layernorm(7, 130);
+    case_rmsnorm(3, 5);
+    case_rmsnorm(7, 130);
+    case_rope(2, 5, 4, 6, 10000);
+    case_rope(1, 9, 2, 8, 500000);
+    case_attention(2, 5, 4, 2, 6, true);    /* GQA */
+    case_attention(2, 5, 4, 2, 6, false);
+    case_attention(1, 4, 3, 3, 4, true);    /* multi-head */
+    case_attention(2, 3, 4, 1, 5, false);   /* multi-query, odd head dim */
+    case_attention(1, 1, 2, 1, 3, true);    /* one position */
+    case_unary("gelu", 15, gelu_case_fwd, gelu_case_bwd);
+    case_unary("relu", 15, relu_case_fwd, relu_case_bwd);
+    case_unary("silu", 15, silu_case_fwd, silu_case_bwd);
+    case_swiglu(15);
+    case_binary("add", 15, 5, add_case_fwd, add_case_bwd);
+    case_binary("add", 15, 15, add_case_fwd, add_case_bwd);
+    case_binary("add", 390, 130, add_case_fwd, add_case_bwd);
+    case_binary("mul", 15, 5, mul_case_fwd, mul_case_bwd);
+    case_binary("mul", 15, 15, mul_case_fwd, mul_case_bwd);
+    case_binary("mul", 390, 130, mul_case_fwd, mul_case_bwd);
+    case_bias(3, 5);
+    case_bias(4, 130);
+    case_cross_entropy(3, 5);
+    case_cross_entropy(6, 130);
+#ifndef FSD_FLOAT64
+    printf("skip finite-difference checks: they need the float64 build (-DFSD_FLOAT64)\n");
+#endif
+}
+
+/* ═══════════════ forward kernels against reference formulas ═══════════════ */
+
+static void ref_embed(void)
+{
+    int64_t N = 9, V = 6, C = 5;
+    int32_t *idx = rand_idx(N, V);
+    real *W = rand_real(V * C, -1, 1), *y = new_real(N * C);
+    double *ref = new_double(N * C);
+    embed_fwd(y, W, idx, N, C, V);
+    SYNC();
+    for (int64_t i = 0; i < N; i++)
+        for (int64_t j = 0; j < C; j++)
+            ref[i * C + j] = W[idx[i] * C + j];
+    check_err(err_vs(y, ref, N * C), 0, "reference", "embed_fwd: rows of W");
+
+    /* embed_bwd: the scatter-add, by rows */
+    real *dW = rand_real(V * C, -1, 1), *dy = rand_real(N * C, -1, 1);
+    for (int64_t i = 0; i < V * C; i++)
+        ref[i] = dW[i];
+    for (int64_t i = 0; i < N; i++)
+        for (int64_t j = 0; j < C; j++)
+            ref[idx[i] * C + j] += dy[i * C + j];
+    embed_bwd(dW, dy, idx, N, C, V);
+    SYNC();
+    check_err(err_vs(dW, ref, V * C), REF_TOL, "reference", "embed_bwd: dW[idx[i]] += dy[i]");
+}
+
+static void ref_norms(int64_t rows, int64_t C)
+{
+    char name[256];
+    real *x = rand_real(rows * C, -2, 3), *w = rand_real(C, 0.5, 1.5), *b = rand_real(C, -1, 1);
+    real *y = new_real(rows * C), *mean = new_real(rows), *rstd = new_real(rows);
+    double *ry = new_double(rows * C), *rm = new_double(rows), *rr = new_double(rows);
+    double eps = 1e-5;
+
+    layernorm_fwd(y, mean, rstd, x, w, b, rows, C, (real)eps);
+    SYNC();
+    for (int64_t r = 0; r < rows; r++) {   /* torch.nn.LayerNorm: biased variance */
+        double s = 0, s2 = 0;
+        for (int64_t j = 0; j < C; j++)
+            s += x[r * C + j];
+        rm[r] = s / (double)C;
+        for (int64_t j = 0; j < C; j++)
+            s2 += (x[r * C + j] - rm[r]) * (x[r * C + j] - rm[r]);
+        rr[r] = 1 / sqrt(s2 / (double)C + eps);
+        for (int64_t j = 0; j < C; j++)
+            ry[r * C + j] = (x[r * C + j] - rm[r]) * rr[r] * w[j] + b[j];
+    }
+    double e = fmax(err_vs(y, ry, rows * C), fmax(err_vs(mean, rm, rows), err_vs(rstd, rr, rows)));
+    snprintf(name, sizeof name, "layernorm_fwd rows=%ld C=%ld: y, mean, rstd", (long)rows, (long)C);
+    check_err(e, REF_TOL, "reference", name);
+
+    eps = 1e-6;
+    rmsnorm_fwd(y, rstd, x, w, rows, C, (real)eps);
+    SYNC();
+    for (int64_t r = 0; r < rows; r++) {
+        double s2 = 0;
+        for (int64_t j = 0; j < C; j++)
+            s2 += (double)x[r * C + j] * x[r * C + j];
+        rr[r] = 1 / sqrt(s2 / (double)C + eps);
+        for (int64_t j = 0; j < C; j++)
+            ry[r * C + j] = x[r * C + j] * rr[r] * w[j];
+    }
+    e = fmax(err_vs(y, ry, rows * C), err_vs(rstd, rr, rows));
+    snprintf(name, sizeof name, "rmsnorm_fwd rows=%ld C=%ld: y, rstd", (long)rows, (long)C);
+    check_err(e, REF_TOL, "reference", name);
+}
+
+/* Hugging Face's apply_rotary_pos_emb: cos and sin of cat(freqs, freqs),
+ * q·cos + rotate_half(q)·sin with rotate_half(x) = cat(−x2, x1). */
+static void ref_rope(int64_t B, int64_t T, int64_t H, int64_t hd, double theta)
+{
+    char name[256];
+    int64_t n = B * T * H * hd, half = hd / 2;
+    real *x = rand_real(n, -1, 1), *y = new_real(n);
+    double *ref = new_double(n);
+    rope_fwd(y, x, B, T, H, hd, (real)theta);
+    SYNC();
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t h = 0; h < H; h++) {
+                const real *xr = x + ((b * T + t) * H + h) * hd;
+                for (int64_t j = 0; j < hd; j++) {
+                    double inv_freq = 1.0 / pow(theta, (double)(2 * (j % half)) / (double)hd);
+                    double ang = (double)t * inv_freq;
+                    double rot = j < half ? -(double)xr[j + half] : (double)xr[j - half];
+                    ref[((b * T + t) * H + h) * hd + j] = xr[j] * cos(ang) + rot * sin(ang);
+                }
+            }
+    snprintf(name, sizeof name, "rope_fwd B=%ld T=%ld H=%ld hd=%ld theta=%g: rotate half",
+             (long)B, (long)T, (long)H, (long)hd, theta);
+    check_err(err_vs(y, ref, n), REF_TOL, "reference", name);
+}
+
+/* softmax(Q Kᵀ / √hd + mask) V per (b, h), with K and V repeated over the
+ * query heads of each group (HF repeat_kv), and lse = log Σ exp(scores). */
+static void ref_attention(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, bool causal)
+{
+    char name[256];
+    int64_t nq = B * T * H * hd, nk = B * T * KV * hd, rep = H / KV;
+    real *q = rand_real(nq, -1.5, 1.5), *k = rand_real(nk, -1.5, 1.5), *v = rand_real(nk, -1, 1);
+    real *out = new_real(nq), *lse = new_real(B * H * T);
+    double *ro = new_double(nq), *rl = new_double(B * H * T), *S = new_double(T * T);
+    attention_fwd(out, lse, q, k, v, B, T, H, KV, hd, causal);
+    SYNC();
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++) {
+            int64_t g = h / rep;
+            for (int64_t t = 0; t < T; t++) {
+                double m = -INFINITY, sum = 0;
+                for (int64_t s = 0; s < T; s++) {
+                    double z = 0;
+                    for (int64_t d = 0; d < hd; d++)
+                        z += (double)q[((b * T + t) * H + h) * hd + d] *
+                             k[((b * T + s) * KV + g) * hd + d];
+                    S[t * T + s] = causal && s > t ? -INFINITY : z / sqrt((double)hd);
+                    m = fmax(m, S[t * T + s]);
+                }
+                for (int64_t s = 0; s < T; s++)
+                    sum += exp(S[t * T + s] - m);
+                rl[(b * H + h) * T + t] = m + log(sum);
+                for (int64_t d = 0; d < hd; d++) {
+                    double o = 0;
+                    for (int64_t s = 0; s < T; s++)
+                        o += exp(S[t * T + s] - m) / sum * v[((b * T + s) * KV + g) * hd + d];
+                    ro[((b * T + t) * H + h) * hd + d] = o;
+                }
+            }
+        }
+    snprintf(name, sizeof name,
+             "attention_fwd B=%ld T=%ld H=%ld KV=%ld hd=%ld %s: naive softmax(QK^T)V, lse",
+             (long)B, (long)T, (long)H, (long)KV, (long)hd, causal ? "causal" : "non-causal");
+    check_err(fmax(err_vs(out, ro, nq), err_vs(lse, rl, B * H * T)), REF_TOL, "reference", name);
+}
+
+static double gelu_tanh(double x)
+{
+    return 0.5 * x * (1 + tanh(0.7978845608028654 /* √(2/π) */ * (x + 0.044715 * x * x * x)));
+}
+static double silu_ref(double x) { return x / (1 + exp(-x)); }
+
+static void ref_activations(void)
+{
+    int64_t n = 1001;
+    real *x = rand_real(n, -6, 6), *u = rand_real(n, -2, 2), *y = new_real(n);
+    double *ref = new_double(n);
+
+    /* values of torch.nn.functional.gelu(x, approximate="tanh") */
+    x[0] = 1, x[1] = -0.5, x[2] = 2;
+    gelu_fwd(y, x, n);
+    SYNC();
+    for (int64_t i = 0; i < n; i++)
+        ref[i] = gelu_tanh(x[i]);
+    ref[0] = 0.8411919906082768, ref[1] = -0.15428599017485606, ref[2] = 1.954597694087775;
+    check_err(err_vs(y, ref, n), REF_TOL, "reference", "gelu_fwd: tanh approximation (GPT-2)");
+
+    relu_fwd(y, x, n);
+    SYNC();
+    for (int64_t i = 0; i < n; i++)
+        ref[i] = x[i] > 0 ? x[i] : 0;
+    check_err(err_vs(y, ref, n), 0, "reference", "relu_fwd");
+
+    silu_fwd(y, x, n);
+    SYNC();
+    for (int64_t i = 0; i < n; i++)
+        ref[i] = silu_ref(x[i]);
+    check_err(err_vs(y, ref, n), REF_TOL, "reference", "silu_fwd: x * sigmoid(x)");
+
+    swiglu_fwd(y, x, u, n);
+    SYNC();
+    for (int64_t i = 0; i < n; i++)
+        ref[i] = silu_ref(x[i]) * u[i];
+    check_err(err_vs(y, ref, n), REF_TOL, "reference", "swiglu_fwd: silu(g) * u");
+
+    /* in place, as act.h allows */
+    real *z = new_real(n);
+    memcpy(z, x, sizeof(real) * (size_t)n);
+    gelu_fwd(z, z, n);
+    SYNC();
+    for (int64_t i = 0; i < n; i++)
+        ref[i] = gelu_tanh(x[i]);
+    check_err(err_vs(z, ref, n), REF_TOL, "reference", "gelu_fwd in place (y == x)");
+}
+
+static void ref_elementwise(void)
+{
+    int64_t rows = 3, C = 5, n = rows * C;
+    real *a = rand_real(n, -2, 2), *b = rand_real(C, -2, 2), *y = new_real(n);
+    double *ref = new_double(n);
+
+    add_fwd(y, a, b, n, C);
+    SYNC();
+    for (int64_t i = 0; i < n; i++)
+        ref[i] = (double)a[i] + b[i % C];
+    check_err(err_vs(y, ref, n), REF_TOL, "reference", "add_fwd n=15 nb=5: a[i] + b[i mod nb]");
+
+    mul_fwd(y, a, b, n, C);
+    SYNC();
+    for (int64_t i = 0; i < n; i++)
+        ref[i] = (double)a[i] * b[i % C];
+    check_err(err_vs(y, ref, n), REF_TOL, "reference", "mul_fwd n=15 nb=5: a[i] * b[i mod nb]");
+
+    bias_add_fwd(y, a, b, rows, C);
+    SYNC();
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < C; j++)
+            ref[r * C + j] = (double)a[r * C + j] + b[j];
+    check_err(err_vs(y, ref, n), REF_TOL, "reference", "bias_add_fwd rows=3 C=5");
+
+    real *d = rand_real(C, -1, 1);
+    double rd[5];
+    for (int64_t j = 0; j < C; j++) {
+        rd[j] = d[j];
+        for (int64_t r = 0; r < rows; r++)
+            rd[j] += a[r * C + j];
+    }
+    reduce_to(d, true, a, n, C);
+    SYNC();
+    check_err(err_vs(d, rd, C), REF_TOL, "reference", "reduce_to n_src=15 n_dst=5, acc");
+}
+
+static void ref_cross_entropy(int64_t rows, int64_t V, double offset)
+{
+    char name[256];
+    real *x = rand_real(rows * V, offset - 4, offset + 4), *lse = new_real(rows), *loss = new_real(1);
+    int32_t *tg = rand_idx(rows, V);
+    double *rl = new_double(rows), rloss = 0;
+    cross_entropy_fwd(loss, lse, x, tg, rows, V);
+    SYNC();
+    /* loss = −mean log_softmax(x)[target], log_softmax = x − max − log Σ exp(x − max) */
+    for (int64_t r = 0; r < rows; r++) {
+        double m = -INFINITY, s = 0;
+        for (int64_t j = 0; j < V; j++)
+            m = fmax(m, x[r * V + j]);
+        for (int64_t j = 0; j < V; j++)
+            s += exp(x[r * V + j] - m);
+        rl[r] = m + log(s);
+        rloss -= ((double)x[r * V + tg[r]] - m - log(s)) / (double)rows;
+    }
+    /* the loss is lse − logit, a difference of numbers as large as the
+     * logits: its rounding error is relative to their size, not its own */
+    double e = fmax(err_vs(lse, rl, rows),
+                    fabs((double)loss[0] - rloss) / fmax(fabs(rloss), fabs(offset) + 4));
+    snprintf(name, sizeof name, "cross_entropy_fwd rows=%ld V=%ld logits around %g: loss, lse",
+             (long)rows, (long)V, offset);
+    check_err(e, REF_TOL, "reference", name);
+}
+
+static void forward_checks(void)
+{
+    ref_embed();
+    ref_norms(3, 5);
+    ref_norms(17, 300);
+    ref_rope(2, 5, 4, 6, 10000);
+    ref_rope(1, 64, 2, 16, 500000);
+    ref_attention(2, 5, 4, 2, 6, true);
+    ref_attention(2, 5, 4, 2, 6, false);
+    ref_attention(1, 7, 4, 1, 8, true);
+    ref_attention(1, 6, 3, 3, 5, false);
+    ref_activations();
+    ref_elementwise();
+    ref_cross_entropy(3, 5, 0);
+    ref_cross_entropy(9, 257, 0);
+    ref_cross_entropy(4, 11, 1000);   /* exp would overflow without the max */
+}
+
+/* ═══════════════ determinism: the thread count does not matter ═══════════════ */
+
+#if defined(_OPENMP) && !defined(__CUDACC__)
+static bool same_bits(const real *a, const real *b, int64_t n)
+{
+    return memcmp(a, b, sizeof(real) * (size_t)n) == 0;
+}
+
+static void determinism_checks(void)
+{
+    int64_t N = 64, V = 5, C = 130, rows = 64;
+    int32_t *idx = rand_idx(N, V);
+    real *dy = rand_real(N * C, -1, 1), *x = rand_real(rows * C, -1, 1);
+    real *w = rand_real(C, 0.5, 1.5), *bb = rand_real(C, -1, 1);
+    real *mean = new_real(rows), *rstd = new_real(rows), *y = new_real(rows * C);
+    layernorm_fwd(y, mean, rstd, x, w, bb, rows, C, (real)1e-5);
+    int64_t B = 2, T = 16, H = 4, KV = 2, hd = 8, nq = B * T * H * hd, nk = B * T * KV * hd;
+    real *q = rand_real(nq, -1, 1), *k = rand_real(nk, -1, 1), *v = rand_real(nk, -1, 1);
+    real *o = new_real(nq), *lse = new_real(B * H * T), *dout = rand_real(nq, -1, 1);
+    attention_fwd(o, lse, q, k, v, B, T, H, KV, hd, true);
+    int32_t *tg = rand_idx(rows, C);
+
+    real *res[2][8];
+    int threads[2] = {1, 7};
+    for (int p = 0; p < 2; p++) {
+        omp_set_num_threads(threads[p]);
+        real **R = res[p];
+        R[0] = new_real(V * C);
+        memset(R[0], 0, sizeof(real) * (size_t)(V * C));
+        embed_bwd(R[0], dy, idx, N, C, V);
+        R[1] = new_real(C);
+        memset(R[1], 0, sizeof(real) * (size_t)C);
+        bias_bwd(R[1], dy, rows, C);
+        R[2] = new_real(rows * C), R[3] = new_real(C), R[4] = new_real(C);
+        memset(R[3], 0, sizeof(real) * (size_t)C);
+        memset(R[4], 0, sizeof(real) * (size_t)C);
+        layernorm_bwd(R[2], false, R[3], R[4], dy, x, w, mean, rstd, rows, C);
+        R[5] = new_real(nq), R[6] = new_real(nk), R[7] = new_real(nk);
+        attention_bwd(R[5], false, R[6], false, R[7], false, dout, q, k, v, o, lse, B, T, H, KV,
+                      hd, true);
+    }
+    real *loss[2];
+    for (int p = 0; p < 2; p++) {
+        omp_set_num_threads(threads[p]);
+        loss[p] = new_real(1);
+        cross_entropy_fwd(loss[p], new_real(rows), x, tg, rows, C);
+    }
+    omp_set_num_threads(omp_get_num_procs());
+    report(same_bits(res[0][0], res[1][0], V * C), -1, 0,
+           "deterministic embed_bwd: 1 and 7 threads give the same bits");
+    report(same_bits(res[0][1], res[1][1], C), -1, 0, "deterministic bias_bwd: 1 and 7 threads");
+    report(same_bits(res[0][3], res[1][3], C) && same_bits(res[0][4], res[1][4], C), -1, 0,
+           "deterministic layernorm_bwd dw, db: 1 and 7 threads");
+    report(same_bits(res[0][5], res[1][5], nq) && same_bits(res[0][6], res[1][6], nk) &&
+               same_bits(res[0][7], res[1][7], nk),
+           -1, 0, "deterministic attention_bwd dq, dk, dv: 1 and 7 threads");
+    report(same_bits(loss[0], loss[1], 1), -1, 0, "deterministic cross_entropy_fwd loss: 1 and 7 threads");
+}
+#endif
+
+/* ═══════════════ launchers refuse bad arguments ═══════════════ */
+
+#ifndef __CUDACC__
+/* Runs f in a child; expects it to abort with `want` on stderr. */
+static void expect_abort(const char *what, void (*f)(void), const char *want)
+{
+    int fds[2];
+    char buf[512] = {0};
+    fflush(stdout);
+    if (pipe(fds) != 0) {
+        report(false, -1, 0, "refuses %s: pipe failed", what);
+        return;
+    }
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fds[1], 2);
+        close(fds[0]);
+        f();
+        _exit(0);
+    }
+    close(fds[1]);
+    size_t got = 0;
+    ssize_t k;
+    while (got + 1 < sizeof buf && (k = read(fds[0], buf + got, sizeof buf - 1 - got)) > 0)
+        got += (size_t)k;
+    close(fds[0]);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    bool ok = WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT && strstr(buf, want);
+    report(ok, -1, 0, "refuses %s (\"%s\")", what, want);
+    if (!ok)
+        printf("     got: %s\n", buf);
+}
+
+static void bad_token(void)
+{
+    real W[10] = {0}, out[4] = {0};
+    int32_t idx[2] = {1, 5};
+    embed_fwd(out, W, idx, 2, 2, 5);
+}
+static void zero_rows(void)
+{
+    real b[1] = {0};
+    layernorm_fwd(b, b, b, b, b, b, 0, 1, (real)1e-5);
+}
+static void odd_head_dim(void)
+{
+    real b[1] = {0};
+    rope_fwd(b, b, 1, 1, 1, 3, (real)10000);
+}
+static void bad_broadcast(void)
+{
+    real b[6] = {0};
+    add_fwd(b, b, b, 6, 4);
+}
+static void null_output(void)
+{
+    real b[4] = {0};
+    int32_t t[2] = {0, 1};
+    cross_entropy_fwd(NULL, b, b, t, 2, 2);
+}
+
+static void argument_checks(void)
+{
+    expect_abort("a token id out of range", bad_token,
+                 "fsdpc kernel embed_fwd: index 5 at position 1 is outside [0, 5)");
+    expect_abort("zero rows", zero_rows, "fsdpc kernel layernorm_fwd: need rows > 0");
+    expect_abort("an odd rope head dim", odd_head_dim, "fsdpc kernel rope_fwd: need hd % 2 == 0");
+    expect_abort("a broadcast that does not divide", bad_broadcast,
+                 "fsdpc kernel add_fwd: need n > 0 && nb > 0 && n % nb == 0");
+    expect_abort("a null output", null_output, "fsdpc kernel cross_entropy_fwd: need loss &&");
+}
+#endif
+
+int main(void)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    printf("kernel tests, %s build\n", PRECISION);
+    backward_checks();
+    forward_checks();
+#if defined(_OPENMP) && !defined(__CUDACC__)
+    determinism_checks();
+#else
+    printf("skip determinism checks: not an OpenMP CPU build\n");
+#endif
+#ifndef __CUDACC__
+    argument_checks();
+#endif
+    free_all();
+    printf("%d passed, %d failed\n", npass, nfail);
+    return nfail != 0;
+}

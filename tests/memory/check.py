@@ -1,0 +1,381 @@
+#!/usr/bin/env python3
+"""check.py — fsdpc's memory plan (--dump-memory) against figures computed
+here by hand, memory_budget's choice of policy, and golden dumps.
+
+    tests/memory/check.py FSDPC [--regen]
+
+tests/run.sh runs it as a suite of its own. Like run.sh, every test prints
+one line, "ok   NAME" or "FAIL NAME" followed by indented details, the last
+line is "N passed, N failed", and the exit status is 1 when any failed. With
+--regen it rewrites its golden and expected files instead of comparing
+(tests/golden/*.memory, tests/memory/*.expected).
+
+The hand computation starts from the parameter shapes of each model, written
+out below from its .fsd file and PyTorch's layouts (design section 9), and
+never from fsdpc's own layout dump: a group's flat buffer lays its parameters
+end to end, each starting at a multiple of 16 elements; it is padded to a
+multiple of the world size W; each rank holds padded / W elements of it.
+"""
+import difflib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+FSDPC = sys.argv[1] if len(sys.argv) > 1 else "build/fsdpc"
+REGEN = "--regen" in sys.argv
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+ALIGN = 16
+passed = failed = 0
+
+
+def ok(name):
+    global passed
+    passed += 1
+    print(f"ok   {name}")
+
+
+def bad(name, detail=""):
+    global failed
+    failed += 1
+    print(f"FAIL {name}")
+    for line in detail.splitlines()[:40]:
+        print(f"     {line}")
+
+
+def run(args):
+    """fsdpc with args, from the repository root; (status, stdout, stderr)"""
+    p = subprocess.run([FSDPC] + args, capture_output=True, text=True, cwd=ROOT)
+    return p.returncode, p.stdout, p.stderr
+
+
+def fmt(n):
+    return f"{n:,}"
+
+
+# ── the models, parameter by parameter ──
+
+def align(n):
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def flat(numels):
+    # every start aligned, the end too: the sum of the aligned sizes
+    return sum(align(n) for n in numels)
+
+
+def padded(flat_numel, world):
+    return -(-flat_numel // world) * world
+
+
+def gpt2():
+    V, T, C, L = 50304, 1024, 768, 12
+    block = [C, C,                        # ln1 weight, bias
+             C * C, C, C * C, C,          # attn q, k: weight [C, C], bias [C]
+             C * C, C, C * C, C,          # attn v, o
+             C, C,                        # ln2
+             4 * C * C, 4 * C,            # mlp fc [4C, C], bias [4C]
+             C * 4 * C, C]                # mlp proj [C, 4C], bias [C]
+    root = [V * C, T * C, C, C]           # tok, pos, ln_f weight and bias; head is tied to tok
+    return dict(name="gpt2", file="examples/gpt2.fsd", root=root, block=block, blocks=L,
+                param_bytes=2, reduce_bytes=4, states=2, prefetch=1,
+                B=8, H=12, T=T)
+
+
+def llama3_8b():
+    V, T, C, L, H, KV, F = 128256, 8192, 4096, 32, 32, 8, 14336
+    hd = C // H
+    block = [C,                           # attn_norm
+             C * C, KV * hd * C,          # q [H·hd, C], k [KV·hd, C]
+             KV * hd * C, C * C,          # v, o [C, H·hd]
+             C,                           # mlp_norm
+             F * C, F * C, C * F]         # gate, up [F, C], down [C, F]; no biases
+    root = [V * C, C, V * C]              # tok, norm, head (untied)
+    return dict(name="llama3_8b", file="examples/llama3_8b.fsd", root=root, block=block,
+                blocks=L, param_bytes=2, reduce_bytes=4, states=2, prefetch=1,
+                B=1, H=H, T=T)
+
+
+# A model whose every size is off the 16-element grid and whose groups do
+# not divide by W: alignment and padding both matter. SGD with momentum
+# keeps one state per parameter; fp32 throughout.
+ODD_FSD = """model odd {
+  const vocab = 13, dim = 10, hidden = 7, seq = 5
+  emb = Embedding(vocab, dim)
+  fc1 = Linear(dim, hidden)
+  fc2 = Linear(hidden, dim)
+  out = Linear(dim, vocab)
+  forward(idx, targets) {
+    h = relu(fc1(emb(idx)))
+    return cross_entropy(out(fc2(h)), targets)
+  }
+}
+shard {
+  fully_shard fc1
+  fully_shard fc2
+}
+train {
+  micro_batch = 2
+  optimizer = sgd(lr = 0.1, momentum = 0.9)
+}
+"""
+
+
+def odd():
+    return dict(name="odd", root=[13 * 10, 13 * 10, 13],       # emb, out weight and bias
+                groups=[[7 * 10, 7], [10 * 7, 10]],            # fc1, fc2
+                param_bytes=4, reduce_bytes=4, states=1)
+
+
+# ── reading --dump-memory ──
+
+ROW = re.compile(r"^  (\S.*?)\s{2,}(-?[\d,]+)\s+-?[\d.]+(\s|$)")
+
+
+def memory(path, world, extra=()):
+    st, out, err = run([path, "--dump-memory", "--world", str(world), *extra])
+    if st != 0:
+        return None, err
+    rows = {}
+    for line in out.splitlines():
+        m = ROW.match(line)
+        if m and m.group(1) not in rows:       # the first table wins: at the peak
+            rows[m.group(1)] = int(m.group(2).replace(",", ""))
+    return rows, out
+
+
+def expect(name, got, want, how):
+    if got == want:
+        ok(f"{name} = {fmt(want)}: {how}")
+    else:
+        bad(name, f"fsdpc says {fmt(got) if got is not None else 'nothing'}, "
+                  f"by hand {fmt(want)}: {how}")
+
+
+def check_transformer(mdl, world):
+    tag = f"memory {mdl['name']} W={world}"
+    rows, out = memory(mdl["file"], world)
+    if rows is None:
+        bad(f"{tag}: fsdpc failed", out)
+        return
+    root_flat, block_flat = flat(mdl["root"]), flat(mdl["block"])
+    root_pad, block_pad = padded(root_flat, world), padded(block_flat, world)
+    L = mdl["blocks"]
+    shards = root_pad // world + L * (block_pad // world)
+    arith = (f"(root {fmt(root_flat)} padded to {fmt(root_pad)}, / {world} = {fmt(root_pad // world)};"
+             f" {L} blocks of {fmt(block_flat)} padded to {fmt(block_pad)}, / {world} ="
+             f" {fmt(block_pad // world)})")
+    expect(f"{tag} sharded parameters", rows.get("sharded parameters (fp32)"), shards * 4,
+           f"{fmt(shards)} elements x 4 {arith}")
+    expect(f"{tag} sharded gradients", rows.get("sharded gradients (fp32)"), shards * 4,
+           "the same")
+    expect(f"{tag} adamw state", rows.get(f"optimizer state ({mdl['states']} x fp32)"),
+           mdl["states"] * shards * 4, "m and v: 2 x sharded parameters")
+    # Forward keeps the root gathered (reshard false; backward starts with
+    # its head) and holds the block it computes plus `prefetch` blocks in
+    # flight: each all-gather ahead is issued after the previous block was
+    # resharded.
+    p = mdl["prefetch"]
+    expect(f"{tag} largest unsharded parameters", rows.get("largest unsharded parameters"),
+           (root_pad + (1 + p) * block_pad) * mdl["param_bytes"],
+           f"(root {fmt(root_pad)} + (1 + prefetch {p}) x block {fmt(block_pad)}) x 2 (bf16)")
+    # Backward keeps the root's gradients until the embeddings' at the end,
+    # writes one block's and has the previous block's reduce-scatter in
+    # flight: it is freed when the next one is issued.
+    expect(f"{tag} largest unsharded gradients", rows.get("largest unsharded gradients"),
+           (root_pad + 2 * block_pad) * mdl["reduce_bytes"],
+           f"(root {fmt(root_pad)} + 2 x block {fmt(block_pad)}) x 4 (fp32)")
+    B, H, T = mdl["B"], mdl["H"], mdl["T"]
+    expect(f"{tag} largest workspace", rows.get("largest workspace"), B * H * T * T * 4,
+           f"attention probabilities B*H*T*T*4 = {B}*{H}*{T}*{T}*4")
+    parts = ["sharded parameters (fp32)", "sharded gradients (fp32)",
+             f"optimizer state ({mdl['states']} x fp32)", "unsharded parameters (bf16)",
+             "unsharded gradients (fp32)", "activations", "workspace"]
+    total = sum(rows.get(k, 0) for k in parts)
+    expect(f"{tag} peak is its breakdown's sum", rows.get("peak"), total, " + ".join(parts))
+    arena, low = rows.get("activation arena, as placed"), rows.get("activation lower bound")
+    if arena is not None and low is not None and arena >= low > 0:
+        ok(f"{tag} arena {fmt(arena)} >= lower bound {fmt(low)}")
+    else:
+        bad(f"{tag} arena {arena} >= lower bound {low}")
+
+
+def check_odd(world):
+    mdl = odd()
+    tag = f"memory odd W={world}"
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "odd.fsd")
+        with open(path, "w") as f:
+            f.write(ODD_FSD)
+        rows, out = memory(path, world)
+    if rows is None:
+        bad(f"{tag}: fsdpc failed", out)
+        return
+    groups = [mdl["root"]] + mdl["groups"]
+    pads = [padded(flat(g), world) for g in groups]
+    shards = sum(p // world for p in pads)
+    how = " + ".join(f"{fmt(flat(g))}->{fmt(p)}" for g, p in zip(groups, pads))
+    expect(f"{tag} sharded parameters", rows.get("sharded parameters (fp32)"), shards * 4,
+           f"flat->padded {how}; / {world} x 4")
+    expect(f"{tag} sgd momentum state", rows.get("optimizer state (1 x fp32)"), shards * 4,
+           "1 x sharded parameters")
+    # three small groups: the root is kept, fc1 and fc2 are all-gathered
+    # one ahead, so all three are live together in forward, and all three
+    # gradient buffers in backward
+    expect(f"{tag} largest unsharded parameters", rows.get("largest unsharded parameters"),
+           sum(pads) * 4, "every group, fp32")
+    expect(f"{tag} largest unsharded gradients", rows.get("largest unsharded gradients"),
+           sum(pads) * 4, "every group, fp32")
+    expect(f"{tag} largest workspace", rows.get("largest workspace"), 0, "no attention")
+
+
+# ── memory_budget ──
+
+def with_budget(src, budget, path):
+    """src (an example) with `memory_budget = budget` added to its shard section"""
+    text = open(os.path.join(ROOT, src)).read()
+    text, n = re.subn(r"(\nshard \{\n)", r"\1  memory_budget = " + budget + "\n", text, count=1)
+    assert n == 1, src
+    with open(path, "w") as f:
+        f.write(text)
+
+
+TRY = re.compile(r"^    (\d)\. (.*?)\s+peak\s+([\d,]+)\s+(fits|too big)(  <- chosen)?$")
+GROUP = re.compile(r"^  \d+\s+(\S+)\s.*\s(after forward|after backward)")
+
+
+def policies(out):
+    """--dump-memory's candidates: [(policy, peak, chosen)]"""
+    rows = []
+    for line in out.splitlines():
+        m = TRY.match(line)
+        if m:
+            rows.append((m.group(2), int(m.group(3).replace(",", "")), bool(m.group(5))))
+    return rows
+
+
+def reshard_by_group(out):
+    """--dump-plan's groups table: {group: 'after forward' | 'after backward'}"""
+    return {m.group(1): m.group(2) for m in map(GROUP.match, out.splitlines()) if m}
+
+
+WANT = ["keep parameters after forward, prefetch 1", "reshard after forward, prefetch 2",
+        "reshard after forward, prefetch 1", "reshard after forward, prefetch 0"]
+
+
+def check_budget():
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "gpt2.fsd")
+        # 1. a budget every policy fits: the fastest, keeping parameters
+        with_budget("examples/gpt2.fsd", "1TiB", path)
+        st, out, err = run([path, "--dump-plan", "--dump-memory"])
+        t = policies(out)
+        groups = reshard_by_group(out)
+        if st == 0 and [x[0] for x in t] == WANT and [x[2] for x in t] == [True, False, False, False] \
+                and len(groups) == 13 and set(groups.values()) == {"after backward"} \
+                and "prefetch: forward 1, backward 1 groups ahead" in out:
+            ok("budget gpt2 1TiB: keeps every group's parameters after forward, prefetch 1")
+        else:
+            bad("budget gpt2 1TiB: expected the keep policy, chosen and in --dump-plan",
+                err + out[:3000])
+            return
+        peaks = [x[1] for x in t]
+        # one group more of prefetch holds one more block's bf16 buffer at the peak
+        block = padded(flat(gpt2()["block"]), 8) * 2
+        if peaks[1] - peaks[2] == block and peaks[2] - peaks[3] == block:
+            ok(f"budget gpt2: each step of prefetch adds one block buffer, {fmt(block)} bytes")
+        else:
+            bad("budget gpt2: prefetch steps", f"peaks {peaks}, block {block}")
+
+        # 2. a budget at candidate k's peak (rounded up to whole KB, 1000 bytes),
+        #    below every faster candidate's, chooses k
+        for k in (1, 2, 3):
+            kb = -(-peaks[k] // 1000)
+            if any(peaks[j] <= kb * 1000 for j in range(k)):
+                bad(f"budget gpt2 candidate {k + 1}: a faster candidate peaks as low", str(peaks))
+                continue
+            with_budget("examples/gpt2.fsd", f"{kb}KB", path)
+            st, out, err = run([path, "--dump-plan", "--dump-memory"])
+            t = policies(out)
+            groups = reshard_by_group(out)
+            pf = 3 - k
+            if st == 0 and [x[2] for x in t] == [j == k for j in range(4)] \
+                    and groups.get("root") == "after backward" \
+                    and all(v == "after forward" for g, v in groups.items() if g != "root") \
+                    and f"prefetch: forward {pf}, backward {pf} groups ahead" in out:
+                ok(f"budget gpt2 {kb}KB: chooses {WANT[k]}, in --dump-plan too")
+            else:
+                bad(f"budget gpt2 {kb}KB: expected {WANT[k]}", err + out[:3000])
+
+        # 3. a budget no policy meets: an error at the setting, nothing written
+        with_budget("examples/gpt2.fsd", "8GB", path)
+        o = os.path.join(d, "out.txt")
+        st, out, err = run([path, "--dump-plan", "-o", o])
+        line = 1 + open(path).read().split("memory_budget")[0].count("\n")
+        if st == 1 and sorted(os.listdir(d)) == ["gpt2.fsd"] and \
+                f"gpt2.fsd:{line}:3: error: memory_budget 7.45 GiB is less than the leanest plan" in err \
+                and "resharding after forward and prefetching 0 groups ahead" in err:
+            ok("budget gpt2 8GB: an error at the setting, nothing written")
+        else:
+            bad("budget gpt2 8GB: expected an error and no output", err)
+
+
+def check_errors():
+    """tests/memory/NAME.fsd fails planning with exactly NAME.expected on stderr"""
+    for name in sorted(os.listdir(HERE)):
+        if not name.endswith(".fsd"):
+            continue
+        src = os.path.join("tests/memory", name)
+        exp = os.path.join(HERE, name[:-4] + ".expected")
+        st, out, err = run([src, "--dump-plan"])
+        if REGEN:
+            with open(exp, "w") as f:
+                f.write(err)
+            ok(f"error {name} (regenerated)")
+            continue
+        want = open(exp).read() if os.path.exists(exp) else None
+        if st == 1 and err == want and out == "":
+            ok(f"error {name}")
+        else:
+            bad(f"error {name}: status {st}", f"want:\n{want}\ngot:\n{err}")
+
+
+# ── golden --dump-memory of every example at W = 8 ──
+
+def check_golden():
+    for name in sorted(os.listdir(os.path.join(ROOT, "examples"))):
+        if not name.endswith(".fsd"):
+            continue
+        base = name[:-4]
+        gold = os.path.join(ROOT, "tests/golden", base + ".memory")
+        st, out, err = run([os.path.join("examples", name), "--dump-memory", "--world", "8"])
+        if st != 0:
+            bad(f"golden {base}.memory: fsdpc failed", err)
+        elif REGEN:
+            with open(gold, "w") as f:
+                f.write(out)
+            ok(f"golden {base}.memory (regenerated)")
+        elif not os.path.exists(gold):
+            bad(f"golden {base}.memory: no expected file tests/golden/{base}.memory")
+        elif open(gold).read() == out:
+            ok(f"golden {base}.memory")
+        else:
+            diff = difflib.unified_diff(open(gold).read().splitlines(), out.splitlines(),
+                                        f"tests/golden/{base}.memory", "fsdpc", lineterm="")
+            bad(f"golden {base}.memory", "\n".join(diff))
+
+
+if __name__ == "__main__":
+    if not REGEN:
+        for w in (8, 64, 7):      # 7: the groups do not divide, padding shows
+            check_transformer(gpt2(), w)
+            check_transformer(llama3_8b(), w)
+        for w in (3, 8):
+            check_odd(w)
+        check_budget()
+    check_errors()
+    check_golden()
+    print(f"{passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)

@@ -1,0 +1,270 @@
+/*
+ * trainer.c — a hand-written trainer on the runtime's public header, the
+ * way an emitted train.cu uses it, for tests/runtime/run.sh.
+ *
+ * The model is softmax regression over token embeddings, small enough to
+ * write its kernels inline and big enough to use every runtime call:
+ *
+ *   x      = tok.weight[idx] ⊙ scale.weight           [N, C]   group "tok", "root"
+ *   logits = x · head.weightᵀ + head.bias             [N, V]   group "root"
+ *   loss   = cross_entropy(logits, targets)
+ *
+ * with N = B·T rows. Group "tok" reshards after forward and is gathered
+ * again for backward; "root" stays gathered, as FSDP2's root does. The
+ * backward pass uses fsdrt_gemm with both transposes.
+ *
+ * Environment switches (the runtime refuses unknown flags, and these are
+ * the test's, not the trainer's): FSD_TEST_BF16 (all-gather in bf16),
+ * FSD_TEST_FP16 (all-gather in fp16), FSD_TEST_REDUCE_BF16 (reduce-scatter
+ * in bf16), FSD_TEST_UNSHARDED (accumulate unsharded gradients), FSD_TEST_SGD (SGD
+ * with Nesterov momentum), FSD_TEST_TINY (an extra two-element group, for
+ * the world-size check), FSD_TEST_ORDER=DIR (each rank writes the
+ * sequences it loads to DIR/order.RANK, to check the data order).
+ *
+ * Every rank checks its counters against the formulas at the end and the
+ * arena placement on the first step; a mismatch exits 2.
+ */
+#include "fsdrt.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { V = 64, T = 16, C = 8 };
+
+static FsdParamInfo params[] = {
+    {"tok.weight", 0, 0, 2, {V, C}, V * C, FSD_INIT_NORMAL, true},
+    {"head.weight", 1, 0, 2, {V, C}, V * C, FSD_INIT_NORMAL, true},
+    {"head.bias", 1, V * C, 1, {V, 1}, V, FSD_INIT_ZEROS, false},
+    {"scale.weight", 1, V * C + V, 1, {C, 1}, C, FSD_INIT_ONES, false},
+    {"tiny.weight", 2, 0, 1, {2, 1}, 2, FSD_INIT_ONES, false},
+};
+enum { TOK, HEAD, BIAS, SCALE };
+
+/* flat sizes rounded up to 16 elements, as the compiler lays groups out */
+static FsdGroupInfo groups[] = {{"tok", V * C}, {"root", 592}, {"tiny", 2}};
+
+/* ops: 0 embed, 1 logits, 2 cross-entropy, 3 head grads, 4 dx, 5 embed grads */
+static const FsdActInfo acts[] = {
+    {"x", T * C, 0, 0, 3},
+    {"logits", T * V, 0, 1, 2},
+    {"dlogits", T * V, 0, 2, 4},
+    {"dx", T * C, 0, 4, 5},
+};
+enum { X, LOGITS, DLOGITS, DX, NACTS };
+
+static bool env(const char *name) { return getenv(name) && *getenv(name) && strcmp(getenv(name), "0"); }
+
+/* ── kernels ── */
+
+static void embed(real *x, const real *tok, const real *scale, const int32_t *idx, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        for (int c = 0; c < C; c++)
+            x[i * C + c] = tok[idx[i] * C + c] * scale[c];
+}
+
+/* Mean loss of the rows; dlogits = (softmax − onehot) · scale. */
+static double cross_entropy(real *dlogits, const real *logits, const int32_t *tgt, int64_t n,
+                            real scale)
+{
+    double total = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const real *l = logits + i * V;
+        real mx = l[0];
+        for (int v = 1; v < V; v++)
+            mx = l[v] > mx ? l[v] : mx;
+        double sum = 0;
+        for (int v = 0; v < V; v++)
+            sum += exp((double)(l[v] - mx));
+        double lse = (double)mx + log(sum);
+        total += lse - (double)l[tgt[i]];
+        for (int v = 0; v < V; v++)
+            dlogits[i * V + v] = (real)((exp((double)l[v] - lse) - (v == tgt[i])) * scale);
+    }
+    return total / (double)n;
+}
+
+/* ── checks ── */
+
+static int failures;
+
+static void expect(FsdRun *r, const char *what, long long got, long long want)
+{
+    if (got != want) {
+        fprintf(stderr, "rank %d: %s is %lld, expected %lld\n", fsdrt_rank(r), what, got, want);
+        failures++;
+    }
+}
+
+/* Tensors live at the same time never share bytes. */
+static void check_arena(FsdRun *r, int64_t n)
+{
+    for (int a = 0; a < NACTS; a++)
+        for (int b = a + 1; b < NACTS; b++) {
+            if (acts[a].last < acts[b].first || acts[b].last < acts[a].first)
+                continue;
+            char *pa = (char *)fsdrt_act(r, a), *pb = (char *)fsdrt_act(r, b);
+            int64_t na = (acts[a].per_sample * fsdrt_batch(r)) * (int64_t)sizeof(real);
+            int64_t nb = (acts[b].per_sample * fsdrt_batch(r)) * (int64_t)sizeof(real);
+            if (pa < pb + nb && pb < pa + na) {
+                fprintf(stderr, "rank %d: arena tensors %s and %s overlap\n", fsdrt_rank(r),
+                        acts[a].name, acts[b].name);
+                failures++;
+            }
+            if ((uintptr_t)pa % FSDRT_ARENA_ALIGN || (uintptr_t)pb % FSDRT_ARENA_ALIGN)
+                failures++;
+        }
+    (void)n;
+}
+
+static int64_t padded(int g, int W) { return (groups[g].flat_numel + W - 1) / W * W; }
+
+int main(int argc, char **argv)
+{
+    const bool bf16 = env("FSD_TEST_BF16"), fp16 = env("FSD_TEST_FP16");
+    const bool reduce_bf16 = env("FSD_TEST_REDUCE_BF16"), unsharded = env("FSD_TEST_UNSHARDED");
+    const bool sgd = env("FSD_TEST_SGD"), tiny = env("FSD_TEST_TINY");
+    const char *order_dir = getenv("FSD_TEST_ORDER");
+    FsdModel model = {
+        .name = "softmax_regression",
+        .source = "tests/runtime/trainer.c",
+        .hash = 0x1234,
+        .vocab = V,
+        .seq = T,
+        .nparams = tiny ? 5 : 4,
+        .ngroups = tiny ? 3 : 2,
+        .nacts = NACTS,
+        .nops = 6,
+        .params = params,
+        .groups = groups,
+        .acts = acts,
+        .param_dtype = bf16 ? FSD_BF16 : fp16 ? FSD_FP16 : FSD_FP32,
+        .reduce_dtype = reduce_bf16 ? FSD_BF16 : FSD_FP32,
+        .accumulate_unsharded = unsharded,
+        .flops_per_sample = 6.0 * T * V * C,
+        .train = {
+            .micro_batch = 2, .grad_accum = 2, .steps = 10, .seed = 42,
+            .optimizer = sgd ? FSD_SGD : FSD_ADAMW, .lr = sgd ? 0.5 : 1e-2,
+            .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1,
+            .momentum = sgd ? 0.9 : 0, .nesterov = sgd,
+            .schedule = FSD_LR_COSINE, .warmup = 3, .min_lr = 1e-3, .grad_clip = 1.0,
+        },
+    };
+    FsdRun *r = fsdrt_init(argc, argv, &model);
+    const int W = fsdrt_world(r), k = fsdrt_micro_batches(r);
+    const int64_t B = fsdrt_batch(r), n = B * T;
+    FILE *order = NULL;
+    if (order_dir) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/order.%d", order_dir, fsdrt_rank(r));
+        order = fopen(path, "w");
+    }
+
+    int64_t step = 0;
+    while (fsdrt_begin_step(r)) {
+        if (step == 0)
+            check_arena(r, n);
+        for (int micro = 0; micro < k; micro++) {
+            fsdrt_load_micro_batch(r, micro);
+            const int32_t *idx = fsdrt_idx(r), *tgt = fsdrt_targets(r);
+            if (order)
+                for (int64_t b = 0; b < B; b++) {
+                    fprintf(order, "%lld %d %d %lld:", (long long)step, micro, fsdrt_rank(r), (long long)b);
+                    for (int t = 0; t < T; t++)
+                        fprintf(order, " %d", idx[b * T + t]);
+                    fprintf(order, " %d\n", tgt[b * T + T - 1]);
+                }
+            bool first = micro == 0, last = micro == k - 1;
+            real *x = fsdrt_act(r, X), *logits = fsdrt_act(r, LOGITS);
+            real *dlogits = fsdrt_act(r, DLOGITS), *dx = fsdrt_act(r, DX);
+
+            fsdrt_all_gather(r, 0);
+            fsdrt_all_gather(r, 1);
+            fsdrt_wait_gather(r, 0);
+            fsdrt_wait_gather(r, 1);
+            fsdrt_trace_begin(r, "embed tok");
+            embed(x, fsdrt_param(r, TOK), fsdrt_param(r, SCALE), idx, n);
+            fsdrt_trace_end(r);
+            fsdrt_reshard(r, 0);
+
+            fsdrt_trace_begin(r, "matmul head");
+            const real *head = fsdrt_param(r, HEAD), *bias = fsdrt_param(r, BIAS);
+            fsdrt_gemm(r, false, true, n, V, C, 1, x, C, head, C, 0, logits, V);
+            for (int64_t i = 0; i < n; i++)
+                for (int v = 0; v < V; v++)
+                    logits[i * V + v] += bias[v];
+            fsdrt_trace_end(r);
+            fsdrt_add_loss(r, (real)cross_entropy(dlogits, logits, tgt, n, fsdrt_loss_scale(r)));
+
+            if (!unsharded || first)
+                fsdrt_alloc_grads(r, 1);
+            real *dhead = fsdrt_grad(r, HEAD), *dbias = fsdrt_grad(r, BIAS);
+            fsdrt_gemm(r, true, false, V, C, n, 1, dlogits, V, x, C, 1, dhead, C);
+            for (int64_t i = 0; i < n; i++)
+                for (int v = 0; v < V; v++)
+                    dbias[v] += dlogits[i * V + v];
+            fsdrt_gemm(r, false, false, n, C, V, 1, dlogits, V, head, C, 0, dx, C);
+
+            fsdrt_all_gather(r, 0);   /* backward needs tok again */
+            fsdrt_wait_gather(r, 0);
+            if (!unsharded || first)
+                fsdrt_alloc_grads(r, 0);
+            const real *tok = fsdrt_param(r, TOK), *scale = fsdrt_param(r, SCALE);
+            real *dtok = fsdrt_grad(r, TOK), *dscale = fsdrt_grad(r, SCALE);
+            for (int64_t i = 0; i < n; i++)
+                for (int c = 0; c < C; c++) {
+                    dscale[c] += dx[i * C + c] * tok[idx[i] * C + c];
+                    dtok[idx[i] * C + c] += dx[i * C + c] * scale[c];
+                }
+            fsdrt_reshard(r, 0);
+            fsdrt_reshard(r, 1);
+            if (!unsharded || last) {
+                fsdrt_reduce_scatter(r, 1);
+                fsdrt_reduce_scatter(r, 0);
+                fsdrt_wait_reduce(r, 1);
+                fsdrt_free_grads(r, 1);
+                fsdrt_wait_reduce(r, 0);
+                fsdrt_free_grads(r, 0);
+            }
+        }
+        fsdrt_end_step(r);
+        step++;
+    }
+    if (order)
+        fclose(order);
+
+    /* counters against their formulas: per micro-batch tok is gathered
+     * twice and root once; each group is reduce-scattered every
+     * micro-batch, or once per step when accumulating unsharded */
+    const int64_t pb = bf16 || fp16 ? 2 : (int64_t)sizeof(real);
+    const int64_t rb = reduce_bf16 ? 2 : (int64_t)sizeof(real);
+    int64_t shard_elems = 0, wire_g = 0, wire_r = 0;
+    for (int g = 0; g < model.ngroups; g++)
+        shard_elems += padded(g, W) / W;
+    for (int g = 0; g < 2; g++) {
+        int64_t recv = padded(g, W) - padded(g, W) / W;
+        wire_g += (g == 0 ? 2 : 1) * recv * pb;
+        wire_r += recv * rb;
+    }
+    const int64_t resident = shard_elems * (int64_t)sizeof(real) * (sgd ? 3 : 4);
+    /* the placement puts logits at 0, dlogits above it, x above both, and dx
+     * (live with none of logits, x) at 0 again */
+    const int64_t L = (n * V * (int64_t)sizeof(real) + 255) / 256 * 256;
+    const int64_t Xb = (n * C * (int64_t)sizeof(real) + 255) / 256 * 256;
+    const int64_t arena = 2 * L + Xb;
+    const int64_t live = (padded(0, W) + padded(1, W)) * (pb + rb);
+    FsdCounters c = fsdrt_counters(r);
+    const int64_t steps = step;
+    expect(r, "gather_bytes", c.gather_bytes, steps * k * wire_g);
+    expect(r, "reduce_bytes", c.reduce_bytes, steps * (unsharded ? 1 : k) * wire_r);
+    expect(r, "alloc_bytes", c.alloc_bytes, resident + arena);
+    if (steps > 0)
+        expect(r, "peak_alloc_bytes", c.peak_alloc_bytes, resident + arena + live);
+    if (fsdrt_rank(r) == 0)
+        printf("counters gather %lld reduce %lld alloc %lld peak %lld\n", (long long)c.gather_bytes,
+               (long long)c.reduce_bytes, (long long)c.alloc_bytes, (long long)c.peak_alloc_bytes);
+    int status = fsdrt_finalize(r);
+    return failures ? 2 : status;
+}

@@ -1,0 +1,280 @@
+#!/usr/bin/env bash
+# sim.sh — tests of the cost model and simulator (compiler/sim.c: --sim and
+# --trace). tests/run.sh runs it as one of its sections; it runs alone too
+# (FSDPC=build/fsdpc tests/sim.sh). Like run.sh, every test prints one line
+# and the last line is "N passed, N failed".
+#
+#   a. prefetching never predicts more exposed communication than not
+#      prefetching, for every example on 2, 8 and 64 ranks;
+#   b. the collective bytes per step that --sim and --dump-schedule report
+#      equal the FSDP formula, computed here from --dump-model's parameter
+#      counts and the plan's padding rules, for several worlds and policies;
+#   c. --trace writes valid JSON (python3 -m json.tool) with one track per
+#      stream, whose slices do not overlap on any track;
+#   d. plausibility: GPT-2 124M on one H100 predicts an MFU of 20-80%;
+#   and the --sim command line's errors.
+set -u
+cd "$(dirname "$0")/.."
+
+FSDPC=${FSDPC:-build/fsdpc}
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+pass=0
+fail=0
+
+ok()  { pass=$((pass + 1)); echo "ok   $1"; }
+bad() { fail=$((fail + 1)); echo "FAIL $1"; [ -n "${2:-}" ] && sed 's/^/     /' "$2" | head -40; }
+
+# field LABEL FILE: the first number after LABEL in a --sim summary, commas
+# dropped ("  exposed comm      3.234 ms" → 3.234)
+field() { sed -n "s/^  $1  *\([0-9][0-9.,]*\).*/\1/p" "$2" | head -n 1 | tr -d ,; }
+# bytes LABEL FILE: the "N bytes per rank" of the all-gather or
+# reduce-scatter line of a --sim summary
+bytes() { sed -n "s/^  $1 .* \([0-9][0-9,]*\) bytes per rank$/\1/p" "$2" | tr -d ,; }
+
+# The --sim spec for W ranks: one node up to 8, nodes of 8 beyond.
+spec() { if [ "$1" -le 8 ]; then echo "h100:gpus=$1"; else echo "h100:nodes=$(($1 / 8))"; fi; }
+
+# variant IN OUT SED-SCRIPT...: a copy of an example with its shard section
+# edited; `set NAME = VALUE` lines are added right after `shard {`.
+variant() {
+    local in=$1 out=$2
+    shift 2
+    sed "$@" "$in" >"$out"
+}
+
+# ── a. prefetch never exposes more communication ──
+# The replay is monotone: prefetching issues the same all-gathers in the
+# same order, only earlier, so no wait can grow. The examples' own prefetch
+# lines are replaced (or added when they have none).
+for f in examples/*.fsd; do
+    name=$(basename "$f" .fsd)
+    for pf in 0 1 2; do
+        variant "$f" "$TMP/$name.p$pf.fsd" -e '/^[[:space:]]*prefetch[[:space:]]*(/d' \
+            -e "s/^shard {/shard {\n  prefetch(forward = $pf, backward = $pf)/"
+    done
+    if ! grep -q "prefetch(forward = 0, backward = 0)" "$TMP/$name.p0.fsd"; then
+        bad "sim prefetch $name: no shard section to set prefetch in"
+        continue
+    fi
+    for W in 2 8 64; do
+        e=()
+        err=""
+        for pf in 0 1 2; do
+            if "$FSDPC" "$TMP/$name.p$pf.fsd" --sim "$(spec $W)" >"$TMP/out" 2>"$TMP/err"; then
+                e[$pf]=$(field "exposed comm" "$TMP/out")
+            else
+                err="prefetch $pf: fsdpc failed"
+            fi
+        done
+        if [ -n "$err" ]; then
+            bad "sim prefetch $name W=$W: $err" "$TMP/err"
+        elif [ -z "${e[0]}" ] || [ -z "${e[1]}" ] || [ -z "${e[2]}" ]; then
+            bad "sim prefetch $name W=$W: no exposed comm in the summary" "$TMP/out"
+        elif awk -v a="${e[0]}" -v b="${e[1]}" -v c="${e[2]}" 'BEGIN { exit !(b <= a && c <= a) }'; then
+            ok "sim prefetch $name W=$W: exposed comm ${e[2]} (2 ahead), ${e[1]} (1) <= ${e[0]} ms (none)"
+        else
+            bad "sim prefetch $name W=$W: exposed comm ${e[2]} (2 ahead), ${e[1]} (1), ${e[0]} ms (none)"
+        fi
+    done
+done
+# ... and the comparison is not vacuous: on 8 H100s GPT-2's all-gathers
+# are hidden by prefetching and exposed without it.
+"$FSDPC" "$TMP/gpt2.p0.fsd" --sim h100 >"$TMP/p0" 2>&1
+"$FSDPC" "$TMP/gpt2.p1.fsd" --sim h100 >"$TMP/p1" 2>&1
+a=$(field "exposed comm" "$TMP/p0")
+b=$(field "exposed comm" "$TMP/p1")
+if [ -n "$a" ] && [ -n "$b" ] && awk -v a="$a" -v b="$b" 'BEGIN { exit !(b < a) }'; then
+    ok "sim prefetch gpt2 W=8 hides communication: $b < $a ms"
+else
+    bad "sim prefetch gpt2 W=8 hides communication: '$b' vs '$a' ms" "$TMP/p0"
+fi
+
+# ── b. bytes on the wire equal the FSDP formula ──
+# From --dump-model alone: each group's flat size is the sum of its
+# parameters' sizes, each rounded up to 16 elements (PARAM_ALIGN_ELEMS), then
+# padded to a multiple of W. A ring all-gather or reduce-scatter moves
+# (W-1)/W of it per rank: padded - padded/W elements, in the param dtype for
+# all-gathers and the reduce dtype for reduce-scatters. Per micro-batch a
+# group is all-gathered once in forward and, if it reshards after forward
+# (non-root groups unless reshard_after_forward = false), once more in
+# backward; every example's groups hold a Linear, whose weight backward
+# reads. Reduce-scatters: once per micro-batch accumulating sharded, once
+# per step accumulating unsharded.
+expected() { # MODEL_DUMP W → "allgather_bytes reduce_scatter_bytes"
+    awk -v W="$2" '
+    function dtb(t) { return t == "fp32" ? 4 : 2 }
+    NF >= 4 && $(NF - 1) == "group" && /\[/ {
+        n = $(NF - 3); gsub(",", "", n)
+        flat[$NF] += int((n + 15) / 16) * 16
+    }
+    /^  reshard_after_forward = / { reshard = $3 }
+    /^  mixed_precision\(/ {
+        s = $0; sub(/.*param = /, "", s); sub(/[,)].*/, "", s); pdt = s
+        s = $0; sub(/.*reduce = /, "", s); sub(/[,)].*/, "", s); rdt = s
+    }
+    /^  accumulate = / { acc = $3 }
+    /^  grad_accum = / { micro = $3 }
+    END {
+        for (g in flat) {
+            padded = int((flat[g] + W - 1) / W) * W
+            moved = padded - padded / W
+            gathers = (reshard != "false" && g != "root") ? 2 : 1
+            ag += moved * dtb(pdt) * gathers * micro
+            rs += moved * dtb(rdt) * (acc == "unsharded" ? 1 : micro)
+        }
+        printf "%.0f %.0f\n", ag, rs
+    }' "$1"
+}
+for f in examples/*.fsd; do
+    name=$(basename "$f" .fsd)
+    cp "$f" "$TMP/$name.default.fsd"
+    variant "$f" "$TMP/$name.keep.fsd" -e '/^[[:space:]]*reshard_after_forward/d' \
+        -e 's/^shard {/shard {\n  reshard_after_forward = false/'
+    variant "$f" "$TMP/$name.unsharded.fsd" -e '/^[[:space:]]*accumulate[[:space:]]*=/d' \
+        -e '/^[[:space:]]*grad_accum[[:space:]]*=/d' \
+        -e 's/^shard {/shard {\n  accumulate = unsharded/' \
+        -e 's/^train {/train {\n  grad_accum = 3/'
+    for v in default keep unsharded; do
+        in=$TMP/$name.$v.fsd
+        if ! "$FSDPC" "$in" --dump-model >"$TMP/model" 2>"$TMP/err"; then
+            bad "sim bytes $name ($v): --dump-model failed" "$TMP/err"
+            continue
+        fi
+        for W in 2 3 8 64; do
+            read -r want_ag want_rs < <(expected "$TMP/model" $W)
+            "$FSDPC" "$in" --sim "$(spec $W)" >"$TMP/sim" 2>"$TMP/err"
+            "$FSDPC" "$in" --dump-schedule --world $W >"$TMP/sched" 2>>"$TMP/err"
+            got_ag=$(bytes all-gather "$TMP/sim")
+            got_rs=$(bytes reduce-scatter "$TMP/sim")
+            sched=$(sed -n 's/^  per rank per step: all-gather \([0-9,]*\) bytes, reduce-scatter \([0-9,]*\) bytes$/\1 \2/p' \
+                "$TMP/sched" | tr -d ,)
+            if [ "$got_ag $got_rs" = "$want_ag $want_rs" ] && [ "$sched" = "$want_ag $want_rs" ]; then
+                ok "sim bytes $name ($v) W=$W: all-gather $want_ag, reduce-scatter $want_rs"
+            else
+                echo "expected (formula): $want_ag $want_rs" >"$TMP/why"
+                echo "--sim reports:      $got_ag $got_rs" >>"$TMP/why"
+                echo "--dump-schedule:    $sched" >>"$TMP/why"
+                cat "$TMP/err" >>"$TMP/why"
+                bad "sim bytes $name ($v) W=$W" "$TMP/why"
+            fi
+        done
+    done
+done
+
+# ── c. the trace: valid JSON, one track per stream ──
+if ! command -v python3 >/dev/null 2>&1; then
+    echo "skip sim trace tests: python3 not found (it checks the JSON)"
+else
+    cat >"$TMP/check_trace.py" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+ev = d["traceEvents"]
+names = {e["tid"]: e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "thread_name"}
+assert names == {0: "compute", 1: "all-gather", 2: "reduce-scatter"}, names
+slices = [e for e in ev if e["ph"] == "X"]
+assert all(e["pid"] == 0 and e["tid"] in names for e in slices)
+assert all(e["ts"] >= 0 and e["dur"] >= 0 for e in slices)
+for tid in names:
+    track = sorted((e for e in slices if e["tid"] == tid), key=lambda e: e["ts"])
+    assert track, "no slices on track %s" % names[tid]
+    for a, b in zip(track, track[1:]):   # one thing at a time on a stream
+        assert b["ts"] >= a["ts"] + a["dur"] - 0.002, (a, b)
+counts = {tid: sum(1 for e in slices if e["tid"] == tid) for tid in names}
+gathers = sum(1 for e in slices if e["name"].startswith("all_gather "))
+reduces = sum(1 for e in slices if e["name"].startswith("reduce_scatter "))
+assert all("bytes" in e["args"] for e in slices if e["tid"] != 0)
+print(counts[0], gathers, reduces, d["traceEvents"][0]["args"]["name"])
+PY
+    for f in examples/*.fsd; do
+        name=$(basename "$f" .fsd)
+        rm -f "$TMP/trace.json"
+        if ! "$FSDPC" "$f" --sim h100 --trace "$TMP/trace.json" >/dev/null 2>"$TMP/err"; then
+            bad "sim trace $name: fsdpc failed" "$TMP/err"
+        elif ! python3 -m json.tool "$TMP/trace.json" >/dev/null 2>"$TMP/err"; then
+            bad "sim trace $name: not valid JSON" "$TMP/err"
+        elif ! python3 "$TMP/check_trace.py" "$TMP/trace.json" >"$TMP/counts" 2>"$TMP/err"; then
+            bad "sim trace $name: tracks" "$TMP/err"
+        else
+            # as many collective slices as the schedule has collectives
+            "$FSDPC" "$f" --dump-schedule >"$TMP/sched"
+            ag=$(grep -c ' all_gather ' "$TMP/sched")
+            rs=$(grep -c ' reduce_scatter ' "$TMP/sched")
+            read -r nc nag nrs _ <"$TMP/counts"
+            if [ "$nag $nrs" = "$ag $rs" ]; then
+                ok "sim trace $name: valid JSON, 3 tracks, $nc compute, $nag all-gather, $nrs reduce-scatter slices"
+            else
+                bad "sim trace $name: $nag all-gather and $nrs reduce-scatter slices; the schedule has $ag and $rs"
+            fi
+        fi
+    done
+    # without --sim: h100 nodes of 8 at the --world size
+    "$FSDPC" examples/tiny.fsd --world 12 --trace "$TMP/t12.json" --dump-plan -o "$TMP/plan" >"$TMP/out" 2>&1
+    if [ $? = 0 ] && [ ! -s "$TMP/out" ] && python3 "$TMP/check_trace.py" "$TMP/t12.json" >"$TMP/counts" 2>&1 &&
+        grep -q "on 2 x 8 H100 SXM 80GB (world 12)" "$TMP/counts"; then
+        ok "sim trace without --sim: 2 nodes of 8 H100s at --world 12"
+    else
+        bad "sim trace without --sim" "$TMP/counts"
+    fi
+fi
+# an error writes no trace
+rm -f "$TMP/none.json"
+"$FSDPC" examples/tiny.fsd --sim h900 --trace "$TMP/none.json" >/dev/null 2>&1
+if [ ! -e "$TMP/none.json" ] && ! ls "$TMP"/none.json.tmp.* >/dev/null 2>&1; then
+    ok "sim trace: an error writes no trace"
+else
+    bad "sim trace: an error wrote a trace"
+fi
+
+# ── d. plausibility ──
+# GPT-2 124M on one H100: a model predicting outside 20-80% MFU is broken
+# (a unit slip, a wrong peak, FLOPs counted per sample instead of per step).
+"$FSDPC" examples/gpt2.fsd --sim h100:gpus=1 >"$TMP/g1" 2>&1
+mfu=$(field MFU "$TMP/g1")
+if [ -n "$mfu" ] && awk -v m="$mfu" 'BEGIN { exit !(m >= 20 && m <= 80) }'; then
+    ok "sim plausible: gpt2 on 1 H100 predicts MFU $mfu%"
+else
+    bad "sim plausible: gpt2 on 1 H100 predicts MFU '$mfu'% (expected 20-80%): the cost model is absurd" "$TMP/g1"
+fi
+# one rank: no collective costs anything, nothing is exposed
+if [ "$(field "exposed comm" "$TMP/g1")" = "0.000" ] && [ "$(bytes all-gather "$TMP/g1")" = 0 ] &&
+    [ "$(bytes reduce-scatter "$TMP/g1")" = 0 ]; then
+    ok "sim one rank: no communication"
+else
+    bad "sim one rank: communication on one rank" "$TMP/g1"
+fi
+# more, faster GPUs: B200 predicts a shorter step than A100 for Llama 3 8B
+"$FSDPC" examples/llama3_8b.fsd --sim a100 >"$TMP/a" 2>&1
+"$FSDPC" examples/llama3_8b.fsd --sim b200 >"$TMP/b" 2>&1
+a=$(field step "$TMP/a")
+b=$(field step "$TMP/b")
+if [ -n "$a" ] && [ -n "$b" ] && awk -v a="$a" -v b="$b" 'BEGIN { exit !(b < a) }'; then
+    ok "sim presets: llama3_8b steps in $b ms on 8 B200s, $a ms on 8 A100s"
+else
+    bad "sim presets: llama3_8b '$b' ms on B200, '$a' ms on A100" "$TMP/a"
+fi
+
+# ── the command line ──
+check_cli() { # NAME EXPECTED_STATUS PATTERN CMD...
+    local name=$1 want=$2 pat=$3
+    shift 3
+    "$@" >"$TMP/cli" 2>&1
+    local st=$?
+    if [ $st = "$want" ] && grep -q -- "$pat" "$TMP/cli"; then ok "sim cli $name"; else bad "sim cli $name (status $st)" "$TMP/cli"; fi
+}
+check_cli unknown-preset 1 "unknown preset \`h900\`; the presets are a100, h100, h200, b200" \
+    "$FSDPC" examples/tiny.fsd --sim h900
+check_cli unknown-setting 1 "unknown setting \`racks=2\`" "$FSDPC" examples/tiny.fsd --sim h100:racks=2
+check_cli bad-nodes 1 "\`nodes\` must be a whole number" "$FSDPC" examples/tiny.fsd --sim h100:nodes=0
+check_cli bad-gpus 1 "\`gpus\` must be a whole number from 1 to 8" "$FSDPC" examples/tiny.fsd --sim h100:gpus=9
+check_cli world-disagrees 1 "fsdpc: --world 4 disagrees with --sim h100:nodes=2, which has 16 ranks" \
+    "$FSDPC" examples/tiny.fsd --sim h100:nodes=2 --world 4
+check_cli world-agrees 0 "world 16" "$FSDPC" examples/tiny.fsd --sim h100:nodes=2 --world 16
+check_cli sim-needs-arg 1 "--sim needs a cluster preset" "$FSDPC" examples/tiny.fsd --sim
+check_cli trace-needs-arg 1 "--trace needs a file name" "$FSDPC" examples/tiny.fsd --trace
+check_cli preset-case 0 "on 2 nodes x 4 A100 SXM 80GB (world 8)" \
+    "$FSDPC" examples/tiny.fsd --sim A100:nodes=2,gpus=4
+check_cli help-mentions-sim 0 "--sim PRESET" "$FSDPC" --help
+
+echo "$pass passed, $fail failed"
+[ $fail = 0 ]

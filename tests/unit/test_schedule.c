@@ -1,0 +1,218 @@
+/*
+ * test_schedule.c — the schedule verifier, held to account both ways.
+ *
+ * 1. Every example, under every combination of reshard policy, prefetch
+ *    depth 0-2, both accumulation modes, both mixed-precision policies and
+ *    one or three micro-batches, yields a schedule the verifier accepts.
+ * 2. Mutations: deleting any single event of a valid schedule, moving a
+ *    reshard before an op that still reads the group, moving a gradient write
+ *    after its group's reduce-scatter, and issuing a wait before its
+ *    collective must each be caught.
+ *
+ * Usage: test_schedule FILE.fsd...   Prints one line per check and a final
+ * "N passed, N failed".
+ */
+#include "fsdpc.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int passed, failed;
+
+static void check(bool ok, const char *what)
+{
+    if (ok)
+        passed++;
+    else
+        failed++;
+    printf("%s %s\n", ok ? "ok  " : "FAIL", what);
+}
+
+static Model *load(const char *path)
+{
+    Source *src = source_read(path);
+    if (!src) {
+        fprintf(stderr, "cannot read %s\n", path);
+        exit(1);
+    }
+    Diag d;
+    diag_init(&d, src, stderr);
+    Program *p = parse_program(src, &d);
+    Model *m = d.errors ? NULL : sema_check(p, &d);
+    if (!m) {
+        fprintf(stderr, "%s does not compile\n", path);
+        exit(1);
+    }
+    return m;
+}
+
+static Schedule *build(Model *m)
+{
+    Graph *g = lower_model(m);
+    autodiff(g);
+    if (ir_verify(g, stderr))
+        return NULL;
+    return schedule_build(plan_build(m, g));
+}
+
+static Schedule *copy_without(Schedule *s, int drop)
+{
+    Schedule *c = arena_alloc(sizeof *c);
+    *c = *s;
+    c->ev = arena_alloc(sizeof(Event) * (size_t)s->nev);
+    int n = 0;
+    for (int i = 0; i < s->nev; i++)
+        if (i != drop)
+            c->ev[n++] = s->ev[i];
+    c->nev = n;
+    return c;
+}
+
+static Schedule *copy_moved(Schedule *s, int from, int to)
+{
+    Schedule *c = copy_without(s, from);
+    Event e = s->ev[from];
+    if (to > from)
+        to--;
+    memmove(&c->ev[to + 1], &c->ev[to], sizeof(Event) * (size_t)(c->nev - to));
+    c->ev[to] = e;
+    c->nev++;
+    return c;
+}
+
+static bool reads_group(const Event *e, int group)
+{
+    if (e->kind != EV_COMPUTE)
+        return false;
+    for (int i = 0; i < e->op->nin; i++)
+        if (e->op->in[i]->kind == TK_PARAM && e->op->in[i]->param->group == group)
+            return true;
+    return false;
+}
+
+static bool writes_group(const Event *e, int group)
+{
+    if (e->kind != EV_COMPUTE)
+        return false;
+    for (int i = 0; i < e->op->nout; i++)
+        if (e->op->out[i]->kind == TK_PGRAD && e->op->out[i]->param->group == group)
+            return true;
+    return false;
+}
+
+static void combinations(const char *path)
+{
+    Model *m = load(path);
+    int total = 0, bad = 0;
+    const char *first_bad = NULL;
+    for (int reshard = 0; reshard <= 1; reshard++)
+        for (int pf = 0; pf <= 2; pf++)
+            for (int accum = 0; accum <= 1; accum++)
+                for (int bf16 = 0; bf16 <= 1; bf16++)
+                    for (int k = 1; k <= 3; k += 2) {
+                        m->shard.reshard_after_forward = reshard;
+                        m->shard.prefetch_forward = m->shard.prefetch_backward = pf;
+                        m->shard.accumulate_unsharded = accum;
+                        m->shard.param_dtype = bf16 ? DTYPE_BF16 : DTYPE_FP32;
+                        m->train.grad_accum = k;
+                        Schedule *s = build(m);
+                        total++;
+                        if (!s || schedule_verify(s, stderr)) {
+                            bad++;
+                            if (!first_bad)
+                                first_bad = arena_printf("reshard=%d prefetch=%d accum=%d "
+                                                         "bf16=%d micro-batches=%d",
+                                                         reshard, pf, accum, bf16, k);
+                        }
+                    }
+    char what[512];
+    snprintf(what, sizeof what, "%s: %d policy combinations verify%s%s", path, total,
+             first_bad ? "; first failure: " : "", first_bad ? first_bad : "");
+    check(bad == 0, what);
+}
+
+static void mutations(const char *path)
+{
+    Model *m = load(path);
+    m->shard.reshard_after_forward = -1;
+    m->train.grad_accum = 2;
+    Schedule *s = build(m);
+    char what[512];
+    check(s && schedule_verify(s, NULL) == 0, arena_printf("%s: base schedule verifies", path));
+
+    /* every single deletion */
+    int missed = 0, first_missed = -1;
+    for (int i = 0; i < s->nev; i++)
+        if (schedule_verify(copy_without(s, i), NULL) == 0) {
+            missed++;
+            if (first_missed < 0)
+                first_missed = i;
+        }
+    snprintf(what, sizeof what, "%s: each of %d single-event deletions is caught (missed %d, "
+                                "first at event %d)",
+             path, s->nev, missed, first_missed);
+    check(missed == 0, what);
+
+    /* a reshard moved before the last op reading its group */
+    int tried = 0, caught = 0;
+    for (int i = 0; i < s->nev; i++) {
+        if (s->ev[i].kind != EV_RESHARD)
+            continue;
+        int j = i - 1;
+        while (j >= 0 && !reads_group(&s->ev[j], s->ev[i].group))
+            j--;
+        if (j < 0)
+            continue;
+        tried++;
+        caught += schedule_verify(copy_moved(s, i, j), NULL) > 0;
+    }
+    snprintf(what, sizeof what, "%s: %d early reshards caught of %d", path, caught, tried);
+    check(tried > 0 && caught == tried, what);
+
+    /* a gradient write moved after its group's reduce-scatter */
+    tried = caught = 0;
+    for (int i = 0; i < s->nev; i++) {
+        if (s->ev[i].kind != EV_REDUCE_SCATTER)
+            continue;
+        int j = i - 1;
+        while (j >= 0 && !writes_group(&s->ev[j], s->ev[i].group))
+            j--;
+        if (j < 0)
+            continue;
+        tried++;
+        caught += schedule_verify(copy_moved(s, j, i + 1), NULL) > 0;
+    }
+    snprintf(what, sizeof what, "%s: %d late gradient writes caught of %d", path, caught, tried);
+    check(tried > 0 && caught == tried, what);
+
+    /* a wait moved before its collective */
+    tried = caught = 0;
+    for (int i = 0; i < s->nev; i++) {
+        EventKind want = s->ev[i].kind == EV_WAIT_GATHER   ? EV_ALL_GATHER
+                         : s->ev[i].kind == EV_WAIT_REDUCE ? EV_REDUCE_SCATTER
+                                                           : EV_COUNT;
+        if (want == EV_COUNT)
+            continue;
+        int j = i - 1;
+        while (j >= 0 && !(s->ev[j].kind == want && s->ev[j].group == s->ev[i].group))
+            j--;
+        if (j < 0)
+            continue;
+        tried++;
+        caught += schedule_verify(copy_moved(s, i, j), NULL) > 0;
+    }
+    snprintf(what, sizeof what, "%s: %d waits before their collective caught of %d", path, caught,
+             tried);
+    check(tried > 0 && caught == tried, what);
+}
+
+int main(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        combinations(argv[i]);
+        mutations(argv[i]);
+        arena_reset();
+    }
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed != 0;
+}
