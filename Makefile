@@ -83,7 +83,8 @@ test: setup
 
 demo: setup
 	@$(MAKE) --no-print-directory all
-	@FSDPC=$(B)/fsdpc tools/demo.sh
+	@$(MAKE) --no-print-directory runtime build/fsdata
+	@FSDPC=$(B)/fsdpc MAKE="$(MAKE)" tools/demo.sh
 
 golden: all
 	@FSDPC=$(B)/fsdpc tests/run.sh --regen
@@ -151,6 +152,30 @@ $(RT)/obj/%.o: runtime/%.c $(RT_HDRS)
 $(RT)/obj64/%.o: runtime/%.c $(RT_HDRS)
 	@mkdir -p $(@D)
 	$(MPICC) $(RT_CFLAGS) -DFSD_FLOAT64 -c -o $@ $<
+
+# ── trainers ──
+#   make trainer FSD=path/model.fsd BACKEND=cpu     → build/<model>/cpu/train
+# compiles the model with fsdpc (train.cu lands beside the binary) and builds
+# it against the CPU runtime; BACKEND=cpu64 builds the float64 variant used by
+# gradient checks (-DFSD_FLOAT64), into build/<model>/cpu64/.
+FSD      ?= examples/tiny.fsd
+BACKEND  ?= cpu
+MODEL    := $(basename $(notdir $(FSD)))
+TRAINER  := build/$(MODEL)/$(BACKEND)
+TRAINER_FLAGS_cpu   :=
+TRAINER_FLAGS_cpu64 := -DFSD_FLOAT64
+TRAINER_LIB_cpu     := $(RT)/libfsdrt_cpu.a
+TRAINER_LIB_cpu64   := $(RT)/libfsdrt_cpu64.a
+
+.PHONY: trainer
+trainer: setup
+	@$(MAKE) --no-print-directory $(B)/fsdpc runtime
+	@case "$(BACKEND)" in cpu|cpu64) ;; *) echo "make trainer: BACKEND=$(BACKEND) is not built yet (cpu, cpu64)"; exit 1;; esac
+	@mkdir -p $(TRAINER)
+	$(B)/fsdpc $(FSD) -o $(TRAINER)/train.cu
+	$(MPICC) -x c -std=c11 $(RT_CFLAGS) $(TRAINER_FLAGS_$(BACKEND)) -Iruntime \
+	  $(TRAINER)/train.cu -x none $(TRAINER_LIB_$(BACKEND)) $(RT_LIBS) -o $(TRAINER)/train
+	@echo "built $(TRAINER)/train (source: $(TRAINER)/train.cu)"
 
 # fsdata: makes and inspects token files (plain C, no MPI).
 $(B)/fsdata: tools/fsdata.c

@@ -379,6 +379,9 @@ static const char *cstr(const char *s)
     return arena_printf("%s\"", o);
 }
 
+/* The FsdModel initializer is positional, in FsdModel's field order, with
+ * the field names in comments: designated initializers are C but not the
+ * C++ nvcc compiles. */
 static void emit_model(Emit *e, uint64_t hash)
 {
     Model *m = e->m;
@@ -386,31 +389,29 @@ static void emit_model(Emit *e, uint64_t hash)
     ShardConfig *c = &m->shard;
     static const char *const dts[] = {"FSD_FP32", "FSD_BF16", "FSD_FP16"};
     P("static const FsdModel model = {\n");
-    P("    .name = \"%s\",\n", m->name);
-    P("    .source = %s,\n", cstr(m->prog->src->name));
-    P("    .hash = 0x%016" PRIx64 "ull,\n", hash);
-    P("    .vocab = %" PRId64 ", .seq = %" PRId64 ",\n", m->vocab, m->seq);
-    P("    .nparams = %d, .ngroups = %d, .nacts = %d, .nops = %d,\n", m->nparams, m->ngroups,
+    P("    \"%s\", %s,  /* name, source */\n", m->name, cstr(m->prog->src->name));
+    P("    0x%016" PRIx64 "ull,  /* hash */\n", hash);
+    P("    %" PRId64 ", %" PRId64 ",  /* vocab, seq */\n", m->vocab, m->seq);
+    P("    %d, %d, %d, %d,  /* nparams, ngroups, nacts, nops */\n", m->nparams, m->ngroups,
       e->nacts, e->g->nops);
-    P("    .params = params, .groups = groups, .acts = acts,\n");
-    P("    .param_dtype = %s, .reduce_dtype = %s,\n", dts[c->param_dtype], dts[c->reduce_dtype]);
-    P("    .accumulate_unsharded = %s,\n", c->accumulate_unsharded ? "true" : "false");
-    P("    .flops_per_sample = %.17g,\n", graph_flops(e->g, 0, e->g->nops, 1));
-    P("    .train = {\n");
-    P("        .micro_batch = %" PRId64 ", .grad_accum = %" PRId64 ", .steps = %" PRId64
-      ", .seed = %" PRId64 ",\n",
+    P("    params, groups, acts,\n");
+    P("    %s, %s,  /* param_dtype, reduce_dtype */\n", dts[c->param_dtype], dts[c->reduce_dtype]);
+    P("    %s,  /* accumulate_unsharded */\n", c->accumulate_unsharded ? "true" : "false");
+    P("    %.17g,  /* flops_per_sample */\n", graph_flops(e->g, 0, e->g->nops, 1));
+    P("    {   /* train */\n");
+    P("        %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64
+      ",  /* micro_batch, grad_accum, steps, seed */\n",
       t->micro_batch, t->grad_accum, t->steps, t->seed);
-    P("        .optimizer = %s, .lr = %.17g, .beta1 = %.17g, .beta2 = %.17g, .eps = %.17g,\n",
+    P("        %s, %.17g, %.17g, %.17g, %.17g,  /* optimizer, lr, beta1, beta2, eps */\n",
       t->optimizer == OPT_ADAMW ? "FSD_ADAMW" : "FSD_SGD", t->lr, t->beta1, t->beta2, t->eps);
-    P("        .weight_decay = %.17g, .momentum = %.17g, .nesterov = %s,\n", t->weight_decay,
+    P("        %.17g, %.17g, %s,  /* weight_decay, momentum, nesterov */\n", t->weight_decay,
       t->momentum, t->nesterov ? "true" : "false");
-    P("        .schedule = %s, .warmup = %" PRId64 ", .min_lr = %.17g, .grad_clip = %.17g,\n",
+    P("        %s, %" PRId64 ", %.17g, %.17g,  /* schedule, warmup, min_lr, grad_clip */\n",
       t->schedule == SCHED_COSINE ? "FSD_LR_COSINE" : "FSD_LR_CONSTANT", t->warmup, t->min_lr,
       t->grad_clip);
-    P("        .ckpt_every = %" PRId64 ", .ckpt_dir = %s, .ckpt_async = %s, .ckpt_keep = %" PRId64
-      ",\n",
+    P("        %" PRId64 ", %s, %s, %" PRId64 ",  /* ckpt_every, ckpt_dir, ckpt_async, ckpt_keep */\n",
       t->ckpt_every, cstr(t->ckpt_dir), t->ckpt_async ? "true" : "false", t->ckpt_keep);
-    P("        .data = %s, .val_data = %s,\n", cstr(t->data), cstr(t->val_data));
+    P("        %s, %s,  /* data, val_data */\n", cstr(t->data), cstr(t->val_data));
     P("    },\n};\n\n");
 }
 
@@ -531,22 +532,22 @@ void emit_program(FILE *out, Schedule *one, Schedule *three)
         emit_micro(e, three, 2, "last", "the last of several: reduce-scatters gradients");
     }
 
-    P("int main(int argc, char **argv)\n{\n");
-    P("    FsdRun *r = fsdrt_init(argc, argv, &model);\n");
+    P("/* one step: every micro-batch of it, in order */\n");
+    P("static void step(FsdRun *r)\n{\n");
     P("    const int k = fsdrt_micro_batches(r);\n");
-    P("    while (fsdrt_begin_step(r)) {\n");
-    P("        for (int micro = 0; micro < k; micro++) {\n");
-    P("            fsdrt_load_micro_batch(r, micro);\n");
+    P("    for (int micro = 0; micro < k; micro++) {\n");
+    P("        fsdrt_load_micro_batch(r, micro);\n");
     if (uniform) {
-        P("            micro_any(r);\n");
+        P("        micro_any(r);\n");
     } else {
-        P("            if (k == 1)\n                micro_only(r);\n");
-        P("            else if (micro == 0)\n                micro_first(r);\n");
-        P("            else if (micro == k - 1)\n                micro_last(r);\n");
-        P("            else\n                micro_middle(r);\n");
+        P("        if (k == 1)\n            micro_only(r);\n");
+        P("        else if (micro == 0)\n            micro_first(r);\n");
+        P("        else if (micro == k - 1)\n            micro_last(r);\n");
+        P("        else\n            micro_middle(r);\n");
     }
-    P("        }\n");
-    P("        fsdrt_end_step(r);   /* gradient norm, clipping, optimizer, log */\n");
-    P("    }\n");
-    P("    return fsdrt_finalize(r);\n}\n");
+    P("    }\n}\n\n");
+    P("/* fsdrt_train runs the steps; after each, fsdrt_end_step takes the gradient\n"
+      " * norm, clips, runs the optimizer on every group's shard and logs. */\n");
+    P("int main(int argc, char **argv)\n{\n");
+    P("    return fsdrt_train(fsdrt_init(argc, argv, &model), step);\n}\n");
 }

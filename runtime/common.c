@@ -693,6 +693,15 @@ const int32_t *fsdrt_positions(const FsdRun *r) { return r->positions; }
 
 /* ── the step ── */
 
+int fsdrt_train(FsdRun *r, FsdStepFn step)
+{
+    while (fsdrt_begin_step(r)) {
+        step(r);
+        fsdrt_end_step(r);
+    }
+    return fsdrt_finalize(r);
+}
+
 bool fsdrt_begin_step(FsdRun *r)
 {
     if (r->in_step)

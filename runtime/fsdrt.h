@@ -112,6 +112,14 @@ int fsdrt_world(const FsdRun *r);
 
 /* ── the training loop ── */
 
+/* One step's forward and backward over all its micro-batches: the emitted
+ * program's schedule (load each micro-batch, run its events). */
+typedef void (*FsdStepFn)(FsdRun *r);
+/* The whole run: every step (begin, step(r), end), then fsdrt_finalize.
+ * Returns the process exit status. The emitted main is just
+ * `return fsdrt_train(fsdrt_init(argc, argv, &model), step);`. */
+int fsdrt_train(FsdRun *r, FsdStepFn step);
+
 /* Starts the next step (loads nothing yet); false when all steps ran,
  * having then written --export. */
 bool fsdrt_begin_step(FsdRun *r);
