@@ -510,8 +510,8 @@ void emit_program(FILE *out, Schedule *one, Schedule *three)
     P(" * (%d forward, %d backward). The world size is a run-time value: group\n",
       g->nfwd, g->nops - g->nfwd);
     P(" * shards are sized at start-up from the tables below.\n *\n");
-    P(" * CPU build:  mpicc -x c -O2 -fopenmp -I$(fsdpc runtime include) train.cu \\\n");
-    P(" *               -lfsdrt_cpu -lopenblas -lm      (or: make trainer FSD=...)\n");
+    P(" * CPU build:  mpicc -x c -O2 train.cu -x none $(pkg-config --cflags --libs fsdrt-cpu) \\\n");
+    P(" *               -o train       (after make install; in the repository: make trainer FSD=...)\n");
     P(" * Run:        mpirun -np 2 ./train --data train.bin\n */\n");
     P("#include \"fsdrt.h\"\n\n");
     emit_templates(e);

@@ -116,5 +116,8 @@ suite "" tests/kernels/run.sh
 # ── 5. the CPU runtime on 1-4 MPI ranks, and fsdata ──
 suite "runtime: " env MAKE="$MAKE" tests/runtime/run.sh
 
+# ── install: an emitted trainer built outside the repository ──
+suite "" tests/install/run.sh
+
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]

@@ -45,6 +45,22 @@ for f in examples/*.fsd; do
     done
 done
 
+# ── golden plans: the plan, one step's schedule and the memory plan of every
+# example (and tests/plan/*.fsd) at world sizes 1, 2, 3 (uneven shards), 8
+# and 64. Only padding, bytes and memory change with the world size; the
+# events themselves do not, which these files show side by side. ──
+mkdir -p tests/golden/plans
+for f in examples/*.fsd tests/plan/*.fsd; do
+    name=$(basename "$f" .fsd)
+    for w in 1 2 3 8 64; do
+        if "$FSDPC" "$f" --world $w --dump-plan --dump-schedule --dump-memory >"$TMP/out" 2>"$TMP/err"; then
+            compare "golden plans/$name.w$w" "tests/golden/plans/$name.w$w" "$TMP/out"
+        else
+            bad "golden plans/$name.w$w: fsdpc failed" "$TMP/err"
+        fi
+    done
+done
+
 # ── the error catalogue: exact diagnostics, exit status, no output ──
 # A case is NAME.fsd (or NAME.gen, a script that writes the input to stdout)
 # with NAME.expected holding stderr exactly. A first line `# exit: N` in the
