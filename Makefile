@@ -6,7 +6,7 @@
 #                   suite against build/fsdpc, again against build/san/fsdpc
 #                   (ASan + UBSan), and a short fuzz smoke test (tests/all.sh)
 #   make SANITIZE=1 build only the sanitizer build, build/san/fsdpc
-#   make fuzz       fuzz the front end for FUZZ_SECONDS (libFuzzer, clang)
+#   make fuzz       fuzz the compiler for FUZZ_SECONDS (libFuzzer, clang)
 #   make golden     regenerate the golden files (read the diff before committing)
 #
 # `setup` installs missing tools (flex, bison, ...) with apt-get when run as
@@ -27,7 +27,7 @@ else
 endif
 
 SRCS    := util.c ast.c parse.c sema.c model.c ir.c lower.c autodiff.c plan.c schedule.c memplan.c sim.c \
-           emit.c
+           emit.c verify.c
 OBJS    := $(addprefix $(B)/obj/,$(SRCS:.c=.o)) $(B)/obj/parser.o $(B)/obj/lexer.o \
            $(B)/obj/templates.o
 GEN     := $(B)/gen
@@ -37,7 +37,7 @@ INC     := -Icompiler -I$(GEN)
 all: $(B)/fsdpc $(B)/fsdata
 
 $(B)/fsdpc: $(OBJS) $(B)/obj/main.o
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ -lm
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ -lm -ldl
 
 # Pattern rules, so each build folder (build, build/san, build/fuzz) gets its
 # own generated scanner and parser.
@@ -71,7 +71,7 @@ $(B)/obj/lexer.o: $(GEN)/lexer.c $(GEN)/parser.h compiler/fsdpc.h
 
 # Unit tests that link the compiler's passes directly.
 $(B)/test_schedule: tests/unit/test_schedule.c $(OBJS)
-	$(CC) $(CFLAGS) $(WARN) $(INC) $(LDFLAGS) -o $@ $^ -lm
+	$(CC) $(CFLAGS) $(WARN) $(INC) $(LDFLAGS) -o $@ $^ -lm -ldl
 
 setup:
 	@tools/setup.sh
@@ -105,12 +105,12 @@ FUZZ_OPTS   := -timeout=5 -rss_limit_mb=2048 -max_len=8192 -dict=tests/fuzz/fsd.
 # The front end's objects again, instrumented (only what the harness calls,
 # so the build stays quick), plus the harness; generated sources come from
 # $(GEN), like the ordinary build's.
-FUZZ_SRCS   := util.c ast.c parse.c sema.c model.c parser.c lexer.c
+FUZZ_SRCS   := $(SRCS) parser.c lexer.c templates.c
 FUZZ_OBJS   := $(addprefix $(FUZZ_B)/obj/,$(FUZZ_SRCS:.c=.o)) $(FUZZ_B)/obj/fuzz_frontend.o
 FUZZ_CC_O    = $(FUZZ_CC) $(FUZZ_CFLAGS) -std=c11 -D_POSIX_C_SOURCE=200809L $(INC) -c -o $@ $<
 
 $(FUZZ_B)/fuzz_frontend: $(FUZZ_OBJS)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $^ -lm
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $^ -lm -ldl
 $(FUZZ_B)/obj/%.o: compiler/%.c $(wildcard compiler/*.h compiler/*.def) $(GEN)/parser.h $(GEN)/lexer.h
 	@mkdir -p $(@D)
 	$(FUZZ_CC_O)
@@ -136,10 +136,10 @@ fuzz: setup $(FUZZ_B)/fuzz_frontend
 # runtime/arena.c needs only libc, so the compiler may link it too.
 MPICC    ?= mpicc
 RT       := build/runtime
-RT_SRCS  := common.c cpu.c data.c weights.c arena.c
+RT_SRCS  := common.c cpu.c data.c weights.c arena.c json.c hfnames.c ckpt.c
 RT_HDRS  := runtime/fsdrt.h runtime/internal.h runtime/half.h
 RT_CFLAGS = -O2 -g -fopenmp $(WARN) $(shell pkg-config --cflags openblas 2>/dev/null)
-RT_LIBS   = -fopenmp $(or $(shell pkg-config --libs openblas 2>/dev/null),-lopenblas) -lm
+RT_LIBS   = -fopenmp -pthread $(or $(shell pkg-config --libs openblas 2>/dev/null),-lopenblas) -lm
 
 .PHONY: runtime runtime-tests
 runtime: $(RT)/libfsdrt_cpu.a $(RT)/libfsdrt_cpu64.a
@@ -155,11 +155,55 @@ $(RT)/obj64/%.o: runtime/%.c $(RT_HDRS)
 	@mkdir -p $(@D)
 	$(MPICC) $(RT_CFLAGS) -DFSD_FLOAT64 -c -o $@ $<
 
+# ── the CUDA runtime ──
+#   make runtime-cuda [ARCH=sm_80,sm_90]   → build/runtime/libfsdrt_cuda.a
+# the CUDA backend (cuda.c, cuda_kernels.cu: NCCL, cuBLAS, streams) with the
+# backend-independent sources of the CPU runtime (all of RT_SRCS but cpu.c),
+# for an emitted train.cu built with nvcc (docs/cuda.md). Needs the CUDA
+# toolkit, NCCL and MPI; ARCH lists the GPU architectures, as for the trainer.
+comma    := ,
+NVCC     ?= nvcc
+ARCH     ?= sm_80,sm_90
+# an ARCH from the environment that is no GPU architecture (x86_64, say) is not ours
+ifeq ($(filter sm_%,$(firstword $(subst $(comma), ,$(ARCH)))),)
+  ARCH := sm_80,sm_90
+endif
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(realpath $(shell command -v $(NVCC) 2>/dev/null)))
+NCCL_HOME ?=
+CUDA_GENCODE = $(foreach a,$(subst $(comma), ,$(ARCH)),-gencode arch=compute_$(a:sm_%=%),code=$(a))
+CU_RT    := $(RT)/cuda
+CU_SRCS  := $(filter-out cpu.c,$(RT_SRCS)) cuda.c
+CU_INC   := -I$(CUDA_HOME)/include $(if $(NCCL_HOME),-I$(NCCL_HOME)/include)
+# MPI's link flags in nvcc's spelling (-Wl,x → -Xlinker x)
+MPI_LINK  = $(patsubst -Wl$(comma)%,-Xlinker %,$(patsubst -pthread,-Xcompiler -pthread,$(shell $(MPICC) -showme:link 2>/dev/null || $(MPICC) -link_info 2>/dev/null | cut -d' ' -f2-)))
+CUDA_LIBS = $(if $(NCCL_HOME),-L$(NCCL_HOME)/lib) -lnccl -lcublasLt -lcublas -lcudart \
+            $(MPI_LINK) -Xcompiler -fopenmp -lpthread -lm
+NVCC_FLAGS = -O2 -std=c++17 $(CUDA_GENCODE) -Xcompiler -Wall,-Wextra,-Wno-unused-parameter
+
+.PHONY: runtime-cuda
+runtime-cuda: $(RT)/libfsdrt_cuda.a
+
+$(RT)/libfsdrt_cuda.a: $(addprefix $(CU_RT)/obj/,$(CU_SRCS:.c=.o)) $(CU_RT)/obj/cuda_kernels.o
+	ar rcs $@ $^
+$(CU_RT)/obj/%.o: runtime/%.c $(RT_HDRS) runtime/cuda.h
+	@mkdir -p $(@D)
+	$(MPICC) $(RT_CFLAGS) $(CU_INC) -c -o $@ $<
+# the kernels are rebuilt when ARCH changes (the stamp holds the list)
+$(CU_RT)/obj/cuda_kernels.o: runtime/cuda_kernels.cu runtime/cuda.h $(CU_RT)/arch.$(subst $(comma),_,$(ARCH))
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCC_FLAGS) -c -o $@ $<
+$(CU_RT)/arch.%:
+	@mkdir -p $(@D)
+	@rm -f $(CU_RT)/arch.*
+	@touch $@
+
 # ── trainers ──
 #   make trainer FSD=path/model.fsd BACKEND=cpu     → build/<model>/cpu/train
 # compiles the model with fsdpc (train.cu lands beside the binary) and builds
 # it against the CPU runtime; BACKEND=cpu64 builds the float64 variant used by
-# gradient checks (-DFSD_FLOAT64), into build/<model>/cpu64/.
+# gradient checks (-DFSD_FLOAT64), into build/<model>/cpu64/; BACKEND=cuda
+# builds it with nvcc against the CUDA runtime for ARCH (default sm_80,sm_90),
+# into build/<model>/cuda/ (docs/cuda.md).
 FSD      ?= examples/tiny.fsd
 BACKEND  ?= cpu
 MODEL    := $(basename $(notdir $(FSD)))
@@ -171,12 +215,17 @@ TRAINER_LIB_cpu64   := $(RT)/libfsdrt_cpu64.a
 
 .PHONY: trainer
 trainer: setup
-	@$(MAKE) --no-print-directory $(B)/fsdpc runtime
-	@case "$(BACKEND)" in cpu|cpu64) ;; *) echo "make trainer: BACKEND=$(BACKEND) is not built yet (cpu, cpu64)"; exit 1;; esac
+	@case "$(BACKEND)" in cpu|cpu64|cuda) ;; *) echo "make trainer: BACKEND=$(BACKEND) is not one of cpu, cpu64, cuda"; exit 1;; esac
+	@$(MAKE) --no-print-directory $(B)/fsdpc $(if $(filter cuda,$(BACKEND)),runtime-cuda,runtime)
 	@mkdir -p $(TRAINER)
 	$(B)/fsdpc $(FSD) -o $(TRAINER)/train.cu
+ifeq ($(BACKEND),cuda)
+	$(NVCC) -x cu $(NVCC_FLAGS) -Iruntime $(TRAINER)/train.cu -L$(RT) -lfsdrt_cuda $(CUDA_LIBS) \
+	  -o $(TRAINER)/train
+else
 	$(MPICC) -x c -std=c11 $(RT_CFLAGS) $(TRAINER_FLAGS_$(BACKEND)) -Iruntime \
 	  $(TRAINER)/train.cu -x none $(TRAINER_LIB_$(BACKEND)) $(RT_LIBS) -o $(TRAINER)/train
+endif
 	@echo "built $(TRAINER)/train (source: $(TRAINER)/train.cu)"
 
 # ── install ──

@@ -30,6 +30,7 @@ typedef struct Emit {
     Graph *g;
     int *act;          /* by tensor id: arena index, -1 for params, inputs */
     int nacts;
+    int nbuf[2];       /* buffer events of the one- and three-micro-batch steps */
 } Emit;
 
 #define P(...) fprintf(e->out, __VA_ARGS__)
@@ -226,7 +227,7 @@ static void emit_op(Emit *e, const OpNode *op)
     case OP_CROSS_ENTROPY:
         P("    cross_entropy_fwd(%s, %s, %s, %s, %s, %" PRId64 ");\n", R(y), R(op->out[1]), R(x),
           R(op->in[1]), rows_expr(x), last_dim(x));
-        P("    fsdrt_add_loss(r, %s[0]);\n", R(y));
+        P("    fsdrt_add_loss_tensor(r, %s);\n", R(y));
         break;
     case OP_CROSS_ENTROPY_BWD: /* in: logits, targets, lse; out: dlogits */
         P("    cross_entropy_bwd(%s, %s, %s, %s, %s, %s, %" PRId64 ", fsdrt_loss_scale(r));\n",
@@ -412,7 +413,41 @@ static void emit_model(Emit *e, uint64_t hash)
     P("        %" PRId64 ", %s, %s, %" PRId64 ",  /* ckpt_every, ckpt_dir, ckpt_async, ckpt_keep */\n",
       t->ckpt_every, cstr(t->ckpt_dir), t->ckpt_async ? "true" : "false", t->ckpt_keep);
     P("        %s, %s,  /* data, val_data */\n", cstr(t->data), cstr(t->val_data));
-    P("    },\n};\n\n");
+    P("    },\n");
+    P("    %s,  /* offload_cpu */\n", c->offload_cpu ? "true" : "false");
+    P("    %d, %d, buf_one, buf_three,  /* nbuf_one, nbuf_three, buf_one, buf_three */\n",
+      e->nbuf[0], e->nbuf[1]);
+    P("};\n\n");
+}
+
+/* A step's unsharded-buffer events, in schedule order: the CUDA runtime
+ * replays them at start-up to size its pools (FsdModel's buf_one). */
+static void emit_buffers(Emit *e, const Schedule *s, const char *name, int which)
+{
+    static const char *const ops[] = {"FSD_BUF_GATHER", "FSD_BUF_RESHARD", "FSD_BUF_ALLOC_GRADS",
+                                      "FSD_BUF_FREE_GRADS"};
+    int n = 0;
+    for (int i = 0; i < s->nev; i++) {
+        EventKind k = s->ev[i].kind;
+        n += k == EV_ALL_GATHER || k == EV_RESHARD || k == EV_ALLOC_GRADS || k == EV_FREE_GRADS;
+    }
+    e->nbuf[which] = n;
+    P("static const FsdBufEvent %s[%d] = {", name, n ? n : 1);
+    int col = 0;
+    for (int i = 0; i < s->nev; i++) {
+        const Event *ev = &s->ev[i];
+        int op = ev->kind == EV_ALL_GATHER     ? 0
+                 : ev->kind == EV_RESHARD      ? 1
+                 : ev->kind == EV_ALLOC_GRADS  ? 2
+                 : ev->kind == EV_FREE_GRADS   ? 3
+                                               : -1;
+        if (op < 0)
+            continue;
+        P("%s{%s, %d, %d},", col++ % 4 ? " " : "\n    ", ops[op], ev->group, ev->micro);
+    }
+    if (!n)
+        P("\n    {FSD_BUF_GATHER, -1, 0},");
+    P("\n};\n\n");
 }
 
 /* ── templates ── */
@@ -447,6 +482,8 @@ static const char *template_of(OpKind k)
     default: return "elementwise.h";
     }
 }
+
+const char *emit_template_of(OpKind k) { return template_of(k); }
 
 static void emit_templates(Emit *e)
 {
@@ -512,11 +549,15 @@ void emit_program(FILE *out, Schedule *one, Schedule *three)
     P(" * shards are sized at start-up from the tables below.\n *\n");
     P(" * CPU build:  mpicc -x c -O2 train.cu -x none $(pkg-config --cflags --libs fsdrt-cpu) \\\n");
     P(" *               -o train       (after make install; in the repository: make trainer FSD=...)\n");
+    P(" * CUDA build: make trainer FSD=... BACKEND=cuda   (docs/cuda.md)\n");
     P(" * Run:        mpirun -np 2 ./train --data train.bin\n */\n");
     P("#include \"fsdrt.h\"\n\n");
     emit_templates(e);
     P("/* ──── the model ──── */\n\n");
     emit_tables(e);
+    P("/* unsharded-buffer events of a step, for the CUDA runtime's pools */\n");
+    emit_buffers(e, one, "buf_one", 0);
+    emit_buffers(e, three, "buf_three", 1);
     emit_model(e, hash);
 
     /* micro-batch variants from the verified schedules */

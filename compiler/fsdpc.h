@@ -561,6 +561,7 @@ typedef struct Event {
 
 typedef struct Schedule {
     Plan *plan;
+    int micro_batches;      /* the step this schedule is: plan->micro_batches when built */
     Event *ev;
     int nev, cap;
 } Schedule;
@@ -712,6 +713,22 @@ void sim_trace(FILE *out, const Sim *sim);
 void emit_program(FILE *out, Schedule *one, Schedule *three);
 /* A template's text, built into fsdpc from templates/ (NULL if absent). */
 const char *template_text(const char *name);
+/* The template file holding an op's kernels ("norm.h"); NULL for the
+ * matrix products, which go through fsdrt_gemm. */
+const char *emit_template_of(OpKind k);
+
+/* ─────────────── verify.c: the program's kernels through NVRTC ─────────────── */
+
+/* fsdpc --verify: compiles the kernel templates the graph uses with NVRTC
+ * for each architecture in `archs` (comma-separated: "sm_80,sm_90"), one
+ * program per template so every message names its file. NVRTC is loaded at
+ * run time (dlopen), so fsdpc needs the CUDA toolkit only when asked to
+ * verify. Writes a report to out: each kernel's registers, stack and
+ * spills (ptxas's own figures), each error against its template line and
+ * the .fsd lines of the ops using that template. Returns the number of
+ * failed compiles, or -1 when NVRTC cannot be loaded or an architecture is
+ * malformed (the report says why). */
+int verify_kernels(FILE *out, Model *m, Graph *g, const char *archs);
 
 /* ───────────── sema.c internals, shared with model.c ───────────── */
 

@@ -5,6 +5,9 @@
  *     → plan_build → memplan_fit (schedule_build, memplan_build)
  *     → sim_run (for --sim and --trace) → (dumps, or train.cu)
  *
+ * (--verify stops after autodiff: it compiles the graph's kernel templates
+ * with NVRTC and prints its report instead of writing train.cu.)
+ *
  * with a verifier after every pass that builds or transforms the IR: a
  * failure there is a compiler bug and stops with an internal error.
  *
@@ -18,6 +21,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* Larger sources are refused before scanning: locations are 32-bit
@@ -32,6 +36,8 @@ typedef struct Options {
     bool world_set;            /* --world given: --sim must agree with it */
     const char *sim_spec;      /* --sim PRESET[:nodes=N,gpus=N] */
     const char *trace;         /* --trace FILE.json */
+    bool verify;               /* --verify: the kernels through NVRTC */
+    const char *arch;          /* --arch sm_80,sm_90: what --verify compiles for */
     SimCluster cluster;        /* what --sim and --trace simulate */
 } Options;
 
@@ -63,6 +69,11 @@ static void usage(FILE *out)
           "  --trace FILE.json  write the simulated step as a Chrome trace (Perfetto,\n"
           "                   chrome://tracing); without --sim it simulates h100 nodes\n"
           "                   of 8 GPUs, ceil(N/8) of them, at the --world size\n"
+          "  --verify         compile every kernel the program uses with NVRTC (loaded at\n"
+          "                   run time from the CUDA toolkit) and report each kernel's\n"
+          "                   registers and spills, and failures against the template\n"
+          "                   and the .fsd lines using it; no GPU needed\n"
+          "  --arch LIST      --verify's architectures (default sm_80,sm_90)\n"
           "  -o FILE          write the output to FILE instead of standard output\n"
           "  --help           print this help\n"
           "  --version        print the version\n",
@@ -123,6 +134,14 @@ static int parse_options(int argc, char **argv, Options *o)
                 return 1;
             }
             o->trace = argv[i];
+        } else if (strcmp(a, "--verify") == 0) {
+            o->verify = true;
+        } else if (strcmp(a, "--arch") == 0) {
+            if (++i == argc) {
+                fprintf(stderr, "fsdpc: --arch needs a list of architectures, e.g. sm_80,sm_90\n");
+                return 1;
+            }
+            o->arch = argv[i];
         } else if (strcmp(a, "-o") == 0) {
             if (++i == argc) {
                 fprintf(stderr, "fsdpc: -o needs a file name\n");
@@ -141,6 +160,10 @@ static int parse_options(int argc, char **argv, Options *o)
     }
     if (!o->input) {
         fprintf(stderr, "fsdpc: no input file (see fsdpc --help)\n");
+        return 1;
+    }
+    if (o->arch && !o->verify) {
+        fprintf(stderr, "fsdpc: --arch names --verify's architectures; add --verify\n");
         return 1;
     }
     if (o->sim_spec) {
@@ -195,6 +218,15 @@ static FILE *open_output(const Options *o, char **tmp)
     *tmp = NULL;
     if (!o->output)
         return stdout;
+    /* A device or pipe (-o /dev/null, -o /dev/stdout) is written directly:
+     * renaming over it would replace it with a file (as root, /dev/null). */
+    struct stat st;
+    if (stat(o->output, &st) == 0 && !S_ISREG(st.st_mode)) {
+        FILE *f = fopen(o->output, "wb");
+        if (!f)
+            fprintf(stderr, "fsdpc: cannot write %s: %s\n", o->output, strerror(errno));
+        return f;
+    }
     *tmp = arena_printf("%s.tmp.%ld", o->output, (long)getpid());
     FILE *f = fopen(*tmp, "wb");
     if (!f)
@@ -278,7 +310,7 @@ int main(int argc, char **argv)
         model_dump(out, model);
     }
     bool later = o.dump_ir || o.dump_plan || o.dump_schedule || o.dump_memory || o.sim_spec ||
-                 o.trace || !(o.check || o.dump_ast || o.dump_model);
+                 o.trace || o.verify || !(o.check || o.dump_ast || o.dump_model);
     if (!later)
         return out ? close_output(&o, out, tmp, true) : 0;
 
@@ -286,6 +318,12 @@ int main(int argc, char **argv)
     verified(ir_verify(graph, stderr), "lowering");
     autodiff(graph);
     verified(ir_verify(graph, stderr), "autodiff");
+    if (o.verify) {   /* the kernels through NVRTC: the report, and no train.cu */
+        if (!out && !(out = open_output(&o, &tmp)))
+            return 1;
+        int failed = verify_kernels(out, model, graph, o.arch ? o.arch : "sm_80,sm_90");
+        return close_output(&o, out, tmp, true) || failed != 0;
+    }
     Plan *plan = plan_build(model, graph);
     /* the schedule and each rank's memory for --world; under memory_budget,
      * for the fastest reshard policy and prefetch depth that fit */

@@ -48,43 +48,32 @@
 
 static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-/* A dimension's value at micro-batch B. */
-static int64_t dim_at(const Tensor *t, int i, int64_t B)
-{
-    return t->dim[i] == DIM_BATCH ? B : t->dim[i];
-}
-
-/* Scratch an op needs while it runs, beyond its inputs and outputs. The
- * runtime starts with simple kernels, not fused (flash) attention, so:
+/* Scratch an op needs while it runs, beyond its inputs and outputs: what
+ * the kernels of templates/ and the runtime really allocate, which today is
+ * nothing (tests/e2e/ holds the runtime's measured peak to this plan):
  *
- *   op                    bytes       why
- *   attention             B·H·T·T·4   the fp32 probabilities softmax(q·kᵀ/√hd)
- *                                     are materialised, then multiplied by v
- *                                     (H query heads: grouped-query attention
- *                                     shares k and v, not the probabilities)
- *   attention_bwd         B·H·T·T·4   the probabilities again, recomputed from
- *                                     q, k and the saved lse; dP and then dS
- *                                     overwrite them row by row
- *   matmul, matmul_dx/dw  0           cuBLASLt's workspace is one fixed buffer
- *                                     the runtime has not sized yet (llm.c
- *                                     uses 32 MiB), so it is not counted
- *   cross_entropy(_bwd)   0           one pass per row with a running max and
- *                                     sum; lse is an output, not scratch
- *   every other op        0           elementwise, or one row at a time
- */
+ *   op                    bytes  why
+ *   attention             0      templates/attention.h: one work item per
+ *                                query row, an online softmax (running max
+ *                                and sum) accumulating in the output row;
+ *                                the probabilities are never stored
+ *   attention_bwd         0      p is recomputed one key at a time from q,
+ *                                k and the saved lse, in two passes (dq by
+ *                                query row, dk and dv by key row), so there
+ *                                is no B·H·T·T buffer either
+ *   matmul, matmul_dx/dw  0      cuBLASLt's workspace is one fixed buffer
+ *                                the runtime has not sized yet (llm.c uses
+ *                                32 MiB), so it is not counted
+ *   cross_entropy(_bwd)   0      one pass per row with a running max and
+ *                                sum; lse is an output, not scratch
+ *   every other op        0      elementwise, or one row at a time
+ *
+ * A kernel that does need scratch (a FlashAttention with split-K partials,
+ * say) returns its bytes here, and the runtime allocates exactly that. */
 static int64_t op_workspace(const OpNode *op, int64_t B)
 {
-    switch (op->kind) {
-    case OP_ATTENTION:
-    case OP_ATTENTION_BWD: {
-        /* q is input 0 of attention and input 1 (after dy) of its backward */
-        const Tensor *q = op->in[op->kind == OP_ATTENTION ? 0 : 1];
-        int64_t T = dim_at(q, 1, B);
-        return B * op->heads * T * T * 4;
-    }
-    default:
-        return 0;
-    }
+    (void)op, (void)B;
+    return 0;
 }
 
 /* fp32 states the optimizer keeps per parameter. */
@@ -641,16 +630,9 @@ void memplan_dump(FILE *out, MemPlan *mp)
           "at the\n    last compute op so far in its micro-batch (first write <= op <= last "
           "use); 0 before\n    a micro-batch's first op\n",
           out);
-    fputs("  workspace during a compute event: attention and attention_bwd B*H*T*T*4; other "
-          "ops 0\n",
+    fputs("  workspace during a compute event: 0 for every op (attention keeps no B*H*T*T\n"
+          "    probabilities: an online softmax forward, p recomputed in backward)\n",
           out);
-    if (mp->workspace_op >= 0) {
-        const OpNode *op = g->ops[mp->workspace_op];
-        const Tensor *q = op->in[op->kind == OP_ATTENTION ? 0 : 1];
-        fprintf(out, "    largest: %" PRId64 "*%" PRId64 "*%" PRId64 "*%" PRId64 "*4 = %s\n",
-                mp->batch, op->heads, dim_at(q, 1, mp->batch), dim_at(q, 1, mp->batch),
-                fmt_count(mp->workspace));
-    }
     fprintf(out, "  live after an event = %sunsharded parameters\n"
                  "    + unsharded gradients + activations + workspace\n",
             mp->offload ? "" : "sharded parameters + gradients + optimizer state + ");

@@ -127,7 +127,7 @@ static void micro_batch(Builder *b, int micro)
     Graph *g = p->g;
     Model *m = p->m;
     int G = b->ngroups;
-    bool last_micro = micro == p->micro_batches - 1;
+    bool last_micro = micro == b->s->micro_batches - 1;
     bool reduce_now = p->accum == ACCUM_SHARDED || last_micro;
 
     /* each group's last parameter read in forward and in backward, and its
@@ -199,7 +199,8 @@ Schedule *schedule_build(Plan *p)
     int G = p->m->ngroups;
     Builder b = {s, p, G, arena_alloc((size_t)G), arena_alloc((size_t)G), arena_alloc((size_t)G),
                  arena_alloc((size_t)G), -1};
-    for (int micro = 0; micro < p->micro_batches; micro++)
+    s->micro_batches = p->micro_batches;
+    for (int micro = 0; micro < s->micro_batches; micro++)
         micro_batch(&b, micro);
     emit(s, EV_GRAD_NORM, PH_OPTIMIZER, -1, -1, NULL);
     for (int gi = 0; gi < G; gi++)
@@ -334,7 +335,7 @@ int schedule_verify(Schedule *s, FILE *err)
                     writes_left[gi] == 1 ? "" : "s");
             if (rs_flight[gi] || rs_done[gi])
                 BAD("issued twice");
-            if (p->accum == ACCUM_UNSHARDED && micro != p->micro_batches - 1)
+            if (p->accum == ACCUM_UNSHARDED && micro != s->micro_batches - 1)
                 BAD("issued before the last micro-batch while accumulating unsharded");
             rs_flight[gi] = true;
             rs_done[gi] = true;
@@ -375,7 +376,7 @@ int schedule_verify(Schedule *s, FILE *err)
     for (int k = 0; k < G; k++) {
         ShardGroup *sg = m->groups[k];
         int want_rs = writes_total[k] == 0 ? 0
-                      : p->accum == ACCUM_SHARDED ? p->micro_batches
+                      : p->accum == ACCUM_SHARDED ? s->micro_batches
                                                   : 1;
         if (pstate[k] != SHARDED)
             BAD("group %s still holds unsharded parameters at the end", sg->name);
@@ -431,7 +432,7 @@ void schedule_dump(FILE *out, Schedule *s, int64_t world, MemPlan *mp)
     }
     fprintf(out, "schedule %s for world %" PRId64 ": %d events, %d micro-batch%s of %" PRId64
                  "\n",
-            m->name, world, s->nev, p->micro_batches, p->micro_batches == 1 ? "" : "es",
+            m->name, world, s->nev, s->micro_batches, s->micro_batches == 1 ? "" : "es",
             p->micro_batch);
     fprintf(out, "  per rank per step: all-gather %s bytes, reduce-scatter %s bytes\n",
             fmt_count(total[0]), fmt_count(total[1]));
@@ -459,7 +460,7 @@ void schedule_dump_json(FILE *out, Schedule *s, int64_t world, MemPlan *mp)
     Model *m = p->m;
     fprintf(out, "{\"model\": \"%s\", \"world\": %" PRId64 ", \"micro_batches\": %d, "
                  "\"micro_batch\": %" PRId64 ",\n \"groups\": [",
-            m->name, world, p->micro_batches, p->micro_batch);
+            m->name, world, s->micro_batches, p->micro_batch);
     for (int i = 0; i < m->ngroups; i++)
         fprintf(out, "%s\"%s\"", i ? ", " : "", m->groups[i]->name);
     fputs("],\n \"events\": [\n", out);

@@ -127,9 +127,17 @@ static const char *mem_str(char *buf, size_t n, int64_t bytes)
 
 /* ── flags ── */
 
-/* A flag's value, checked as it is read. Checkpoint flags (--ckpt-dir,
- * --ckpt-every, --resume) join the table when checkpoints land. */
-typedef enum { ARG_NONE, ARG_COUNT, ARG_POSITIVE, ARG_REAL, ARG_FILE } ArgKind;
+/* --grad-check passes when every direction's relative error is below this
+ * (float64). Its default step: a direction has normal(0, 1) elements, so ε
+ * moves each parameter by about ε; the central difference's truncation
+ * error grows as ε² and its rounding error as 1/ε, and on the examples
+ * 1e-5 leaves up to ~1e-5 of truncation, 1e-6 ~1e-7 of either. */
+#define GRAD_CHECK_BOUND 1e-6
+#define GRAD_CHECK_EPS 1e-6
+
+/* A flag's value, checked as it is read. ARG_MAYBE is a name whose value
+ * may be left out (--resume alone means --resume latest). */
+typedef enum { ARG_NONE, ARG_COUNT, ARG_POSITIVE, ARG_REAL, ARG_FILE, ARG_MAYBE } ArgKind;
 
 typedef struct Flag {
     const char *name;        /* without its leading -- */
@@ -139,7 +147,7 @@ typedef struct Flag {
     const char *meta, *help;
 } Flag;
 
-enum { NFLAGS = 14 };
+enum { NFLAGS = 22 };
 
 static void flag_table(FsdRun *r, Flag *f)
 {
@@ -157,6 +165,15 @@ static void flag_table(FsdRun *r, Flag *f)
         {"export", ARG_FILE, &r->export_path, 0, "FILE", "write the weights after the last step (safetensors)"},
         {"trace-out", ARG_FILE, &r->trace_path, 0, "FILE", "Chrome trace of what ran on each rank"},
         {"quiet", ARG_NONE, &r->quiet, 0, NULL, "no log lines on stdout"},
+        {"grad-check", ARG_COUNT, &r->grad_check, 1 << 20, "N",
+         "check step 0's gradient along N random directions, then exit (float64 build)"},
+        {"grad-check-eps", ARG_REAL, &r->grad_check_eps, 0, "X", "--grad-check's step (1e-6)"},
+        {"ckpt-dir", ARG_FILE, &c->ckpt_dir, 0, "DIR", "where checkpoints go (train section's, or ckpt)"},
+        {"ckpt-every", ARG_COUNT, &c->ckpt_every, INT64_MAX / 2, "K", "a checkpoint every K steps and after the last (0: none)"},
+        {"ckpt-keep", ARG_COUNT, &c->ckpt_keep, INT64_MAX / 2, "N", "keep the newest N checkpoints (0: all)"},
+        {"ckpt-async", ARG_NONE, &c->ckpt_async, 0, NULL, "write checkpoints on a background thread"},
+        {"resume", ARG_MAYBE, &r->resume, 0, "[DIR]", "resume from checkpoint DIR; alone (or `latest`): --ckpt-dir's latest"},
+        {"hf-names", ARG_FILE, &r->hf_names, 0, "NAMES", "gpt2 or llama: --export/--init-from in Hugging Face's layout"},
         {"help", ARG_NONE, NULL, 0, NULL, "this text"},
         {NULL, ARG_NONE, NULL, 0, NULL, NULL},
     };
@@ -230,6 +247,10 @@ static bool parse_flags(FsdRun *r, int argc, char **argv)
                 help = true;
             continue;
         }
+        if (fl->kind == ARG_MAYBE && !eq && (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0)) {
+            *(const char **)fl->dst = "latest";
+            continue;
+        }
         const char *v = eq ? eq + 1 : i + 1 < argc ? argv[++i] : NULL;
         if (!v || (!eq && strncmp(v, "--", 2) == 0)) {
             rt_fail(r, "--%s needs a value (%s)", fl->name, fl->meta);
@@ -258,6 +279,7 @@ static bool parse_flags(FsdRun *r, int argc, char **argv)
             break;
         }
         case ARG_FILE:
+        case ARG_MAYBE:
             if (!*v) {
                 rt_fail(r, "--%s needs a file name", fl->name);
                 return false;
@@ -292,10 +314,19 @@ static void check_model(FsdRun *r)
                 (long long)m->seq);
         return;
     }
+    /* flat_numel counts the group's parameters with their alignment gaps,
+     * so "elements": a group of 2 parameters aligned to 16 has 16 */
+    int64_t fits = INT64_MAX;
+    for (int g = 0; g < m->ngroups; g++)
+        if (m->groups[g].flat_numel < fits)
+            fits = m->groups[g].flat_numel;
     for (int g = 0; g < m->ngroups; g++)
         if (m->groups[g].flat_numel < r->world) {
-            rt_fail(r, "world size %d is larger than shard group %s's %lld parameters", r->world,
-                    m->groups[g].name, (long long)m->groups[g].flat_numel);
+            rt_fail(r, "world size %d is larger than shard group %s's %lld elements (its "
+                       "parameters, aligned): run on at most %lld ranks, or merge the group "
+                       "into a larger one",
+                    r->world, m->groups[g].name, (long long)m->groups[g].flat_numel,
+                    (long long)fits);
             return;
         }
     for (int p = 0; p < m->nparams; p++) {
@@ -446,6 +477,7 @@ static void free_all(FsdRun *r)
     data_close(&r->val);
     free(r->trace);
     r->trace = NULL;
+    ckpt_free(r);
     if (r->log)
         fclose(r->log);
     r->log = NULL;
@@ -460,6 +492,7 @@ FsdRun *fsdrt_init(int argc, char **argv, const FsdModel *m)
     }
     r->m = m;
     r->cfg = m->train;
+    r->grad_check_eps = GRAD_CHECK_EPS;
     if (!bk_start(r, &argc, &argv)) {
         /* no communication: this process reports for itself */
         fprintf(stderr, "train: %s\n", r->err);
@@ -477,10 +510,22 @@ FsdRun *fsdrt_init(int argc, char **argv, const FsdModel *m)
         finish(r, 0);
     }
     check_model(r);
+    /* --hf-names is held against the model now, not when --export runs */
+    WLayout hf;
+    if (!r->err[0] && r->hf_names && hf_layout(r, r->hf_names, &hf))
+        hf_layout_free(&hf);
     agree_or_exit(r);
 
-    /* data: needed only to train; --steps 0 --export writes initial weights */
-    if (r->cfg.steps > 0 && !r->cfg.data)
+    /* --grad-check's bound is float64's: fp32 rounding alone exceeds it */
+    if (r->grad_check && sizeof(real) != sizeof(double))
+        rt_fail(r, "--grad-check needs the float64 build (make trainer BACKEND=cpu64): in fp32 "
+                   "the central difference's rounding error alone is above its bound of %g",
+                GRAD_CHECK_BOUND);
+    else if (r->grad_check_eps <= 0 || r->grad_check_eps > 1)
+        rt_fail(r, "--grad-check-eps: %g is not a step above 0 and at most 1", r->grad_check_eps);
+    /* data: needed only to train (or check a step); --steps 0 --export
+     * writes initial weights */
+    else if ((r->cfg.steps > 0 || r->grad_check) && !r->cfg.data)
         rt_fail(r, "no training data: pass --data FILE (model %s's train section names none)",
                 m->name);
     else if (r->cfg.data)
@@ -489,11 +534,16 @@ FsdRun *fsdrt_init(int argc, char **argv, const FsdModel *m)
         data_open(r, &r->val, r->cfg.val_data);
     if (r->rank == 0 && r->log_path && !(r->log = fopen(r->log_path, "w")))
         rt_fail(r, "cannot write --log file %s: %s", r->log_path, strerror(errno));
+    ckpt_check(r);
     agree_or_exit(r);
 
     allocate(r);
     agree_or_exit(r);
-    if (r->init_from)
+    bk_ready(r);   /* the backend's start-up work for this size: CUDA's pools */
+    agree_or_exit(r);
+    if (r->resume)
+        ckpt_resume(r);   /* weights, optimizer state and the step to run next */
+    else if (r->init_from)
         weights_import(r, r->init_from);
     else
         weights_init(r);
@@ -632,6 +682,7 @@ int fsdrt_finalize(FsdRun *r)
 {
     if (!r)
         return 1;
+    ckpt_finish(r);   /* a save still in flight completes before exit */
     if (r->trace_path) {
         write_trace(r);
         agree_or_note(r);
@@ -687,14 +738,140 @@ real *fsdrt_grad(FsdRun *r, int param)
     return r->groups[P->group].grads + P->offset;
 }
 
-const int32_t *fsdrt_idx(const FsdRun *r) { return r->idx; }
-const int32_t *fsdrt_targets(const FsdRun *r) { return r->targets; }
-const int32_t *fsdrt_positions(const FsdRun *r) { return r->positions; }
+/* fsdrt_idx, fsdrt_targets and fsdrt_positions are the backend's: the
+ * kernels read them, so on CUDA they are device copies (bk_inputs). */
+
+/* ── --grad-check ── */
+
+/* Forward and backward of step r->step's batch with the master shards as
+ * they are: the gradient of the step's mean loss lands in the grad shards
+ * (reduce-scattered, averaged over ranks, summed over micro-batches), and
+ * the mean loss is returned. No optimizer, no log line, no step counted. */
+static double check_step(FsdRun *r, FsdStepFn step)
+{
+    r->in_step = true;
+    r->loss_sum = 0;
+    step(r);
+    bk_check_idle(r);
+    r->in_step = false;
+    double loss = r->loss_sum;
+    bk_allreduce_sum(r, &loss, 1);
+    r->loss_sum = 0;
+    return loss / ((double)r->world * (double)r->cfg.grad_accum);
+}
+
+/* Sets every master shard to saved + a·d (d: NULL for saved itself) and
+ * zeroes the grad shards. Shards are host memory in the float64 build, the
+ * only one the check runs in. */
+static void check_set(FsdRun *r, real *const *saved, double a, real *const *d)
+{
+    for (int g = 0; g < r->m->ngroups; g++) {
+        Group *G = &r->groups[g];
+        for (int64_t i = 0; i < G->shard; i++)
+            G->master[i] = d ? saved[g][i] + (real)a * d[g][i] : saved[g][i];
+        memset(G->grad, 0, (size_t)G->shard * sizeof(real));
+    }
+}
+
+/* --grad-check N: the gradient of the next step's mean loss L (step 0's,
+ * or that of the step --resume continues from) against central differences
+ * along N random directions d (weights_direction: normal(0, 1) on every
+ * parameter element, none on padding), each
+ *   Σ g·d  vs  (L(θ + εd) − L(θ − εd)) / 2ε,
+ * relative error |a − b| / max(|a|, |b|). Every rank gets the same figures
+ * (both sides are all-reduced) and so the same verdict: r->status is 1 if
+ * any direction is above GRAD_CHECK_BOUND. The run is left as it was: the
+ * master shards, zero gradients, the same step next, the byte counters
+ * (the memory peak keeps what the check used). */
+static void grad_check(FsdRun *r, FsdStepFn step)
+{
+    const FsdModel *m = r->m;
+    const int ng = m->ngroups;
+    const double eps = r->grad_check_eps;
+    const FsdCounters counters = r->counters;
+    real **saved = calloc((size_t)ng + 1, sizeof *saved);
+    real **grad = calloc((size_t)ng + 1, sizeof *grad);
+    real **dir = calloc((size_t)ng + 1, sizeof *dir);
+    bool ok = saved && grad && dir;
+    for (int g = 0; ok && g < ng; g++) {
+        int64_t bytes = r->groups[g].shard * (int64_t)sizeof(real);
+        ok = (saved[g] = bk_alloc(r, bytes)) && (grad[g] = bk_alloc(r, bytes)) &&
+             (dir[g] = bk_alloc(r, bytes));
+    }
+    if (!ok)
+        rt_fail(r, "out of memory for --grad-check's copies of the shards");
+    agree_or_note(r);
+
+    if (r->status == 0) {
+        double loss = check_step(r, step);
+        for (int g = 0; g < ng; g++) {
+            size_t bytes = (size_t)r->groups[g].shard * sizeof(real);
+            memcpy(saved[g], r->groups[g].master, bytes);
+            memcpy(grad[g], r->groups[g].grad, bytes);
+        }
+        if (r->rank == 0)
+            printf("grad check: model %s, step %lld's batch (%lld sequences), loss %.12f, %lld "
+                   "directions, eps %g, bound %g\n",
+                   m->name, (long long)r->step,
+                   (long long)(r->cfg.micro_batch * r->cfg.grad_accum * r->world), loss,
+                   (long long)r->grad_check, eps, GRAD_CHECK_BOUND);
+        double worst = 0;
+        int64_t failed = 0;
+        for (int64_t k = 0; k < r->grad_check; k++) {
+            weights_direction(r, (uint64_t)k, dir);
+            double dot = 0;
+            for (int g = 0; g < ng; g++)
+                for (int64_t i = 0; i < r->groups[g].shard; i++)
+                    dot += (double)grad[g][i] * (double)dir[g][i];
+            bk_allreduce_sum(r, &dot, 1);
+            check_set(r, saved, eps, dir);
+            double plus = check_step(r, step);
+            check_set(r, saved, -eps, dir);
+            double minus = check_step(r, step);
+            double fd = (plus - minus) / (2 * eps);
+            double scale = fmax(fabs(fd), fabs(dot));
+            double rel = scale > 0 ? fabs(fd - dot) / scale : 0;
+            if (!(rel <= GRAD_CHECK_BOUND))   /* NaN fails too */
+                failed++;
+            if (!(rel <= worst))
+                worst = rel;
+            if (r->rank == 0)
+                printf("grad check %lld: gradient %.12e, central difference %.12e, relative "
+                       "error %.3e%s\n",
+                       (long long)k, dot, fd, rel, rel <= GRAD_CHECK_BOUND ? "" : "  FAIL");
+        }
+        check_set(r, saved, 0, NULL);
+        if (r->rank == 0) {
+            if (failed)
+                printf("grad check FAILED: %lld of %lld directions above %g (largest %.3e)\n",
+                       (long long)failed, (long long)r->grad_check, GRAD_CHECK_BOUND, worst);
+            else
+                printf("grad check passed: %lld directions within %g (largest %.3e)\n",
+                       (long long)r->grad_check, GRAD_CHECK_BOUND, worst);
+            fflush(stdout);
+        }
+        if (failed)
+            r->status = 1;
+    }
+    for (int g = 0; g < ng; g++) {
+        int64_t bytes = r->groups[g].shard * (int64_t)sizeof(real);
+        bk_free(r, saved ? saved[g] : NULL, bytes);
+        bk_free(r, grad ? grad[g] : NULL, bytes);
+        bk_free(r, dir ? dir[g] : NULL, bytes);
+    }
+    free(saved), free(grad), free(dir);
+    r->counters.gather_bytes = counters.gather_bytes;
+    r->counters.reduce_bytes = counters.reduce_bytes;
+}
 
 /* ── the step ── */
 
 int fsdrt_train(FsdRun *r, FsdStepFn step)
 {
+    if (r->grad_check) {   /* instead of training */
+        grad_check(r, step);
+        return fsdrt_finalize(r);
+    }
     while (fsdrt_begin_step(r)) {
         step(r);
         fsdrt_end_step(r);
@@ -709,6 +886,7 @@ bool fsdrt_begin_step(FsdRun *r)
     if (r->step >= r->cfg.steps) {
         if (!r->done) {
             r->done = true;
+            ckpt_finish(r);   /* the last checkpoint is complete before the run ends */
             if (r->export_path) {
                 weights_export(r, r->export_path);
                 agree_or_note(r);
@@ -719,7 +897,8 @@ bool fsdrt_begin_step(FsdRun *r)
     r->in_step = true;
     r->loss_sum = 0;
     r->step_t0 = rt_now();
-    r->comm_at_step = r->counters.gather_bytes + r->counters.reduce_bytes;
+    r->gather_at_step = r->counters.gather_bytes;
+    r->reduce_at_step = r->counters.reduce_bytes;
     return true;
 }
 
@@ -729,6 +908,7 @@ void fsdrt_load_micro_batch(FsdRun *r, int micro)
         RT_BUG(r, "fsdrt_load_micro_batch(%d) outside a step of %lld micro-batches", micro,
                (long long)r->cfg.grad_accum);
     data_load(r, micro);
+    bk_inputs(r, micro);
 }
 
 void fsdrt_add_loss(FsdRun *r, real loss) { r->loss_sum += (double)loss; }
@@ -768,42 +948,48 @@ void fsdrt_end_step(FsdRun *r)
     const FsdTrainConfig *c = &r->cfg;
 
     /* the step's loss (mean over every micro-batch of every rank) and the
-     * global gradient norm, in one all-reduce */
-    double v[2] = {r->loss_sum, bk_grad_sumsq(r)};
-    bk_allreduce_sum(r, v, 2);
+     * global gradient norm, in one all-reduce; clipping (clip_coef) and the
+     * optimizer: on CUDA all on the device, read back only after it */
+    double lr = lr_at(c, r->step), v[2];
+    bk_update(r, lr, r->step + 1, v);
     double loss = v[0] / ((double)r->world * (double)c->grad_accum);
     double norm = sqrt(v[1]);
-    /* torch.nn.utils.clip_grad_norm_: scale by c / (‖g‖ + 1e-6) when that is below 1 */
-    double coef = 1;
-    if (c->grad_clip > 0 && c->grad_clip / (norm + 1e-6) < 1)
-        coef = c->grad_clip / (norm + 1e-6);
-    double lr = lr_at(c, r->step);
-    bk_optimizer(r, lr, coef, r->step + 1);
+    /* the state after this update is the checkpoint of step + 1; the time
+     * training waits for it counts in the step's */
+    bool ckpt_worked;
+    double ckpt_ms = ckpt_after_step(r, &ckpt_worked);
 
     double secs = rt_now() - r->step_t0;
     int64_t tokens = c->micro_batch * c->grad_accum * r->world * r->m->seq;
     double tok_s = secs > 0 ? (double)tokens / secs : 0;
-    int64_t comm = r->counters.gather_bytes + r->counters.reduce_bytes - r->comm_at_step;
+    int64_t gathered = r->counters.gather_bytes - r->gather_at_step;
+    int64_t reduced = r->counters.reduce_bytes - r->reduce_at_step;
     if (r->rank == 0) {
         if (!r->quiet) {
-            char a[32], b[32];
-            printf("step %4lld/%lld | loss %.6f | lr %.2e | norm %.4f | %s tok/s | %.1f ms | mem %s\n",
+            char a[32], b[32], ck[48] = "";
+            if (ckpt_worked)
+                snprintf(ck, sizeof ck, " | ckpt %.1f ms", ckpt_ms);
+            printf("step %4lld/%lld | loss %.6f | lr %.2e | norm %.4f | %s tok/s | %.1f ms | mem %s%s\n",
                    (long long)r->step, (long long)c->steps, loss, lr, norm,
                    thousands(a, sizeof a, (int64_t)tok_s), secs * 1e3,
-                   mem_str(b, sizeof b, r->counters.peak_alloc_bytes));
+                   mem_str(b, sizeof b, r->counters.peak_alloc_bytes), ck);
             fflush(stdout);
         }
         if (r->log) {
-            char ls[32], ns[32];
+            char ls[32], ns[32], ck[48] = "";
+            /* with checkpoints on: how long this step waited for them */
+            if (c->ckpt_every > 0)
+                snprintf(ck, sizeof ck, ", \"ckpt_block_ms\": %.3f", ckpt_ms);
             /* JSON has no NaN: a diverged run logs null */
             json_number(ls, sizeof ls, loss);
             json_number(ns, sizeof ns, norm);
             fprintf(r->log,
                     "{\"step\": %lld, \"loss\": %s, \"lr\": %.9g, \"grad_norm\": %s, "
                     "\"tokens_per_s\": %.1f, \"step_ms\": %.3f, \"mem_peak_bytes\": %lld, "
-                    "\"comm_bytes\": %lld}\n",
+                    "\"comm_bytes\": %lld, \"gather_bytes\": %lld, \"reduce_bytes\": %lld%s}\n",
                     (long long)r->step, ls, lr, ns, tok_s, secs * 1e3,
-                    (long long)r->counters.peak_alloc_bytes, (long long)comm);
+                    (long long)r->counters.peak_alloc_bytes, (long long)(gathered + reduced),
+                    (long long)gathered, (long long)reduced, ck);
             fflush(r->log);
         }
     }

@@ -633,3 +633,34 @@ void bk_optimizer(FsdRun *r, double lr, double coef, int64_t t)
         memset(G->grad, 0, (size_t)G->shard * sizeof(real));
     }
 }
+
+void bk_update(FsdRun *r, double lr, int64_t t, double v[2])
+{
+    v[0] = r->loss_sum;
+    v[1] = bk_grad_sumsq(r);
+    bk_allreduce_sum(r, v, 2);
+    bk_optimizer(r, lr, clip_coef(r->cfg.grad_clip, sqrt(v[1])), t);
+}
+
+/* ── host memory throughout: what the CUDA backend copies, this one shares ── */
+
+void bk_ready(FsdRun *r) { (void)r; }
+void bk_inputs(FsdRun *r, int micro) { (void)r, (void)micro; }
+
+void bk_to_host(FsdRun *r, void *dst, const void *src, int64_t bytes)
+{
+    (void)r;
+    if (dst != src && bytes > 0)
+        memcpy(dst, src, (size_t)bytes);
+}
+
+void bk_from_host(FsdRun *r, void *dst, const void *src, int64_t bytes)
+{
+    bk_to_host(r, dst, src, bytes);
+}
+
+const int32_t *fsdrt_idx(const FsdRun *r) { return r->idx; }
+const int32_t *fsdrt_targets(const FsdRun *r) { return r->targets; }
+const int32_t *fsdrt_positions(const FsdRun *r) { return r->positions; }
+
+void fsdrt_add_loss_tensor(FsdRun *r, const real *loss) { r->loss_sum += (double)loss[0]; }

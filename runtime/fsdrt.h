@@ -11,9 +11,12 @@
  * bytes moved and memory allocated, weights export and import.
  *
  * Two backends implement this header: cpu (MPI, OpenBLAS, OpenMP; bf16
- * emulated by rounding) and cuda (NCCL, cuBLASLt, streams and events).
- * Building with -DFSD_FLOAT64 makes `real` double everywhere: the build the
- * finite-difference gradient checks use.
+ * emulated by rounding) and cuda (NCCL, cuBLAS, streams and events;
+ * docs/cuda.md). Building with -DFSD_FLOAT64 makes `real` double
+ * everywhere: the build the finite-difference gradient checks use (CPU
+ * only). Pointers the runtime hands out (fsdrt_act, fsdrt_param,
+ * fsdrt_grad, fsdrt_idx, ...) are device memory on CUDA: only kernels and
+ * fsdrt_gemm read them.
  */
 #ifndef FSDRT_H
 #define FSDRT_H
@@ -26,6 +29,11 @@
 typedef double real;
 #else
 typedef float real;
+#endif
+
+/* The runtime is C; nvcc compiles train.cu as C++. */
+#ifdef __cplusplus
+extern "C" {
 #endif
 
 /* ── the model, as the emitted program describes it ── */
@@ -76,6 +84,14 @@ typedef struct FsdTrainConfig {
     const char *data, *val_data;   /* NULL: must come from --data */
 } FsdTrainConfig;
 
+/* One unsharded-buffer event of the schedule (FsdModel's buf_one, buf_three). */
+typedef enum { FSD_BUF_GATHER, FSD_BUF_RESHARD, FSD_BUF_ALLOC_GRADS, FSD_BUF_FREE_GRADS } FsdBufOp;
+typedef struct FsdBufEvent {
+    FsdBufOp op;             /* fsdrt_all_gather, _reshard, _alloc_grads, _free_grads */
+    int group;
+    int micro;               /* the micro-batch of the step it belongs to */
+} FsdBufEvent;
+
 typedef struct FsdModel {
     const char *name;        /* model name */
     const char *source;      /* the .fsd file it was compiled from */
@@ -90,6 +106,13 @@ typedef struct FsdModel {
     bool accumulate_unsharded;
     double flops_per_sample; /* forward + backward of one sequence, for MFU */
     FsdTrainConfig train;    /* the .fsd train section; flags override it */
+    bool offload_cpu;        /* offload = cpu (the CUDA backend refuses it: docs/cuda.md) */
+    /* The unsharded-buffer events of a step of one micro-batch, and of a
+     * step of three (first, middle, last: every distinct micro-batch), in
+     * schedule order: the CUDA backend replays them at start-up to size its
+     * buffer pools, so that no step allocates device memory. */
+    int nbuf_one, nbuf_three;
+    const FsdBufEvent *buf_one, *buf_three;
 } FsdModel;
 
 typedef struct FsdRun FsdRun;
@@ -131,6 +154,10 @@ const int32_t *fsdrt_targets(const FsdRun *r);    /* [B, T] */
 const int32_t *fsdrt_positions(const FsdRun *r);  /* [T]: 0..T-1 */
 /* Records this rank's mean loss of one micro-batch. */
 void fsdrt_add_loss(FsdRun *r, real loss);
+/* The same, from the one-element loss tensor the cross-entropy kernel wrote:
+ * device memory on the GPU, added there without a host synchronisation and
+ * read when the step ends. What emitted programs call. */
+void fsdrt_add_loss_tensor(FsdRun *r, const real *loss);
 /* Scale of d(loss)/d(logits) for one micro-batch: 1 / (B·T·grad_accum), so
  * that summing over micro-batches and averaging over ranks gives the
  * gradient of the step's mean loss. */
@@ -195,5 +222,19 @@ FsdCounters fsdrt_counters(const FsdRun *r);
  * compiler links the same file to predict the arena. */
 int64_t fsdrt_place_arena(int n, const int64_t *bytes, const int *first, const int *last,
                           int64_t align, int64_t *offset);
+
+#if defined(__CUDACC__) && !defined(__CUDACC_RTC__)
+/* The CUDA backend's compute stream: every kernel launcher and fsdrt_gemm
+ * run on it (templates/portable.h launches on FSD_STREAM); collectives run
+ * on their own streams, ordered against it by events. */
+cudaStream_t fsdrt_cuda_stream(void);
+#ifndef FSD_STREAM
+#define FSD_STREAM fsdrt_cuda_stream()
+#endif
+#endif
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

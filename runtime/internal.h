@@ -1,15 +1,16 @@
 /*
  * internal.h — what the runtime's own files share, and nothing the emitted
  * program may see: the FsdRun behind the public header, and the handful of
- * calls common.c makes into its backend (cpu.c now, cuda later).
+ * calls common.c makes into its backend (cpu.c, or cuda.c with
+ * cuda_kernels.cu).
  *
  * common.c holds everything that is the same on every backend: flags, the
  * data loader, initialisation, the learning-rate schedule, logging,
  * safetensors, the trace, counters. The backend owns communication, the
  * unsharded buffers and every loop over a shard's elements (the optimizer,
  * the gradient norm), because on the GPU those are kernels. Shards are
- * host memory on the CPU backend; common.c writes initial weights straight
- * into them.
+ * host memory on the CPU backend and device memory on CUDA; code outside
+ * the backend reaches them through bk_to_host and bk_from_host.
  */
 #ifndef FSDRT_INTERNAL_H
 #define FSDRT_INTERNAL_H
@@ -60,6 +61,7 @@ typedef struct TraceEvent {
 } TraceEvent;
 
 typedef struct Backend Backend;
+typedef struct Ckpt Ckpt;
 
 struct FsdRun {
     const FsdModel *m;
@@ -70,6 +72,10 @@ struct FsdRun {
     /* flags that are not train settings */
     const char *log_path, *init_from, *export_path, *trace_path;
     bool quiet;
+    int64_t grad_check;      /* --grad-check N: directions to check, 0: train */
+    double grad_check_eps;   /* its central difference's step */
+    const char *resume;      /* --resume: "latest" or a checkpoint directory; NULL: none */
+    const char *hf_names;    /* --hf-names gpt2|llama for --export/--init-from; NULL: fsdpc's */
     FILE *log;
 
     Group *groups;
@@ -84,7 +90,7 @@ struct FsdRun {
     int64_t step;            /* the step running, or the next to run */
     bool in_step, done;
     double step_t0, loss_sum;
-    int64_t comm_at_step;
+    int64_t gather_at_step, reduce_at_step;   /* the counters when the step began */
 
     FsdCounters counters;
 
@@ -94,6 +100,8 @@ struct FsdRun {
     double open_t[64];       /* fsdrt_trace_begin's stack */
     const char *open_name[64];
     int nopen;
+
+    Ckpt *ckpt;              /* ckpt.c's state: the save in flight; NULL before the first */
 
     char err[ERR_MAX];       /* this rank's first error, "" if none */
     int status;              /* what fsdrt_finalize returns */
@@ -128,8 +136,89 @@ void data_load(FsdRun *r, int micro);
 /* ── weights.c: initialisation, safetensors ── */
 
 void weights_init(FsdRun *r);                          /* this rank's shards */
+/* --grad-check's direction `stream`: normal(0, 1) values keyed like the
+ * initialisation's, by (seed, stream, parameter name, element index), so
+ * they do not depend on the world size; this rank's elements of every
+ * parameter into dst[g] (host, shard-sized), zero in gaps and padding. */
+void weights_direction(FsdRun *r, uint64_t stream, real *const *dst);
 void weights_import(FsdRun *r, const char *path);      /* this rank's shards */
 void weights_export(FsdRun *r, const char *path);      /* collective */
+
+/* ── json.c: a small JSON reader (safetensors headers, checkpoint metadata) ── */
+
+typedef enum { J_NULL, J_BOOL, J_NUM, J_STR, J_ARR, J_OBJ } JType;
+
+typedef struct JVal {
+    JType type;
+    double num;
+    char *str;               /* J_STR: decoded, NUL-terminated */
+    size_t len;
+    int n;                   /* J_ARR, J_OBJ: members */
+    struct JVal *items;
+    char **keys;             /* J_OBJ */
+    size_t *key_len;
+} JVal;
+
+/* The whole text must be one value (whitespace around it allowed); on
+ * failure *err_at is the byte offset and *err why. */
+bool json_parse(const char *s, size_t n, JVal *out, size_t *err_at, const char **err);
+const JVal *json_get(const JVal *obj, const char *key);   /* NULL when absent */
+bool json_count(const JVal *v, int64_t *out);   /* an exact integer in [0, 2^53] */
+void json_free(JVal *v);
+
+/* ── hfnames.c: where parameters lie in a weights file ── */
+
+/* One tensor of the file. */
+typedef struct WTensor {
+    char name[256];
+    int rank;                /* 1 or 2 */
+    int64_t shape[2];        /* shape[1] is 1 for rank 1 */
+    int64_t numel;
+} WTensor;
+
+/* Where one parameter lies: element i of a parameter placed plainly is
+ * element at + i of its tensor (concatenations along the first dimension);
+ * a transposed parameter [R, K] has element (i, j) at [j, at + i] of its
+ * tensor, which is [K, ≥ R] (GPT-2's Conv1D holds weights [in, out]). */
+typedef struct WPlace {
+    int tensor;
+    bool transposed;
+    int64_t at;
+} WPlace;
+
+typedef struct WLayout {
+    const char *names;       /* NULL: fsdpc's own; "gpt2", "llama" */
+    WTensor *tensors;        /* in the order a file written with it lists them */
+    int ntensors;
+    WPlace *place;           /* by parameter */
+} WLayout;
+
+/* The layout for --hf-names `names` (NULL: one tensor a parameter under its
+ * own name); a model the format cannot hold is refused through rt_fail,
+ * naming the parameter, and false returned. */
+bool hf_layout(FsdRun *r, const char *names, WLayout *out);
+void hf_layout_free(WLayout *l);
+
+/* ── ckpt.c: sharded checkpoints (docs/checkpoint.md) ── */
+
+/* --resume: finds the checkpoint, checks it whole (model hash, format,
+ * every rank file's size and checksum) and loads this rank's shards and
+ * optimizer state, resharded to this world, and the step to run next.
+ * Collective; errors go to rt_fail on every rank and nothing is used until
+ * the caller agrees on them. */
+void ckpt_resume(FsdRun *r);
+/* Start-up, rank 0: with checkpoints on, their directory can be made (so a
+ * bad --ckpt-dir is refused before the first step, not after it). */
+void ckpt_check(FsdRun *r);
+/* After step r->step's update (collective): completes a finished
+ * background save, starts the save due after this step (the checkpoint then
+ * holds step r->step + 1). Returns the milliseconds training was blocked,
+ * and whether a save started or completed. */
+double ckpt_after_step(FsdRun *r, bool *worked);
+/* Waits for a save in flight and completes it (collective): before
+ * --export at the end of the run, and at fsdrt_finalize. */
+void ckpt_finish(FsdRun *r);
+void ckpt_free(FsdRun *r);   /* joins a writer thread still running, frees the snapshot */
 
 /* ── the backend, for common.c ── */
 
@@ -164,5 +253,39 @@ double bk_grad_sumsq(FsdRun *r);
 void bk_optimizer(FsdRun *r, double lr, double coef, int64_t t);
 /* Collective state left over at the end of a step is a schedule bug. */
 void bk_check_idle(FsdRun *r);
+
+/* ── the backend, for common.c: what a GPU needs besides ──
+ *
+ * Shard state (Group's master, grad, m, v), unsharded buffers and the
+ * arena are backend memory: host memory on the CPU backend, device memory
+ * on CUDA. Code outside the backend never dereferences them: it copies
+ * through bk_to_host / bk_from_host (weights.c writes host images of the
+ * master shards and copies them in). */
+
+/* Start-up work once the run is sized (after the shards and the arena are
+ * allocated): on CUDA, the input buffers, the segment tables and the
+ * unsharded-buffer pools, sized by replaying the model's buffer events.
+ * Errors go to rt_fail; the caller agrees on them. */
+void bk_ready(FsdRun *r);
+/* Outside a step: copies `bytes` between backend memory and the host. */
+void bk_to_host(FsdRun *r, void *dst, const void *src, int64_t bytes);
+void bk_from_host(FsdRun *r, void *dst, const void *src, int64_t bytes);
+/* r->idx and r->targets hold micro-batch `micro`'s tokens: make them what
+ * fsdrt_idx and fsdrt_targets return (CUDA: a copy on the compute stream). */
+void bk_inputs(FsdRun *r, int micro);
+/* The step's update, collective: this rank's loss sum (r->loss_sum, plus
+ * what fsdrt_add_loss_tensor added) and Σ g² over its grad shards, summed
+ * over ranks into v[0] and v[1]; clipping to cfg.grad_clip (clip_coef);
+ * the optimizer with learning rate lr for step t (from 1); grad shards
+ * zeroed. On CUDA nothing in it waits for the GPU but the read of v. */
+void bk_update(FsdRun *r, double lr, int64_t t, double v[2]);
+
+/* torch.nn.utils.clip_grad_norm_: gradients are scaled by clip / (‖g‖ +
+ * 1e-6) when that is below 1 (clip 0: never). The CUDA backend computes the
+ * same on the device (cuda_kernels.cu, clip_kernel). */
+static inline double clip_coef(double clip, double norm)
+{
+    return clip > 0 && clip / (norm + 1e-6) < 1 ? clip / (norm + 1e-6) : 1;
+}
 
 #endif

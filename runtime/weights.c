@@ -22,6 +22,10 @@
  * time to rank 0, which writes it, so no rank ever holds more than one
  * group unsharded. Import has every rank read only its own shards'
  * elements, seeking to each parameter's slice. Both speak fp32 (F32) only.
+ * Where a parameter lies in the file is a WLayout (hfnames.c): one tensor a
+ * parameter under fsdpc's names, or Hugging Face's GPT-2 and Llama tensors
+ * (--hf-names), where a parameter may be a transposed slice of a tensor
+ * (GPT-2's c_attn holds q, k and v, each transposed).
  */
 #include "internal.h"
 
@@ -56,10 +60,42 @@ static double unit(uint64_t x) { return (double)((x >> 11) + 1) * 0x1p-53; }
 
 #define TWO_PI 6.283185307179586476925286766559
 
+/* Shards are backend memory (device memory on CUDA): initial values are
+ * written into host images of the master shards, one per group, and copied
+ * in when complete. */
+static real **host_images(FsdRun *r)
+{
+    real **img = calloc((size_t)r->m->ngroups + 1, sizeof *img);
+    for (int g = 0; img && g < r->m->ngroups; g++)
+        if (!(img[g] = calloc((size_t)r->groups[g].shard + 1, sizeof(real)))) {
+            while (g--)
+                free(img[g]);
+            free(img);
+            img = NULL;
+        }
+    if (!img)
+        rt_fail(r, "out of memory for host copies of the shards");
+    return img;
+}
+
+/* Copies the images into the master shards (unless an error is pending) and frees them. */
+static void copy_in(FsdRun *r, real **img)
+{
+    for (int g = 0; g < r->m->ngroups; g++) {
+        if (!r->err[0])
+            bk_from_host(r, r->groups[g].master, img[g], r->groups[g].shard * (int64_t)sizeof(real));
+        free(img[g]);
+    }
+    free(img);
+}
+
 void weights_init(FsdRun *r)
 {
     const FsdModel *m = r->m;
     const uint64_t seed_mix = (uint64_t)r->cfg.seed * 0x9e3779b97f4a7c15ull;
+    real **img = host_images(r);
+    if (!img)
+        return;
     for (int p = 0; p < m->nparams; p++) {
         const FsdParamInfo *P = &m->params[p];
         Group *G = &r->groups[P->group];
@@ -69,7 +105,7 @@ void weights_init(FsdRun *r)
             a = 0;
         if (b > P->numel)
             b = P->numel;
-        real *dst = G->master + (P->offset - G->lo);
+        real *dst = img[P->group] + (P->offset - G->lo);
         if (P->init != FSD_INIT_NORMAL) {
             for (int64_t i = a; i < b; i++)
                 dst[i] = P->init == FSD_INIT_ONES ? 1 : 0;
@@ -83,346 +119,32 @@ void weights_init(FsdRun *r)
             dst[i] = (real)(0.02 * sqrt(-2 * log(u1)) * cos(TWO_PI * u2));
         }
     }
+    copy_in(r, img);
 }
 
-/* ── a small JSON reader, enough for safetensors headers ── */
-
-typedef enum { J_NULL, J_BOOL, J_NUM, J_STR, J_ARR, J_OBJ } JType;
-
-typedef struct JVal {
-    JType type;
-    double num;
-    char *str;               /* J_STR: decoded, NUL-terminated */
-    size_t len;
-    int n;                   /* J_ARR, J_OBJ: members */
-    struct JVal *items;
-    char **keys;             /* J_OBJ */
-    size_t *key_len;
-} JVal;
-
-typedef struct JParser {
-    const char *s;
-    size_t n, at;
-    int depth;
-    const char *err;
-} JParser;
-
-#define JSON_MAX_DEPTH 32
-
-static void json_free(JVal *v)
+void weights_direction(FsdRun *r, uint64_t stream, real *const *dst)
 {
-    if (v->type == J_ARR || v->type == J_OBJ) {
-        for (int i = 0; i < v->n; i++) {
-            json_free(&v->items[i]);
-            if (v->keys)
-                free(v->keys[i]);
+    const FsdModel *m = r->m;
+    /* a key apart from the initialisation's for every stream */
+    const uint64_t mix = (uint64_t)r->cfg.seed * 0x9e3779b97f4a7c15ull ^ splitmix64(~stream);
+    for (int g = 0; g < m->ngroups; g++)
+        memset(dst[g], 0, (size_t)r->groups[g].shard * sizeof(real));
+    for (int p = 0; p < m->nparams; p++) {
+        const FsdParamInfo *P = &m->params[p];
+        const Group *G = &r->groups[P->group];
+        int64_t a = G->lo - P->offset, b = G->lo + G->shard - P->offset;
+        if (a < 0)
+            a = 0;
+        if (b > P->numel)
+            b = P->numel;
+        real *d = dst[P->group] + (P->offset - G->lo);
+        const uint64_t key = fnv1a64(P->name) ^ mix;
+        for (int64_t i = a; i < b; i++) {
+            double u1 = unit(splitmix64(key + 2 * (uint64_t)i));
+            double u2 = unit(splitmix64(key + 2 * (uint64_t)i + 1));
+            d[i] = (real)(sqrt(-2 * log(u1)) * cos(TWO_PI * u2));
         }
-        free(v->items);
-        free(v->keys);
-        free(v->key_len);
     }
-    free(v->str);
-    memset(v, 0, sizeof *v);
-}
-
-static bool jfail(JParser *p, const char *what)
-{
-    if (!p->err)
-        p->err = what;
-    return false;
-}
-
-static void skip_ws(JParser *p)
-{
-    while (p->at < p->n && (p->s[p->at] == ' ' || p->s[p->at] == '\t' || p->s[p->at] == '\n' ||
-                            p->s[p->at] == '\r'))
-        p->at++;
-}
-
-static int hex4(JParser *p)
-{
-    if (p->n - p->at < 4)
-        return -1;
-    int v = 0;
-    for (int i = 0; i < 4; i++) {
-        char c = p->s[p->at++];
-        v = v * 16 + (c >= '0' && c <= '9'   ? c - '0'
-                      : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                      : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                             : -4096);
-    }
-    return v < 0 ? -1 : v;
-}
-
-static size_t put_utf8(char *o, uint32_t c)
-{
-    if (c < 0x80) {
-        o[0] = (char)c;
-        return 1;
-    }
-    if (c < 0x800) {
-        o[0] = (char)(0xc0 | c >> 6);
-        o[1] = (char)(0x80 | (c & 0x3f));
-        return 2;
-    }
-    if (c < 0x10000) {
-        o[0] = (char)(0xe0 | c >> 12);
-        o[1] = (char)(0x80 | (c >> 6 & 0x3f));
-        o[2] = (char)(0x80 | (c & 0x3f));
-        return 3;
-    }
-    o[0] = (char)(0xf0 | c >> 18);
-    o[1] = (char)(0x80 | (c >> 12 & 0x3f));
-    o[2] = (char)(0x80 | (c >> 6 & 0x3f));
-    o[3] = (char)(0x80 | (c & 0x3f));
-    return 4;
-}
-
-/* string = '"' ( char | '\' escape )* '"' ; the opening quote is next */
-static bool parse_string(JParser *p, char **out, size_t *out_len)
-{
-    p->at++;
-    /* decoded text is never longer than its source */
-    size_t start = p->at, cap = 1;
-    while (start + cap - 1 < p->n && p->s[start + cap - 1] != '"')
-        cap += p->s[start + cap - 1] == '\\' ? 2 : 1;
-    char *o = malloc(cap + 4);
-    if (!o)
-        return jfail(p, "out of memory");
-    size_t k = 0;
-    for (;;) {
-        if (p->at >= p->n) {
-            free(o);
-            return jfail(p, "unterminated string");
-        }
-        unsigned char c = (unsigned char)p->s[p->at++];
-        if (c == '"')
-            break;
-        if (c < 0x20) {
-            free(o);
-            return jfail(p, "control character in a string");
-        }
-        if (c != '\\') {
-            o[k++] = (char)c;
-            continue;
-        }
-        if (p->at >= p->n) {
-            free(o);
-            return jfail(p, "unterminated string");
-        }
-        char e = p->s[p->at++];
-        const char *simple = strchr("\"\\/bfnrt", e);
-        if (e && simple) {
-            o[k++] = "\"\\/\b\f\n\r\t"[simple - "\"\\/bfnrt"];
-            continue;
-        }
-        if (e != 'u') {
-            free(o);
-            return jfail(p, "bad escape in a string");
-        }
-        int u = hex4(p);
-        if (u < 0) {
-            free(o);
-            return jfail(p, "bad \\u escape");
-        }
-        uint32_t cp = (uint32_t)u;
-        if (u >= 0xd800 && u < 0xdc00) {   /* a surrogate pair */
-            int lo = -1;
-            if (p->n - p->at >= 2 && p->s[p->at] == '\\' && p->s[p->at + 1] == 'u') {
-                p->at += 2;
-                lo = hex4(p);
-            }
-            if (lo < 0xdc00 || lo >= 0xe000) {
-                free(o);
-                return jfail(p, "unpaired surrogate in a \\u escape");
-            }
-            cp = 0x10000 + (((uint32_t)u - 0xd800) << 10) + ((uint32_t)lo - 0xdc00);
-        } else if (u >= 0xdc00 && u < 0xe000) {
-            free(o);
-            return jfail(p, "unpaired surrogate in a \\u escape");
-        }
-        k += put_utf8(o + k, cp);   /* ≤ 4 bytes for ≥ 6 source bytes */
-    }
-    o[k] = 0;
-    *out = o;
-    *out_len = k;
-    return true;
-}
-
-/* number = '-'? ('0' | [1-9][0-9]*) ('.' [0-9]+)? ([eE] [+-]? [0-9]+)? */
-static bool parse_number(JParser *p, JVal *v)
-{
-    size_t b = p->at;
-    const char *s = p->s;
-#define DIGIT(i) ((i) < p->n && s[i] >= '0' && s[i] <= '9')
-    if (p->at < p->n && s[p->at] == '-')
-        p->at++;
-    if (!DIGIT(p->at))
-        return jfail(p, "bad number");
-    if (s[p->at] == '0')
-        p->at++;
-    else
-        while (DIGIT(p->at))
-            p->at++;
-    if (p->at < p->n && s[p->at] == '.') {
-        p->at++;
-        if (!DIGIT(p->at))
-            return jfail(p, "bad number");
-        while (DIGIT(p->at))
-            p->at++;
-    }
-    if (p->at < p->n && (s[p->at] == 'e' || s[p->at] == 'E')) {
-        p->at++;
-        if (p->at < p->n && (s[p->at] == '+' || s[p->at] == '-'))
-            p->at++;
-        if (!DIGIT(p->at))
-            return jfail(p, "bad number");
-        while (DIGIT(p->at))
-            p->at++;
-    }
-#undef DIGIT
-    char buf[64];
-    size_t len = p->at - b;
-    if (len >= sizeof buf)
-        return jfail(p, "number too long");
-    memcpy(buf, s + b, len);
-    buf[len] = 0;
-    v->type = J_NUM;
-    v->num = strtod(buf, NULL);
-    return true;
-}
-
-static bool parse_value(JParser *p, JVal *v);
-
-/* array = '[' ( value ( ',' value )* )? ']'
- * object = '{' ( string ':' value ( ',' string ':' value )* )? '}' */
-static bool parse_container(JParser *p, JVal *v, bool object)
-{
-    if (++p->depth > JSON_MAX_DEPTH)
-        return jfail(p, "nested too deeply");
-    v->type = object ? J_OBJ : J_ARR;
-    p->at++;
-    skip_ws(p);
-    char close = object ? '}' : ']';
-    if (p->at < p->n && p->s[p->at] == close) {
-        p->at++;
-        p->depth--;
-        return true;
-    }
-    int cap = 0;
-    for (;;) {
-        if (v->n == cap) {
-            cap = cap ? 2 * cap : 8;
-            JVal *ni = realloc(v->items, sizeof *ni * (size_t)cap);
-            if (ni)
-                v->items = ni;
-            char **nk = object ? realloc(v->keys, sizeof *nk * (size_t)cap) : NULL;
-            if (nk)
-                v->keys = nk;
-            size_t *nl = object ? realloc(v->key_len, sizeof *nl * (size_t)cap) : NULL;
-            if (nl)
-                v->key_len = nl;
-            if (!ni || (object && (!nk || !nl)))
-                return jfail(p, "out of memory");
-        }
-        memset(&v->items[v->n], 0, sizeof *v->items);
-        if (object) {
-            skip_ws(p);
-            if (p->at >= p->n || p->s[p->at] != '"')
-                return jfail(p, "expected a string key");
-            v->keys[v->n] = NULL;
-            if (!parse_string(p, &v->keys[v->n], &v->key_len[v->n])) {
-                v->n++;   /* so json_free sees the slot */
-                return false;
-            }
-            skip_ws(p);
-            if (p->at >= p->n || p->s[p->at] != ':') {
-                v->n++;
-                return jfail(p, "expected ':' after a key");
-            }
-            p->at++;
-        }
-        bool ok = parse_value(p, &v->items[v->n]);
-        v->n++;
-        if (!ok)
-            return false;
-        skip_ws(p);
-        if (p->at < p->n && p->s[p->at] == ',') {
-            p->at++;
-            continue;
-        }
-        if (p->at < p->n && p->s[p->at] == close) {
-            p->at++;
-            p->depth--;
-            return true;
-        }
-        return jfail(p, object ? "expected ',' or '}'" : "expected ',' or ']'");
-    }
-}
-
-static bool literal(JParser *p, const char *word)
-{
-    size_t n = strlen(word);
-    if (p->n - p->at < n || memcmp(p->s + p->at, word, n) != 0)
-        return jfail(p, "unexpected character");
-    p->at += n;
-    return true;
-}
-
-/* value = object | array | string | number | true | false | null */
-static bool parse_value(JParser *p, JVal *v)
-{
-    skip_ws(p);
-    if (p->at >= p->n)
-        return jfail(p, "unexpected end");
-    switch (p->s[p->at]) {
-    case '{': return parse_container(p, v, true);
-    case '[': return parse_container(p, v, false);
-    case '"': v->type = J_STR; return parse_string(p, &v->str, &v->len);
-    case 't': v->type = J_BOOL; v->num = 1; return literal(p, "true");
-    case 'f': v->type = J_BOOL; return literal(p, "false");
-    case 'n': v->type = J_NULL; return literal(p, "null");
-    default: return parse_number(p, v);
-    }
-}
-
-/* The whole text must be one value (whitespace around it allowed). */
-static bool json_parse(const char *s, size_t n, JVal *out, size_t *err_at, const char **err)
-{
-    JParser p = {s, n, 0, 0, NULL};
-    memset(out, 0, sizeof *out);
-    bool ok = parse_value(&p, out);
-    if (ok) {
-        skip_ws(&p);
-        if (p.at != n)
-            ok = jfail(&p, "text after the JSON value");
-    }
-    if (!ok) {
-        json_free(out);
-        *err_at = p.at;
-        *err = p.err ? p.err : "syntax error";
-    }
-    return ok;
-}
-
-static const JVal *json_get(const JVal *obj, const char *key)
-{
-    if (obj->type != J_OBJ)
-        return NULL;
-    size_t n = strlen(key);
-    for (int i = 0; i < obj->n; i++)
-        if (obj->key_len[i] == n && memcmp(obj->keys[i], key, n) == 0)
-            return &obj->items[i];
-    return NULL;
-}
-
-/* A JSON number that is an exact integer in [0, 2^53]. */
-static bool json_count(const JVal *v, int64_t *out)
-{
-    if (!v || v->type != J_NUM || !(v->num >= 0) || v->num > 0x1p53 || v->num != floor(v->num))
-        return false;
-    *out = (int64_t)v->num;
-    return true;
 }
 
 /* ── safetensors import ── */
@@ -436,40 +158,51 @@ static const char *shape_str(char *buf, size_t n, const int64_t *shape, int rank
     return buf;
 }
 
-/* Checks one tensor's entry against the model's parameter; on success
- * *begin is where its data starts, relative to the data section. */
-static bool check_entry(FsdRun *r, const char *path, const JVal *root, const FsdParamInfo *P,
-                        int64_t data_bytes, int64_t *begin)
+/* Checks tensor T's entry in the header; on success *begin is where its
+ * data starts, relative to the data section. `also` names the layout for
+ * messages ("" for fsdpc's own names). */
+static bool check_entry(FsdRun *r, const char *path, const JVal *root, const WLayout *L,
+                        const WTensor *T, int64_t data_bytes, int64_t *begin)
 {
-    const JVal *t = json_get(root, P->name);
+    const char *name = T->name;
+    const JVal *t = json_get(root, name);
+    /* the Hub's own GPT-2 files name the base model's tensors without the
+     * `transformer.` prefix GPT2LMHeadModel adds; transformers takes both */
+    if (!t && L->names && strcmp(L->names, "gpt2") == 0 &&
+        strncmp(name, "transformer.", 12) == 0 && (t = json_get(root, name + 12)))
+        name += 12;
     if (!t) {
-        rt_fail(r, "%s: no tensor `%s`, a parameter of model %s", path, P->name, r->m->name);
+        if (L->names)
+            rt_fail(r, "%s: no tensor `%s` (--hf-names %s: model %s needs it)", path, name,
+                    L->names, r->m->name);
+        else
+            rt_fail(r, "%s: no tensor `%s`, a parameter of model %s", path, name, r->m->name);
         return false;
     }
     if (t->type != J_OBJ) {
-        rt_fail(r, "%s: tensor `%s`'s entry is not a JSON object", path, P->name);
+        rt_fail(r, "%s: tensor `%s`'s entry is not a JSON object", path, name);
         return false;
     }
     const JVal *dtype = json_get(t, "dtype"), *shape = json_get(t, "shape"),
                *offs = json_get(t, "data_offsets");
     if (!dtype || dtype->type != J_STR) {
-        rt_fail(r, "%s: tensor `%s` has no `dtype` string", path, P->name);
+        rt_fail(r, "%s: tensor `%s` has no `dtype` string", path, name);
         return false;
     }
     if (strcmp(dtype->str, "F32") != 0) {
         rt_fail(r, "%s: tensor `%s` has dtype %s; only F32 is accepted (convert the file's "
                    "tensors to float32 first)",
-                path, P->name, dtype->str);
+                path, name, dtype->str);
         return false;
     }
     if (!shape || shape->type != J_ARR) {
-        rt_fail(r, "%s: tensor `%s` has no `shape` array", path, P->name);
+        rt_fail(r, "%s: tensor `%s` has no `shape` array", path, name);
         return false;
     }
-    bool same = shape->n == P->rank;
+    bool same = shape->n == T->rank;
     for (int i = 0; same && i < shape->n; i++) {
         int64_t d;
-        same = json_count(&shape->items[i], &d) && d == P->shape[i];
+        same = json_count(&shape->items[i], &d) && d == T->shape[i];
     }
     if (!same) {
         char want[64], got[256];
@@ -478,40 +211,105 @@ static bool check_entry(FsdRun *r, const char *path, const JVal *root, const Fsd
             k += (size_t)snprintf(got + k, sizeof got - k, "%s%.17g", i ? ", " : "",
                                   shape->items[i].type == J_NUM ? shape->items[i].num : NAN);
         snprintf(got + k, sizeof got - k, "]");
-        rt_fail(r, "%s: tensor `%s` has shape %s; the model's is %s", path, P->name, got,
-                shape_str(want, sizeof want, P->shape, P->rank));
+        rt_fail(r, "%s: tensor `%s` has shape %s; the model's is %s%s%s", path, name, got,
+                shape_str(want, sizeof want, T->shape, T->rank),
+                L->names ? " under --hf-names " : "", L->names ? L->names : "");
         return false;
     }
     int64_t b, e;
     if (!offs || offs->type != J_ARR || offs->n != 2 || !json_count(&offs->items[0], &b) ||
         !json_count(&offs->items[1], &e) || e < b) {
-        rt_fail(r, "%s: tensor `%s` has no valid `data_offsets` [begin, end]", path, P->name);
+        rt_fail(r, "%s: tensor `%s` has no valid `data_offsets` [begin, end]", path, name);
         return false;
     }
-    if (e - b != P->numel * 4) {
+    if (e - b != T->numel * 4) {
         rt_fail(r, "%s: tensor `%s`'s data_offsets [%lld, %lld] hold %lld bytes; its shape needs "
                    "%lld",
-                path, P->name, (long long)b, (long long)e, (long long)(e - b),
-                (long long)(P->numel * 4));
+                path, name, (long long)b, (long long)e, (long long)(e - b),
+                (long long)(T->numel * 4));
         return false;
     }
     if (e > data_bytes) {
         rt_fail(r, "%s is truncated: tensor `%s` ends at byte %lld of the data, which has %lld",
-                path, P->name, (long long)e, (long long)data_bytes);
+                path, name, (long long)e, (long long)data_bytes);
         return false;
     }
     *begin = b;
     return true;
 }
 
+/* n floats from byte `at` of f into buf. */
+static bool read_floats(FsdRun *r, FILE *f, const char *path, const char *what, int64_t at,
+                        float *buf, size_t n)
+{
+    if (fseeko(f, at, SEEK_SET) != 0) {
+        rt_fail(r, "cannot seek in %s: %s", path, strerror(errno));
+        return false;
+    }
+    if (fread(buf, 4, n, f) != n) {   /* little-endian, as the format and x86 */
+        rt_fail(r, "cannot read tensor `%s` from %s: %s", what, path,
+                ferror(f) ? strerror(errno) : "end of file");
+        return false;
+    }
+    return true;
+}
+
+/* This rank's elements [a, b) of parameter P, placed at `pl` in the tensor
+ * whose data starts at byte `base` of the file. */
+static bool import_param(FsdRun *r, FILE *f, const char *path, const FsdParamInfo *P,
+                         const WTensor *T, WPlace pl, int64_t base, int64_t a, int64_t b,
+                         real *dst)
+{
+    enum { CHUNK = 4096 };
+    if (!pl.transposed) {
+        float chunk[CHUNK];
+        for (int64_t i = a; i < b;) {
+            size_t n = (size_t)(b - i < CHUNK ? b - i : CHUNK);
+            if (!read_floats(r, f, path, T->name, base + 4 * (pl.at + i), chunk, n))
+                return false;
+            for (size_t k = 0; k < n; k++)
+                dst[i + (int64_t)k] = chunk[k];
+            i += (int64_t)n;
+        }
+        return true;
+    }
+    /* P [R, K] is the tensor's columns [at, at + R): element (i, j) at
+     * [j, at + i]; rows i0 … i1 of P hold this rank's elements */
+    const int64_t K = P->rank == 2 ? P->shape[1] : 1, ld = T->shape[1];
+    const int64_t i0 = a / K, i1 = (b - 1) / K;
+    float *col = malloc(sizeof *col * (size_t)(i1 - i0 + 1));
+    if (!col) {
+        rt_fail(r, "out of memory reading tensor `%s` from %s", T->name, path);
+        return false;
+    }
+    bool ok = true;
+    for (int64_t j = 0; ok && j < K; j++) {
+        ok = read_floats(r, f, path, T->name, base + 4 * (j * ld + pl.at + i0), col,
+                         (size_t)(i1 - i0 + 1));
+        for (int64_t i = i0; ok && i <= i1; i++) {
+            int64_t e = i * K + j;
+            if (e >= a && e < b)
+                dst[e] = col[i - i0];
+        }
+    }
+    free(col);
+    return ok;
+}
+
 void weights_import(FsdRun *r, const char *path)
 {
+    WLayout L;
+    if (!hf_layout(r, r->hf_names, &L))
+        return;
     FILE *f = fopen(path, "rb");
     if (!f) {
         rt_fail(r, "cannot open --init-from file %s: %s", path, strerror(errno));
+        hf_layout_free(&L);
         return;
     }
+    real **img = NULL;   /* host images of the master shards (host_images) */
     char *hdr = NULL;
+    int64_t *begin = NULL;
     JVal root = {0};
     unsigned char len8[8];
     int64_t size = -1;
@@ -538,7 +336,8 @@ void weights_import(FsdRun *r, const char *path)
         goto done;
     }
     hdr = malloc(hlen + 1);
-    if (!hdr) {
+    begin = malloc(sizeof *begin * (size_t)(L.ntensors + 1));
+    if (!hdr || !begin) {
         rt_fail(r, "%s: out of memory reading a %llu-byte header", path, (unsigned long long)hlen);
         goto done;
     }
@@ -557,12 +356,14 @@ void weights_import(FsdRun *r, const char *path)
         goto done;
     }
     const int64_t data_start = 8 + (int64_t)hlen, data_bytes = size - data_start;
-    float chunk[4096];
+    /* every tensor checked before any is read, in the file's order */
+    for (int t = 0; t < L.ntensors; t++)
+        if (!check_entry(r, path, &root, &L, &L.tensors[t], data_bytes, &begin[t]))
+            goto done;
+    if (!(img = host_images(r)))
+        goto done;
     for (int p = 0; p < r->m->nparams; p++) {
         const FsdParamInfo *P = &r->m->params[p];
-        int64_t begin;
-        if (!check_entry(r, path, &root, P, data_bytes, &begin))
-            goto done;
         Group *G = &r->groups[P->group];
         int64_t a = G->lo - P->offset, b = G->lo + G->shard - P->offset;
         if (a < 0)
@@ -571,27 +372,19 @@ void weights_import(FsdRun *r, const char *path)
             b = P->numel;
         if (a >= b)
             continue;   /* none of it is this rank's */
-        if (fseeko(f, data_start + begin + 4 * a, SEEK_SET) != 0) {
-            rt_fail(r, "cannot seek in %s: %s", path, strerror(errno));
+        const WPlace pl = L.place[p];
+        if (!import_param(r, f, path, P, &L.tensors[pl.tensor], pl, data_start + begin[pl.tensor],
+                          a, b, img[P->group] + (P->offset - G->lo)))
             goto done;
-        }
-        real *dst = G->master + (P->offset - G->lo);
-        for (int64_t i = a; i < b;) {
-            size_t n = (size_t)(b - i < 4096 ? b - i : 4096);
-            if (fread(chunk, 4, n, f) != n) {
-                rt_fail(r, "cannot read tensor `%s` from %s: %s", P->name, path,
-                        ferror(f) ? strerror(errno) : "end of file");
-                goto done;
-            }
-            for (size_t k = 0; k < n; k++)   /* little-endian, as the format and x86 */
-                dst[i + (int64_t)k] = chunk[k];
-            i += (int64_t)n;
-        }
     }
 done:
+    if (img)
+        copy_in(r, img);
     json_free(&root);
     free(hdr);
+    free(begin);
     fclose(f);
+    hf_layout_free(&L);
 }
 
 /* ── safetensors export ── */
@@ -643,26 +436,21 @@ static void text_str(Text *t, const char *s)
     text_add(t, "\"");
 }
 
-/* The header: tensors in the order the data is written, group by group. */
-static bool export_header(FsdRun *r, Text *t)
+/* The header: the layout's tensors end to end, in its order. */
+static bool export_header(const WLayout *L, Text *t)
 {
-    const FsdModel *m = r->m;
     int64_t at = 0;
     text_add(t, "{\"__metadata__\":{\"format\":\"pt\"}");
-    for (int g = 0; g < m->ngroups; g++)
-        for (int p = 0; p < m->nparams; p++) {
-            const FsdParamInfo *P = &m->params[p];
-            if (P->group != g)
-                continue;
-            text_add(t, ",");
-            text_str(t, P->name);
-            text_add(t, ":{\"dtype\":\"F32\",\"shape\":[%lld", (long long)P->shape[0]);
-            if (P->rank == 2)
-                text_add(t, ",%lld", (long long)P->shape[1]);
-            text_add(t, "],\"data_offsets\":[%lld,%lld]}", (long long)at,
-                     (long long)(at + 4 * P->numel));
-            at += 4 * P->numel;
-        }
+    for (int i = 0; i < L->ntensors; i++) {
+        const WTensor *T = &L->tensors[i];
+        text_add(t, ",");
+        text_str(t, T->name);
+        text_add(t, ":{\"dtype\":\"F32\",\"shape\":[%lld", (long long)T->shape[0]);
+        if (T->rank == 2)
+            text_add(t, ",%lld", (long long)T->shape[1]);
+        text_add(t, "],\"data_offsets\":[%lld,%lld]}", (long long)at, (long long)(at + 4 * T->numel));
+        at += 4 * T->numel;
+    }
     text_add(t, "}");
     /* pad with spaces so the data starts 8-byte aligned, as the Rust
      * implementation writes it */
@@ -673,16 +461,38 @@ static bool export_header(FsdRun *r, Text *t)
 
 static bool write_all(FILE *f, const void *p, size_t n) { return fwrite(p, 1, n, f) == n; }
 
+/* n values from src (stride `stride`) as F32 at byte `at` of f. */
+static bool write_floats(FILE *f, int64_t at, const real *src, int64_t n, int64_t stride)
+{
+    float chunk[4096];
+    if (fseeko(f, at, SEEK_SET) != 0)
+        return false;
+    for (int64_t i = 0; i < n; i += 4096) {
+        int64_t k = n - i < 4096 ? n - i : 4096;
+        for (int64_t j = 0; j < k; j++)
+            chunk[j] = (float)src[(i + j) * stride];
+        if (!write_all(f, chunk, (size_t)k * 4))
+            return false;
+    }
+    return true;
+}
+
 void weights_export(FsdRun *r, const char *path)
 {
     const FsdModel *m = r->m;
     FILE *f = NULL;
     char tmp[4096] = "";
     Text hdr = {0};
+    WLayout L;
+    int64_t *begin = NULL;
+    /* every rank builds the layout, so a model the format cannot hold is
+     * refused on all of them before any gathers */
+    if (!hf_layout(r, r->hf_names, &L))
+        return;
     bool writing = r->rank == 0;   /* rank 0 stops writing at its first error, not gathering */
     if (writing) {
         snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-        if (!export_header(r, &hdr)) {
+        if (!export_header(&L, &hdr) || !(begin = malloc(sizeof *begin * (size_t)(L.ntensors + 1)))) {
             rt_fail(r, "out of memory writing %s's header", path);
             writing = false;
         } else if (!(f = fopen(tmp, "wb"))) {
@@ -696,6 +506,11 @@ void weights_export(FsdRun *r, const char *path)
                 rt_fail(r, "cannot write %s: %s", tmp, strerror(errno));
                 writing = false;
             }
+            int64_t at = 8 + (int64_t)hdr.n;
+            for (int t = 0; t < L.ntensors; t++) {
+                begin[t] = at;
+                at += 4 * L.tensors[t].numel;
+            }
         }
     }
     /* one group at a time: rank 0 holds one flat buffer, the largest group's */
@@ -705,27 +520,39 @@ void weights_export(FsdRun *r, const char *path)
             most = r->groups[g].padded;
     real *flat = NULL;
     if (r->rank == 0)
-        flat = bk_pool_get(r, most * (int64_t)sizeof(real), most * (int64_t)sizeof(real));
-    float chunk[4096];
+        flat = malloc((size_t)most * sizeof(real));   /* host memory, counted as the CPU's was */
+    if (r->rank == 0 && !flat) {   /* as an unsharded buffer short of memory: the run ends */
+        fprintf(stderr, "train: rank 0: out of memory for --export's buffer of %lld bytes\n",
+                (long long)(most * (int64_t)sizeof(real)));
+        bk_abort(r);
+    }
+    if (flat)
+        rt_count(r, most * (int64_t)sizeof(real));
     for (int g = 0; g < m->ngroups; g++) {
         bk_gather_shards(r, g, flat);
         for (int p = 0; writing && p < m->nparams; p++) {
             const FsdParamInfo *P = &m->params[p];
             if (P->group != g)
                 continue;
-            for (int64_t i = 0; writing && i < P->numel; i += 4096) {
-                int64_t n = P->numel - i < 4096 ? P->numel - i : 4096;
-                for (int64_t k = 0; k < n; k++)
-                    chunk[k] = (float)flat[P->offset + i + k];
-                if (!write_all(f, chunk, (size_t)n * 4)) {
-                    rt_fail(r, "cannot write %s: %s", tmp, strerror(errno));
-                    writing = false;
-                }
+            const WPlace pl = L.place[p];
+            const WTensor *T = &L.tensors[pl.tensor];
+            const real *src = flat + P->offset;
+            if (!pl.transposed)
+                writing = write_floats(f, begin[pl.tensor] + 4 * pl.at, src, P->numel, 1);
+            else {
+                /* P [R, K]: its column j is row j of the tensor, from column `at` */
+                const int64_t R = P->shape[0], K = P->rank == 2 ? P->shape[1] : 1;
+                for (int64_t j = 0; writing && j < K; j++)
+                    writing = write_floats(f, begin[pl.tensor] + 4 * (j * T->shape[1] + pl.at),
+                                           src + j, R, K);
             }
+            if (!writing)
+                rt_fail(r, "cannot write %s: %s", tmp, strerror(errno));
         }
     }
     if (flat)
-        bk_pool_put(r, flat, most * (int64_t)sizeof(real));
+        rt_count(r, -most * (int64_t)sizeof(real));
+    free(flat);
     if (f) {
         if (fclose(f) != 0 && writing) {
             rt_fail(r, "cannot write %s: %s", tmp, strerror(errno));
@@ -739,4 +566,6 @@ void weights_export(FsdRun *r, const char *path)
             remove(tmp);
     }
     free(hdr.s);
+    free(begin);
+    hf_layout_free(&L);
 }

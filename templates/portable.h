@@ -192,6 +192,19 @@ static inline void fsd_launch_check(const char *kernel)
         fsd_launch_check(#name);                                                       \
     } while (0)
 
+#ifdef __CUDACC_RTC__
+/* fsdpc --verify compiles the kernels alone with NVRTC (compiler/verify.c):
+ * device code only, where -default-device makes the launchers device
+ * functions that are never called, and a launch inside one would be a
+ * device-side launch. There a launcher only evaluates its size. */
+#undef FSD_RUN_ROWS
+#undef FSD_RUN_ELEMS
+#undef FSD_RUN_COLS
+#define FSD_RUN_ROWS(name, rows, args) ((void)(rows))
+#define FSD_RUN_ELEMS(name, n, args) ((void)(n))
+#define FSD_RUN_COLS(name, cols, args) ((void)(cols))
+#endif
+
 #elif defined(FSD_WARP_EMULATION)
 /* Tests only: the CPU runs row kernels as 32 lanes in lockstep, to check
  * the GPU's lane logic without a GPU (tests/kernels/warp_emulation.h). */

@@ -116,8 +116,20 @@ suite "" tests/kernels/run.sh
 # ── 5. the CPU runtime on 1-4 MPI ranks, and fsdata ──
 suite "runtime: " env MAKE="$MAKE" tests/runtime/run.sh
 
+# ── sharded checkpoints, resume, resharding; Hugging Face weights ──
+suite "ckpt: " env MAKE="$MAKE" tests/ckpt/run.sh
+
 # ── install: an emitted trainer built outside the repository ──
 suite "" tests/install/run.sh
+
+# ── the CUDA build without a GPU: nvcc, NCCL link, NVRTC, no host syncs ──
+suite "" env MAKE="$MAKE" tests/cuda/run.sh
+
+# ── emitted trainers end to end: gradient checks, 1-4 ranks, bf16, the plan ──
+suite "e2e: " env MAKE="$MAKE" tests/e2e/run.sh
+
+# ── PyTorch as the reference: the examples' losses step by step ──
+suite "oracle: " env MAKE="$MAKE" tests/oracle/run.sh
 
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]

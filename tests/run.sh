@@ -147,6 +147,18 @@ if cmp -s "$TMP/model.txt" tests/golden/tiny.model; then ok "cli -o writes the d
 echo "keep me" >"$TMP/keep.txt"
 "$FSDPC" tests/errors/undefined_name.fsd --dump-model -o "$TMP/keep.txt" 2>/dev/null
 if [ "$(cat "$TMP/keep.txt")" = "keep me" ]; then ok "cli error keeps existing -o file"; else bad "cli error keeps existing -o file"; fi
+# -o to a pipe or device writes it directly; renaming a temporary file over
+# it would replace it (as root, -o /dev/null replaced /dev/null)
+mkfifo "$TMP/fifo"
+timeout 10 cat "$TMP/fifo" >"$TMP/fifo.out" &
+reader=$!
+"$FSDPC" examples/tiny.fsd --dump-model -o "$TMP/fifo"
+wait $reader
+if [ -p "$TMP/fifo" ] && cmp -s "$TMP/fifo.out" tests/golden/tiny.model; then
+    ok "cli -o writes a pipe in place"
+else
+    bad "cli -o writes a pipe in place"
+fi
 
 # every example passes --check with no warnings
 for f in examples/*.fsd; do

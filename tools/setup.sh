@@ -5,7 +5,8 @@
 #
 # clang and its runtime libraries (libFuzzer) are optional: `make test` runs
 # its fuzz smoke test only when they are there and says so when they are
-# not, so a missing clang is installed as root but never an error.
+# not, so a missing clang is installed as root but never an error. So is
+# PyTorch (python3-torch, python3-numpy) for the oracle tests (tests/oracle).
 set -e
 
 need=""
@@ -35,7 +36,16 @@ else
     fi
 fi
 
-[ -z "$need$want" ] && exit 0
+# PyTorch for the oracle tests (tests/oracle): Debian's python3-torch,
+# which installs for /usr/bin/python3 (the python3 first on PATH may be
+# another one). Optional like clang: without it `make test` skips the oracle
+# and says why. find_spec looks without importing, so this stays fast.
+torch=""
+has_torch='import importlib.util as u, sys; sys.exit(not (u.find_spec("torch") and u.find_spec("numpy")))'
+python3 -c "$has_torch" >/dev/null 2>&1 || /usr/bin/python3 -c "$has_torch" >/dev/null 2>&1 ||
+    torch="python3-torch python3-numpy"
+
+[ -z "$need$want$torch" ] && exit 0
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     export DEBIAN_FRONTEND=noninteractive
@@ -49,11 +59,22 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         apt-get install -y -qq $want >/dev/null ||
             echo "setup: could not install $want; the fuzz smoke test will be skipped" >&2
     fi
+    if [ -n "$torch" ]; then
+        echo "setup: installing $torch (for the PyTorch oracle tests)"
+        apt-get install -y -qq $torch >/dev/null ||
+            echo "setup: could not install $torch; the oracle tests will be skipped" >&2
+    fi
 elif [ -n "$need" ]; then
     echo "setup: missing$need; install with:" >&2
-    echo "  sudo apt-get install -y$need${want:+ $want}" >&2
+    echo "  sudo apt-get install -y$need${want:+ $want}${torch:+ $torch}" >&2
     exit 1
 else
-    echo "setup: no clang with libFuzzer, so \`make test\` skips its fuzz smoke test;" \
-         "install with: sudo apt-get install -y $want" >&2
+    if [ -n "$want" ]; then
+        echo "setup: no clang with libFuzzer, so \`make test\` skips its fuzz smoke test;" \
+             "install with: sudo apt-get install -y $want" >&2
+    fi
+    if [ -n "$torch" ]; then
+        echo "setup: no Python with torch, so \`make test\` skips its PyTorch oracle;" \
+             "install with: sudo apt-get install -y $torch" >&2
+    fi
 fi

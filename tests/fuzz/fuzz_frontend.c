@@ -1,9 +1,14 @@
 /*
- * fuzz_frontend.c — libFuzzer entry point for the whole front end.
+ * fuzz_frontend.c — libFuzzer entry point for the whole compiler.
  *
  * Each input is one .fsd source: it is parsed, checked and, when that
  * succeeds, dumped (AST and model) into /dev/null, so the dumpers see every
- * tree the checker accepts. Diagnostics are counted but not printed. The
+ * tree the checker accepts. A model that checks out then goes through every
+ * later pass — lowering, autodiff, planning at a world of 3 (uneven shards),
+ * scheduling, the memory plan, emission — with each verifier run, and a
+ * verifier's complaint aborts like a crash: it is a compiler bug. Models
+ * with more than MAX_PARAMS tensors stop after the front end, to keep each
+ * input fast. Diagnostics are counted but not printed. The
  * arena is released after every input, so a leak report means memory that
  * escaped the arena. Design §3: no input may crash, hang or read out of
  * bounds; `make fuzz` runs this with ASan and UBSan.
@@ -14,6 +19,35 @@
 
 /* Far beyond any model description; larger inputs only slow the search. */
 #define MAX_INPUT_BYTES (1u << 20)
+#define MAX_PARAMS 4096
+
+static void must_verify(int violations, const char *what)
+{
+    if (violations)
+        fsd_panic(__FILE__, __LINE__, what);
+}
+
+/* The passes after the front end, as main runs them. */
+static void back_end(Model *m, Diag *diag, FILE *devnull)
+{
+    Graph *g = lower_model(m);
+    must_verify(ir_verify(g, NULL), "ir verify after lowering");
+    autodiff(g);
+    must_verify(ir_verify(g, NULL), "ir verify after autodiff");
+    Plan *plan = plan_build(m, g);
+    MemPlan *mem = memplan_fit(plan, 3, diag);
+    if (!mem)
+        return;   /* memory_budget cannot be met: a user error */
+    must_verify(schedule_verify(mem->sched, stderr), "schedule verify");
+    must_verify(memplan_verify(mem, NULL), "memory plan verify");
+    schedule_dump(devnull, mem->sched, 3, mem);
+    plan->micro_batches = 1;
+    Schedule *one = schedule_build(plan);
+    plan->micro_batches = 3;
+    Schedule *three = schedule_build(plan);
+    must_verify(schedule_verify(one, stderr) + schedule_verify(three, stderr), "schedule verify");
+    emit_program(devnull, one, three);
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -33,8 +67,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!diag.errors) {
         ast_dump(devnull, prog);
         Model *model = sema_check(prog, &diag);
-        if (model)
+        if (model) {
             model_dump(devnull, model);
+            if (model->nparams <= MAX_PARAMS)
+                back_end(model, &diag, devnull);
+        }
     }
     arena_reset();
     return 0;

@@ -140,10 +140,13 @@ def cmd_logs(a, b, tol):
     if len(la) != len(lb) or not la:
         die(f"{a} has {len(la)} steps, {b} has {len(lb)}")
     tol = float(tol)
-    keys = {"step", "loss", "lr", "grad_norm", "tokens_per_s", "step_ms", "mem_peak_bytes", "comm_bytes"}
+    keys = {"step", "loss", "lr", "grad_norm", "tokens_per_s", "step_ms", "mem_peak_bytes", "comm_bytes",
+            "gather_bytes", "reduce_bytes"}
     for x, y in zip(la, lb):
         if set(x) != keys:
             die(f"{a}: keys {sorted(x)}")
+        if x["comm_bytes"] != x["gather_bytes"] + x["reduce_bytes"]:
+            die(f"{a}: step {x['step']}: comm_bytes is not gather_bytes + reduce_bytes")
         if x["step"] != y["step"] or x["lr"] != y["lr"]:
             die(f"step {x['step']}: step/lr differ: {x} vs {y}")
         for k in ("loss", "grad_norm"):

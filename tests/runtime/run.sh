@@ -257,7 +257,7 @@ err "truncated data" 2 "data file $TMP/truncated.bin is truncated: its header sa
 err "data too short" 2 "data file $TMP/short.bin: 16 tokens is too short for one sequence of 16" --data "$TMP/short.bin"
 err "token >= vocab (found by the last rank)" 3 "data file $TMP/token.bin: token 87 at position $pos is not below the model's vocabulary size 64" --data "$TMP/token.bin"
 err "bad --val-data" 2 "data file $TMP/magic.bin: wrong magic number" --data "$D" --val-data "$TMP/magic.bin"
-FSD_TEST_TINY=1 err "world larger than a group" 3 "world size 3 is larger than shard group tiny's 2 parameters" --data "$D"
+FSD_TEST_TINY=1 err "world larger than a group" 3 "world size 3 is larger than shard group tiny's 2 elements (its parameters, aligned): run on at most 2 ranks" --data "$D"
 err "unwritable --log" 2 "cannot write --log file /nonexistent/log.json: No such file or directory" --data "$D" --log /nonexistent/log.json
 err "unwritable --export" 2 "cannot write --export file /nonexistent/w.st.tmp." --steps 0 --export /nonexistent/w.st
 for k in missing shape dtype json hlen truncated; do $CHECK mkweights $k "$TMP/$k.st" "$TMP/sharded.2.st"; done

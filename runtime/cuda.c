@@ -1,0 +1,1309 @@
+/*
+ * cuda.c — the runtime's CUDA backend, host side: NCCL between ranks,
+ * cuBLAS for matrix products, three CUDA streams. Its kernels (casts, the
+ * gradient norm, AdamW, SGD) are in cuda_kernels.cu; this file is C like
+ * the rest of the runtime and drives them through cuda.h.
+ *
+ * Start-up. The local rank (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID,
+ * LOCAL_RANK, MPI_LOCALRANKID; else MPI's shared-memory split) picks the
+ * device. NCCL's unique id goes from rank 0 to the others over MPI
+ * (MPI_Bcast), or, with FSD_NCCL_ID_FILE set, through a file on a shared
+ * file system (rank 0 writes it, the others poll for it; rank and world then
+ * come from RANK/WORLD_SIZE, OMPI_COMM_WORLD_*, SLURM_PROCID/SLURM_NTASKS or
+ * PMI_*). Once NCCL is up every collective of the runtime goes through it,
+ * so both bootstraps run the same code afterwards.
+ *
+ * Streams. Kernels and cuBLAS run on the compute stream (fsdrt_cuda_stream,
+ * which the emitted program's launchers use as FSD_STREAM); all-gathers on
+ * the gather stream, reduce-scatters on the reduce stream. They are ordered
+ * by events only: a collective is issued after its stream waits on an event
+ * recorded on the compute stream (so it sees every gradient written and
+ * every update of the master shards), and fsdrt_wait_* make the compute
+ * stream wait on the event recorded after it. Nothing in a step waits on
+ * the host; the one host wait per step is in bk_update, after the optimizer
+ * is queued, for the loss and norm of the log line. tests/cuda/no_host_sync.sh
+ * checks that statically. Both collective streams use one communicator:
+ * NCCL then runs the all-gathers and reduce-scatters one after another
+ * (as PyTorch's single process group does), each overlapping compute.
+ *
+ * Collectives work in place, as the memory plan assumes. An all-gather
+ * writes this rank's shard at its offset in the unsharded buffer and
+ * gathers around it (sendbuff = recvbuff + rank·count); a reduce-scatter
+ * averages (ncclAvg) into this rank's slice of the unsharded gradients, and
+ * the same stream adds that slice into the fp32 gradient shard.
+ *
+ * Mixed precision, first version (docs/cuda.md): a 16-bit param dtype
+ * travels as 16 bits (the shard is narrowed into a wire buffer, gathered,
+ * and widened into an fp32 unsharded buffer on the gather stream), and a
+ * 16-bit reduce dtype is reduced as 16 bits; kernels and matrix products
+ * compute in fp32 (matmuls on TF32 tensor cores unless FSD_TF32=0). So the
+ * bytes on the wire are the plan's, the unsharded parameter buffers are
+ * twice the plan's size, and the counters say so.
+ *
+ * Buffers. Unsharded buffers come from a pool of device buffers that
+ * bk_ready fills at start-up by replaying the step's buffer events (the
+ * model's buf_one / buf_three tables) through the pool's own best fit, so a
+ * step never calls cudaMalloc or cudaFree. A buffer handed back is reused
+ * safely without per-buffer events: it goes back while only the compute
+ * stream can still touch it (after its gather was waited for, or after its
+ * reduce-scatter was), and whoever takes it next is ordered after the
+ * compute stream by the fence before its collective, or is the compute
+ * stream itself.
+ *
+ * Errors. Every CUDA, NCCL, cuBLAS and MPI call is checked and reported as
+ * `train: rank R: file:line: call failed: why`, then the communicator is
+ * aborted and the job ended (MPI_Abort where MPI runs it). Host waits poll
+ * the event and ncclCommGetAsyncError, and give up after FSD_NCCL_TIMEOUT
+ * seconds (default 600) with a message, so a rank that died or hangs ends
+ * every other rank instead of leaving them waiting forever.
+ */
+#include "cuda.h"
+#include "internal.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <mpi.h>
+#include <nccl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifdef FSD_FLOAT64
+#error "the CUDA backend computes in float32; the float64 build is the CPU backend's (BACKEND=cpu64)"
+#endif
+
+/* Small collectives (agreement, barriers, the trace's lengths) stage
+ * through buffers this size. */
+#define SMALL_BYTES 8192
+/* cuBLAS's workspace, given at start-up so no product allocates one. */
+#define BLAS_WORKSPACE_BYTES (32 << 20)
+
+typedef struct Pooled {
+    void *p;
+    int64_t cap;
+    bool out;
+} Pooled;
+
+/* Collective state of one group. */
+typedef struct GroupComm {
+    cudaEvent_t gathered, reduced;   /* recorded after the collective and its cast */
+    bool gathering, reducing;
+    double gather_t0, reduce_t0;
+} GroupComm;
+
+struct Backend {
+    /* bootstrap */
+    bool mpi;                /* MPI runs the job: the unique id went over it */
+    bool started_mpi;        /* MPI_Init was ours, so MPI_Finalize is too */
+    const char *id_file;     /* FSD_NCCL_ID_FILE; rank 0 removes it at the end */
+    bool wrote_id_file;
+    double timeout_s;        /* FSD_NCCL_TIMEOUT */
+
+    /* the device */
+    int device;
+    bool have_device;
+    cudaStream_t compute, gather, reduce;
+    cudaEvent_t fence, host_ev, stats_ev;
+    ncclComm_t comm;
+    bool have_comm;
+    cublasHandle_t blas;
+    bool have_blas, tf32;
+    void *blas_ws;
+
+    /* buffers */
+    Pooled *pool;
+    int npool, pool_cap;
+    bool pool_sized, pool_warned;
+    GroupComm *gc;
+    uint16_t *wire_ag, *wire_rs;     /* 16-bit wire buffers, largest group's size */
+    int64_t wire_ag_bytes, wire_rs_bytes;
+    CudaSeg *seg;                    /* every group's segments, end to end */
+    int *seg_at;                     /* group g's first segment */
+    int32_t *d_idx, *d_targets, *d_positions;
+    int32_t *h_stage;                /* pinned: each micro-batch's idx, targets */
+    double *d_stats;                 /* loss, Σ g², clip coefficient, loss so far */
+    double *h_stats;                 /* pinned */
+    double *d_partials;              /* the norm's per-block sums */
+    char *d_small, *h_small;         /* small collectives (h_small pinned) */
+};
+
+/* The compute stream, for launchers that have no FsdRun at hand (one run
+ * per process); 0, the legacy stream, until bk_start has created it. */
+static cudaStream_t compute_stream;
+
+cudaStream_t fsdrt_cuda_stream(void) { return compute_stream; }
+
+/* ── errors ── */
+
+_Noreturn void bk_abort(FsdRun *r)
+{
+    fflush(stdout);
+    fflush(stderr);
+    Backend *bk = r->bk;
+    if (bk && bk->have_comm) {
+        /* NCCL kernels waiting for peers end; other ranks' NCCL sees them gone */
+        bk->have_comm = false;
+        ncclCommAbort(bk->comm);
+    }
+    int up = 0, down = 0;
+    MPI_Initialized(&up);
+    MPI_Finalized(&down);
+    if (up && !down)
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    /* not exit(): atexit handlers could wait on a device that is stuck */
+    _exit(1);
+}
+
+static _Noreturn void failed(FsdRun *r, const char *file, int line, const char *call,
+                             const char *why)
+{
+    fprintf(stderr, "train: rank %d: %s:%d: %s failed: %s\n", r->rank, file, line, call, why);
+    bk_abort(r);
+}
+
+static _Noreturn void nccl_failed(FsdRun *r, const char *file, int line, const char *call,
+                                  ncclResult_t e)
+{
+    char why[512];
+    const char *last = ncclGetLastError(r->bk && r->bk->have_comm ? r->bk->comm : NULL);
+    snprintf(why, sizeof why, "%s%s%s", ncclGetErrorString(e), last && *last ? ": " : "",
+             last ? last : "");
+    failed(r, file, line, call, why);
+}
+
+#define CUDA_CHECK(r, call)                                                \
+    do {                                                                   \
+        cudaError_t e_ = (call);                                           \
+        if (e_ != cudaSuccess)                                             \
+            failed((r), __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+    } while (0)
+
+#define NCCL_CHECK(r, call)                                  \
+    do {                                                     \
+        ncclResult_t e_ = (call);                            \
+        if (e_ != ncclSuccess)                               \
+            nccl_failed((r), __FILE__, __LINE__, #call, e_); \
+    } while (0)
+
+#define BLAS_CHECK(r, call)                                                   \
+    do {                                                                      \
+        cublasStatus_t e_ = (call);                                           \
+        if (e_ != CUBLAS_STATUS_SUCCESS)                                      \
+            failed((r), __FILE__, __LINE__, #call, cublasGetStatusString(e_)); \
+    } while (0)
+
+/* At shutdown a failure is reported with its call site, but there is
+ * nothing left to undo: the rest of the shutdown goes on. */
+#define CUDA_NOTE(r, call)                                                             \
+    do {                                                                               \
+        cudaError_t e_ = (call);                                                       \
+        if (e_ != cudaSuccess)                                                         \
+            fprintf(stderr, "train: rank %d: %s:%d: %s failed: %s\n", (r)->rank, __FILE__, \
+                    __LINE__, #call, cudaGetErrorString(e_));                          \
+    } while (0)
+
+#define MPI_CHECK(r, call)                                                    \
+    do {                                                                      \
+        int e_ = (call);                                                      \
+        if (e_ != MPI_SUCCESS) {                                              \
+            char why_[MPI_MAX_ERROR_STRING];                                  \
+            int n_ = 0;                                                       \
+            if (MPI_Error_string(e_, why_, &n_) != MPI_SUCCESS)               \
+                snprintf(why_, sizeof why_, "error %d", e_);                  \
+            failed((r), __FILE__, __LINE__, #call, why_);                     \
+        }                                                                     \
+    } while (0)
+
+/* ── host waits: the only place the host waits for the GPU ── */
+
+static void pause_briefly(long spins)
+{
+    if (spins < 200)
+        return;   /* the first checks spin: most waits are short */
+    struct timespec ts = {0, spins < 2000 ? 20000 : 200000};
+    nanosleep(&ts, NULL);
+}
+
+/* Waits until the GPU has passed `ev`, watching NCCL while it does: an
+ * asynchronous NCCL error, or no completion within the timeout, aborts the
+ * communicator and ends the run with a message, so that no rank waits
+ * forever on one that has stopped. */
+static void host_wait(FsdRun *r, cudaEvent_t ev, const char *what)
+{
+    Backend *bk = r->bk;
+    const double t0 = rt_now();
+    for (long spins = 0;; spins++) {
+        cudaError_t e = cudaEventQuery(ev);
+        if (e == cudaSuccess)
+            return;
+        if (e != cudaErrorNotReady)
+            failed(r, __FILE__, __LINE__, what, cudaGetErrorString(e));
+        if (bk->have_comm) {
+            ncclResult_t async = ncclSuccess;
+            NCCL_CHECK(r, ncclCommGetAsyncError(bk->comm, &async));
+            if (async != ncclSuccess && async != ncclInProgress)
+                nccl_failed(r, __FILE__, __LINE__, what, async);
+        }
+        if (rt_now() - t0 > bk->timeout_s) {
+            fprintf(stderr,
+                    "train: rank %d: %s did not complete within %.0f s (FSD_NCCL_TIMEOUT): a rank "
+                    "has stopped or the network is stuck; aborting NCCL and ending the run\n",
+                    r->rank, what, bk->timeout_s);
+            bk_abort(r);
+        }
+        pause_briefly(spins);
+    }
+}
+
+/* Waits until stream s has done everything queued on it so far. */
+static void stream_wait_host(FsdRun *r, cudaStream_t s, const char *what)
+{
+    CUDA_CHECK(r, cudaEventRecord(r->bk->host_ev, s));
+    host_wait(r, r->bk->host_ev, what);
+}
+
+/* Orders collective stream `comm` after everything queued on the compute
+ * stream so far (FSDP2's all-gather stream waits on the current stream the
+ * same way). */
+static void fence(FsdRun *r, cudaStream_t comm)
+{
+    CUDA_CHECK(r, cudaEventRecord(r->bk->fence, r->bk->compute));
+    CUDA_CHECK(r, cudaStreamWaitEvent(comm, r->bk->fence, 0));
+}
+
+/* ── start-up ── */
+
+static bool env_long(const char *name, long *out)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return false;
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (*end || errno || x < 0)
+        return false;
+    *out = x;
+    return true;
+}
+
+/* Rank and world of a job MPI does not run (FSD_NCCL_ID_FILE): the first
+ * launcher's variables found; none at all is one process. */
+static bool ranks_from_env(FsdRun *r)
+{
+    static const char *const vars[][2] = {{"RANK", "WORLD_SIZE"},
+                                          {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+                                          {"SLURM_PROCID", "SLURM_NTASKS"},
+                                          {"PMI_RANK", "PMI_SIZE"}};
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
+        long rank, world;
+        if (!env_long(vars[i][0], &rank) || !env_long(vars[i][1], &world))
+            continue;
+        if (world < 1 || world > INT_MAX || rank >= world) {
+            rt_fail(r, "%s=%ld and %s=%ld do not describe a rank of a job", vars[i][0], rank,
+                    vars[i][1], world);
+            return false;
+        }
+        r->rank = (int)rank;
+        r->world = (int)world;
+        return true;
+    }
+    return true;
+}
+
+/* The local rank from the launcher's variables (mpirun, srun, torchrun,
+ * MPICH's hydra), with the number of local ranks when it says. */
+static bool local_from_env(int *local, int *local_world)
+{
+    static const char *const vars[][2] = {{"OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
+                                          {"SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
+                                          {"LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+                                          {"MPI_LOCALRANKID", "MPI_LOCALNRANKS"}};
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
+        long l, n;
+        if (!env_long(vars[i][0], &l) || l > INT_MAX)
+            continue;
+        *local = (int)l;
+        if (env_long(vars[i][1], &n) && n > l && n <= INT_MAX)
+            *local_world = (int)n;
+        else if (*local_world <= l)
+            *local_world = (int)l + 1;
+        return true;
+    }
+    return false;
+}
+
+/* MPI's start, rank and world, as the CPU backend's; the node split gives
+ * the local rank where no launcher variable does. */
+static bool start_mpi(FsdRun *r, int *argc, char ***argv)
+{
+    Backend *bk = r->bk;
+    int up = 0;
+    MPI_Initialized(&up);
+    if (!up) {
+        int provided = 0;
+        if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+            rt_fail(r, "cannot start MPI (MPI_Init_thread failed); launch with mpirun or srun, or "
+                       "set FSD_NCCL_ID_FILE to bootstrap NCCL through a shared file instead");
+            return false;
+        }
+        bk->started_mpi = true;
+    }
+    bk->mpi = true;
+    MPI_CHECK(r, MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+    MPI_CHECK(r, MPI_Comm_rank(MPI_COMM_WORLD, &r->rank));
+    MPI_CHECK(r, MPI_Comm_size(MPI_COMM_WORLD, &r->world));
+    MPI_Comm node;
+    MPI_CHECK(r, MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, r->rank, MPI_INFO_NULL, &node));
+    MPI_CHECK(r, MPI_Comm_rank(node, &r->local_rank));
+    MPI_CHECK(r, MPI_Comm_size(node, &r->local_world));
+    MPI_CHECK(r, MPI_Comm_free(&node));
+    /* torchrun, or srun with an MPI built without Slurm's PMI, starts
+     * processes MPI sees as separate jobs of one: they would each train
+     * alone */
+    static const char *const vars[] = {"WORLD_SIZE", "SLURM_STEP_NUM_TASKS"};
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
+        long n;
+        if (r->world == 1 && env_long(vars[i], &n) && n > 1) {
+            rt_fail(r, "%s=%ld, but MPI started this process alone: launch the ranks with mpirun "
+                       "(or srun with Slurm's PMI support), or set FSD_NCCL_ID_FILE to a path on a "
+                       "shared file system to bootstrap NCCL without MPI (docs/cuda.md)",
+                    vars[i], n);
+            return false;
+        }
+    }
+    return true;
+}
+
+static bool pick_device(FsdRun *r)
+{
+    Backend *bk = r->bk;
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n < 1) {
+        rt_fail(r, "rank %d: no CUDA device: %s", r->rank,
+                e != cudaSuccess ? cudaGetErrorString(e) : "none visible (CUDA_VISIBLE_DEVICES?)");
+        return false;
+    }
+    if (r->local_rank < n)
+        bk->device = r->local_rank;
+    else if (n == 1)
+        bk->device = 0;   /* each process sees its own GPU (srun --gpus-per-task, say) */
+    else {
+        rt_fail(r, "rank %d is local rank %d on its node, which has %d GPUs: start at most %d ranks "
+                   "per node",
+                r->rank, r->local_rank, n, n);
+        return false;
+    }
+    if ((e = cudaSetDevice(bk->device)) != cudaSuccess) {
+        rt_fail(r, "rank %d: cannot use GPU %d: %s", r->rank, bk->device, cudaGetErrorString(e));
+        return false;
+    }
+    bk->have_device = true;
+    return true;
+}
+
+/* Every rank learns whether any failed before NCCL exists, over MPI, so
+ * none waits in NCCL's start for one that has given up. */
+static bool agree_before_nccl(FsdRun *r)
+{
+    if (!r->bk->mpi)
+        return !r->err[0];   /* the others time out in NCCL's start, with a message */
+    int mine = r->err[0] ? r->rank : r->world, first = r->world;
+    MPI_CHECK(r, MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+    if (first == r->world)
+        return true;
+    MPI_CHECK(r, MPI_Bcast(r->err, ERR_MAX, MPI_CHAR, first, MPI_COMM_WORLD));
+    r->err[ERR_MAX - 1] = 0;
+    return false;
+}
+
+/* FSD_NCCL_ID_FILE: rank 0 writes the id under a temporary name and
+ * renames it, so a reader sees all of it or nothing; the others poll. A
+ * file left by an earlier run would hand them a stale id, so rank 0
+ * refuses to start over one. */
+static bool id_through_file(FsdRun *r, ncclUniqueId *id)
+{
+    Backend *bk = r->bk;
+    const char *path = bk->id_file;
+    if (r->rank == 0) {
+        if (access(path, F_OK) == 0) {
+            rt_fail(r, "FSD_NCCL_ID_FILE %s exists: it is left from an earlier run, and the other "
+                       "ranks would read its stale id; remove it, or use a path unique to this job "
+                       "(e.g. $HOME/nccl-id.$SLURM_JOB_ID)",
+                    path);
+            return false;
+        }
+        char tmp[4096];
+        snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+        FILE *f = fopen(tmp, "wb");
+        bool ok = f && fwrite(id, sizeof *id, 1, f) == 1;
+        ok = f && fclose(f) == 0 && ok;
+        if (!ok || rename(tmp, path) != 0) {
+            rt_fail(r, "cannot write FSD_NCCL_ID_FILE %s: %s", path, strerror(errno));
+            remove(tmp);
+            return false;
+        }
+        bk->wrote_id_file = true;
+        return true;
+    }
+    const double t0 = rt_now();
+    for (long spins = 0;; spins++) {
+        FILE *f = fopen(path, "rb");
+        if (f) {
+            size_t got = fread(id, sizeof *id, 1, f);
+            fclose(f);
+            if (got == 1)
+                return true;
+        }
+        if (rt_now() - t0 > bk->timeout_s) {
+            rt_fail(r, "rank %d: FSD_NCCL_ID_FILE %s did not appear within %.0f s "
+                       "(FSD_NCCL_TIMEOUT): is rank 0 running, and is the path on a file system "
+                       "every node shares?",
+                    r->rank, path, bk->timeout_s);
+            return false;
+        }
+        struct timespec ts = {0, 20000000};
+        nanosleep(&ts, NULL);
+        (void)spins;
+    }
+}
+
+/* ncclCommInitRank blocks until every rank has joined; a watchdog thread
+ * ends the process if that takes longer than the timeout (the main thread
+ * cannot: it is inside NCCL). */
+typedef struct Watchdog {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+    double timeout_s;
+    int rank;
+} Watchdog;
+
+static void *watchdog(void *arg)
+{
+    Watchdog *w = arg;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += (time_t)w->timeout_s;
+    pthread_mutex_lock(&w->mu);
+    int e = 0;
+    while (!w->done && e != ETIMEDOUT)
+        e = pthread_cond_timedwait(&w->cv, &w->mu, &until);
+    bool done = w->done;
+    pthread_mutex_unlock(&w->mu);
+    if (!done) {
+        fprintf(stderr,
+                "train: rank %d: NCCL's start did not complete within %.0f s (FSD_NCCL_TIMEOUT): "
+                "not every rank joined (a rank failed before it, or the ranks were given "
+                "different ids)\n",
+                w->rank, w->timeout_s);
+        fflush(stderr);
+        _exit(1);
+    }
+    return NULL;
+}
+
+static void start_nccl(FsdRun *r, const ncclUniqueId *id)
+{
+    Backend *bk = r->bk;
+    Watchdog w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, bk->timeout_s, r->rank};
+    pthread_t t;
+    bool watching = pthread_create(&t, NULL, watchdog, &w) == 0;
+    NCCL_CHECK(r, ncclCommInitRank(&bk->comm, r->world, *id, r->rank));
+    bk->have_comm = true;
+    if (watching) {
+        pthread_mutex_lock(&w.mu);
+        w.done = true;
+        pthread_cond_signal(&w.cv);
+        pthread_mutex_unlock(&w.mu);
+        pthread_join(t, NULL);
+    }
+}
+
+bool bk_start(FsdRun *r, int *argc, char ***argv)
+{
+    r->rank = 0;
+    r->world = r->local_world = 1;
+    r->local_rank = 0;
+    Backend *bk = calloc(1, sizeof *bk);
+    if (!bk) {
+        rt_fail(r, "out of memory starting the runtime");
+        return false;
+    }
+    r->bk = bk;
+    long t;
+    bk->timeout_s = env_long("FSD_NCCL_TIMEOUT", &t) && t > 0 ? (double)t : 600;
+    const char *tf32 = getenv("FSD_TF32");
+    bk->tf32 = !(tf32 && strcmp(tf32, "0") == 0);
+    const char *id_file = getenv("FSD_NCCL_ID_FILE");
+    if (id_file && *id_file) {
+        bk->id_file = id_file;
+        if (!ranks_from_env(r))
+            return false;
+        r->local_world = r->world == 1 ? 1 : 0;
+        if (!local_from_env(&r->local_rank, &r->local_world) && r->world > 1) {
+            rt_fail(r, "rank %d: no local rank in the environment (LOCAL_RANK, SLURM_LOCALID, "
+                       "OMPI_COMM_WORLD_LOCAL_RANK): it picks this process's GPU",
+                    r->rank);
+            return false;
+        }
+        if (r->local_world < 1)
+            r->local_world = 1;
+    } else {
+        if (!start_mpi(r, argc, argv))
+            return false;
+        local_from_env(&r->local_rank, &r->local_world);
+    }
+    if (!r->err[0])
+        pick_device(r);
+    if (!agree_before_nccl(r))
+        return false;
+
+    /* the device: collective streams first in line, so a gather is not held
+     * behind queued compute */
+    int least = 0, greatest = 0;
+    CUDA_CHECK(r, cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    CUDA_CHECK(r, cudaStreamCreateWithPriority(&bk->compute, cudaStreamNonBlocking, least));
+    CUDA_CHECK(r, cudaStreamCreateWithPriority(&bk->gather, cudaStreamNonBlocking, greatest));
+    CUDA_CHECK(r, cudaStreamCreateWithPriority(&bk->reduce, cudaStreamNonBlocking, greatest));
+    compute_stream = bk->compute;
+    CUDA_CHECK(r, cudaEventCreateWithFlags(&bk->fence, cudaEventDisableTiming));
+    CUDA_CHECK(r, cudaEventCreateWithFlags(&bk->host_ev, cudaEventDisableTiming));
+    CUDA_CHECK(r, cudaEventCreateWithFlags(&bk->stats_ev, cudaEventDisableTiming));
+    bk->gc = calloc((size_t)r->m->ngroups + 1, sizeof *bk->gc);
+    if (!bk->gc)
+        failed(r, __FILE__, __LINE__, "calloc", "out of memory");
+    for (int g = 0; g < r->m->ngroups; g++) {
+        CUDA_CHECK(r, cudaEventCreateWithFlags(&bk->gc[g].gathered, cudaEventDisableTiming));
+        CUDA_CHECK(r, cudaEventCreateWithFlags(&bk->gc[g].reduced, cudaEventDisableTiming));
+    }
+    BLAS_CHECK(r, cublasCreate(&bk->blas));
+    bk->have_blas = true;
+    BLAS_CHECK(r, cublasSetStream(bk->blas, bk->compute));
+    CUDA_CHECK(r, cudaMalloc(&bk->blas_ws, BLAS_WORKSPACE_BYTES));
+    BLAS_CHECK(r, cublasSetWorkspace(bk->blas, bk->blas_ws, BLAS_WORKSPACE_BYTES));
+    CUDA_CHECK(r, cudaMalloc((void **)&bk->d_small, SMALL_BYTES));
+    CUDA_CHECK(r, cudaMallocHost((void **)&bk->h_small, SMALL_BYTES));
+
+    /* NCCL */
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    if (r->rank == 0)
+        NCCL_CHECK(r, ncclGetUniqueId(&id));
+    if (bk->mpi)
+        MPI_CHECK(r, MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD));
+    else if (!id_through_file(r, &id))
+        return false;
+    start_nccl(r, &id);
+    return true;
+}
+
+void bk_stop(FsdRun *r)
+{
+    Backend *bk = r->bk;
+    if (!bk)
+        return;
+    if (bk->have_device && bk->compute) {
+        /* nothing is queued at a normal end; after an error, this drains
+         * what is (under the timeout) before the buffers go */
+        stream_wait_host(r, bk->gather, "shutting down");
+        stream_wait_host(r, bk->reduce, "shutting down");
+        stream_wait_host(r, bk->compute, "shutting down");
+    }
+    /* shutting down: failures are reported, but there is nothing to undo */
+    for (int i = 0; i < bk->npool; i++)
+        CUDA_NOTE(r, cudaFree(bk->pool[i].p));
+    free(bk->pool);
+    void *dev[] = {bk->wire_ag, bk->wire_rs, bk->seg, bk->d_idx, bk->d_targets, bk->d_positions,
+                   bk->d_stats, bk->d_partials, bk->d_small, bk->blas_ws};
+    for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
+        if (dev[i])
+            CUDA_NOTE(r, cudaFree(dev[i]));
+    rt_count(r, -(bk->wire_ag_bytes + bk->wire_rs_bytes));
+    void *pinned[] = {bk->h_stage, bk->h_stats, bk->h_small};
+    for (size_t i = 0; i < sizeof pinned / sizeof *pinned; i++)
+        if (pinned[i])
+            CUDA_NOTE(r, cudaFreeHost(pinned[i]));
+    free(bk->seg_at);
+    if (bk->have_blas) {
+        cublasStatus_t e = cublasDestroy(bk->blas);
+        if (e != CUBLAS_STATUS_SUCCESS)
+            fprintf(stderr, "train: rank %d: %s:%d: cublasDestroy failed: %s\n", r->rank, __FILE__,
+                    __LINE__, cublasGetStatusString(e));
+    }
+    if (bk->have_comm) {
+        bk->have_comm = false;
+        ncclResult_t e = ncclCommFinalize(bk->comm);
+        if (e == ncclSuccess)
+            e = ncclCommDestroy(bk->comm);
+        else
+            ncclCommAbort(bk->comm);
+        if (e != ncclSuccess)
+            fprintf(stderr, "train: rank %d: %s:%d: shutting down NCCL failed: %s\n", r->rank,
+                    __FILE__, __LINE__, ncclGetErrorString(e));
+    }
+    if (bk->gc) {
+        for (int g = 0; g < r->m->ngroups; g++) {
+            if (bk->gc[g].gathered)
+                CUDA_NOTE(r, cudaEventDestroy(bk->gc[g].gathered));
+            if (bk->gc[g].reduced)
+                CUDA_NOTE(r, cudaEventDestroy(bk->gc[g].reduced));
+        }
+        free(bk->gc);
+    }
+    cudaEvent_t evs[] = {bk->fence, bk->host_ev, bk->stats_ev};
+    for (size_t i = 0; i < sizeof evs / sizeof *evs; i++)
+        if (evs[i])
+            CUDA_NOTE(r, cudaEventDestroy(evs[i]));
+    cudaStream_t ss[] = {bk->compute, bk->gather, bk->reduce};
+    for (size_t i = 0; i < sizeof ss / sizeof *ss; i++)
+        if (ss[i])
+            CUDA_NOTE(r, cudaStreamDestroy(ss[i]));
+    compute_stream = 0;
+    if (bk->wrote_id_file)
+        remove(bk->id_file);
+    int up = 0, down = 0;
+    MPI_Initialized(&up);
+    MPI_Finalized(&down);
+    if (up && !down && bk->started_mpi && MPI_Finalize() != MPI_SUCCESS)
+        fprintf(stderr, "train: rank %d: %s:%d: shutting down MPI failed\n", r->rank, __FILE__,
+                __LINE__);
+    free(bk);
+    r->bk = NULL;
+}
+
+/* ── small collectives, over NCCL on the compute stream (outside steps) ── */
+
+/* v[0, n) of `size`-byte elements, reduced with op across ranks in place. */
+static void allreduce_small(FsdRun *r, void *v, int64_t n, ncclDataType_t type, int64_t size,
+                            ncclRedOp_t op)
+{
+    Backend *bk = r->bk;
+    const int64_t per = SMALL_BYTES / size;
+    for (int64_t at = 0; at < n; at += per) {
+        int64_t k = n - at < per ? n - at : per;
+        char *h = (char *)v + at * size;
+        memcpy(bk->h_small, h, (size_t)(k * size));
+        CUDA_CHECK(r, cudaMemcpyAsync(bk->d_small, bk->h_small, (size_t)(k * size),
+                                      cudaMemcpyHostToDevice, bk->compute));
+        NCCL_CHECK(r, ncclAllReduce(bk->d_small, bk->d_small, (size_t)k, type, op, bk->comm,
+                                    bk->compute));
+        CUDA_CHECK(r, cudaMemcpyAsync(bk->h_small, bk->d_small, (size_t)(k * size),
+                                      cudaMemcpyDeviceToHost, bk->compute));
+        stream_wait_host(r, bk->compute, "a small all-reduce");
+        memcpy(h, bk->h_small, (size_t)(k * size));
+    }
+}
+
+bool bk_agree(FsdRun *r)
+{
+    Backend *bk = r->bk;
+    int first = r->err[0] ? r->rank : r->world;
+    allreduce_small(r, &first, 1, ncclInt32, sizeof first, ncclMin);
+    if (first == r->world)
+        return false;
+    if (r->rank == first)
+        memcpy(bk->h_small, r->err, ERR_MAX);
+    CUDA_CHECK(r, cudaMemcpyAsync(bk->d_small, bk->h_small, ERR_MAX, cudaMemcpyHostToDevice,
+                                  bk->compute));
+    NCCL_CHECK(r, ncclBroadcast(bk->d_small, bk->d_small, ERR_MAX, ncclChar, first, bk->comm,
+                                bk->compute));
+    CUDA_CHECK(r, cudaMemcpyAsync(bk->h_small, bk->d_small, ERR_MAX, cudaMemcpyDeviceToHost,
+                                  bk->compute));
+    stream_wait_host(r, bk->compute, "agreeing on an error");
+    memcpy(r->err, bk->h_small, ERR_MAX);
+    r->err[ERR_MAX - 1] = 0;
+    return true;
+}
+
+void bk_barrier(FsdRun *r)
+{
+    int v = 0;
+    allreduce_small(r, &v, 1, ncclInt32, sizeof v, ncclSum);
+}
+
+void bk_allreduce_sum(FsdRun *r, double *v, int n)
+{
+    allreduce_small(r, v, n, ncclFloat64, sizeof *v, ncclSum);
+}
+
+void bk_gather_shards(FsdRun *r, int g, real *dst)
+{
+    Backend *bk = r->bk;
+    Group *G = &r->groups[g];
+    const int64_t bytes = G->padded * (int64_t)sizeof(real);
+    real *all = bk_pool_get(r, bytes, 0);
+    NCCL_CHECK(r, ncclAllGather(G->master, all, (size_t)G->shard, ncclFloat32, bk->comm,
+                                bk->compute));
+    if (r->rank == 0)
+        CUDA_CHECK(r, cudaMemcpyAsync(dst, all, (size_t)bytes, cudaMemcpyDeviceToHost, bk->compute));
+    stream_wait_host(r, bk->compute, "gathering a group's shards");
+    bk_pool_put(r, all, 0);
+}
+
+bool bk_gather_bytes(FsdRun *r, const char *buf, int64_t n, char **out, int64_t *outn)
+{
+    Backend *bk = r->bk;
+    *out = NULL;
+    *outn = 0;
+    int64_t *len = calloc((size_t)r->world, sizeof *len);
+    int ok = len != NULL;
+    allreduce_small(r, &ok, 1, ncclInt32, sizeof ok, ncclMin);
+    if (!ok) {
+        free(len);
+        return false;
+    }
+    len[r->rank] = n;
+    allreduce_small(r, len, r->world, ncclInt64, sizeof *len, ncclSum);
+    int64_t total = 0;
+    for (int i = 0; i < r->world; i++)
+        total += len[i];
+    char *mine = NULL, *all = NULL;
+    ok = cudaMalloc((void **)&mine, (size_t)(n > 0 ? n : 1)) == cudaSuccess;
+    if (ok && r->rank == 0)
+        ok = cudaMalloc((void **)&all, (size_t)(total > 0 ? total : 1)) == cudaSuccess &&
+             (*out = malloc((size_t)total + 1)) != NULL;
+    if (!ok)
+        cudaGetLastError();   /* an allocation failure is not sticky: reported below */
+    allreduce_small(r, &ok, 1, ncclInt32, sizeof ok, ncclMin);
+    if (ok) {
+        if (n > 0)
+            CUDA_CHECK(r, cudaMemcpyAsync(mine, buf, (size_t)n, cudaMemcpyHostToDevice, bk->compute));
+        NCCL_CHECK(r, ncclGroupStart());
+        if (r->rank != 0 && n > 0)
+            NCCL_CHECK(r, ncclSend(mine, (size_t)n, ncclChar, 0, bk->comm, bk->compute));
+        int64_t at = len[0];
+        for (int i = 1; r->rank == 0 && i < r->world; at += len[i++])
+            if (len[i] > 0)
+                NCCL_CHECK(r, ncclRecv(all + at, (size_t)len[i], ncclChar, i, bk->comm, bk->compute));
+        NCCL_CHECK(r, ncclGroupEnd());
+        if (r->rank == 0 && total > 0) {
+            if (n > 0)
+                CUDA_CHECK(r, cudaMemcpyAsync(all, mine, (size_t)n, cudaMemcpyDeviceToDevice, bk->compute));
+            CUDA_CHECK(r, cudaMemcpyAsync(*out, all, (size_t)total, cudaMemcpyDeviceToHost, bk->compute));
+        }
+        stream_wait_host(r, bk->compute, "gathering the trace");
+        *outn = r->rank == 0 ? total : 0;
+    } else {
+        free(*out);
+        *out = NULL;
+    }
+    if (mine)
+        CUDA_CHECK(r, cudaFree(mine));
+    if (all)
+        CUDA_CHECK(r, cudaFree(all));
+    free(len);
+    return ok;
+}
+
+/* ── buffers ── */
+
+void *bk_alloc(FsdRun *r, int64_t bytes)
+{
+    void *p = NULL;
+    size_t n = (size_t)(bytes > 0 ? bytes : FSDRT_ARENA_ALIGN);
+    if (cudaMalloc(&p, n) != cudaSuccess) {
+        cudaGetLastError();   /* out of memory is not sticky; the caller says what for */
+        return NULL;
+    }
+    CUDA_CHECK(r, cudaMemsetAsync(p, 0, n, r->bk->compute));
+    rt_count(r, bytes);
+    return p;
+}
+
+void bk_free(FsdRun *r, void *p, int64_t bytes)
+{
+    if (!p)
+        return;
+    CUDA_CHECK(r, cudaFree(p));
+    rt_count(r, -bytes);
+}
+
+/* A new pool buffer. At start-up this is how the pool is sized; inside a
+ * step it means the start-up replay missed a buffer the schedule needs (a
+ * bug worth a note: cudaMalloc may synchronise the device), and it still
+ * works. */
+static int pool_grow(FsdRun *r, int64_t bytes)
+{
+    Backend *bk = r->bk;
+    if (bk->pool_sized && r->in_step && !bk->pool_warned) {
+        bk->pool_warned = true;
+        fprintf(stderr,
+                "train: rank %d: note: step %lld allocated an unsharded buffer of %lld bytes that "
+                "the start-up replay of the schedule's buffer events did not foresee\n",
+                r->rank, (long long)r->step, (long long)bytes);
+    }
+    if (bk->npool == bk->pool_cap) {
+        int cap = bk->pool_cap ? 2 * bk->pool_cap : 16;
+        Pooled *np = realloc(bk->pool, sizeof *np * (size_t)cap);
+        if (!np)
+            failed(r, __FILE__, __LINE__, "realloc", "out of memory");
+        bk->pool = np;
+        bk->pool_cap = cap;
+    }
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, (size_t)(bytes > 0 ? bytes : FSDRT_ARENA_ALIGN));
+    if (e != cudaSuccess) {
+        fprintf(stderr,
+                "train: rank %d: out of GPU memory allocating an unsharded buffer of %lld bytes (%s); "
+                "fsdpc --dump-memory shows the plan: a smaller --micro-batch, more ranks or "
+                "reshard_after_forward = true need less\n",
+                r->rank, (long long)bytes, cudaGetErrorString(e));
+        bk_abort(r);
+    }
+    bk->pool[bk->npool] = (Pooled){p, bytes, false};
+    return bk->npool++;
+}
+
+/* The smallest free buffer that fits, as cpu.c's pool chooses. */
+void *bk_pool_get(FsdRun *r, int64_t bytes, int64_t count)
+{
+    Backend *bk = r->bk;
+    int best = -1;
+    for (int i = 0; i < bk->npool; i++)
+        if (!bk->pool[i].out && bk->pool[i].cap >= bytes &&
+            (best < 0 || bk->pool[i].cap < bk->pool[best].cap))
+            best = i;
+    if (best < 0)
+        best = pool_grow(r, bytes);
+    bk->pool[best].out = true;
+    rt_count(r, count);
+    return bk->pool[best].p;
+}
+
+void bk_pool_put(FsdRun *r, void *p, int64_t count)
+{
+    Backend *bk = r->bk;
+    for (int i = 0; i < bk->npool; i++)
+        if (bk->pool[i].p == p && bk->pool[i].out) {
+            bk->pool[i].out = false;
+            rt_count(r, -count);
+            return;
+        }
+    RT_BUG(r, "a buffer returned to the pool did not come from it");
+}
+
+/* Replays the step's buffer events through the pool (FsdModel's buf_one,
+ * or buf_three's first, middle and last micro-batches arranged as this
+ * run's grad_accum arranges them), so that the pool holds what a step takes
+ * before the first one runs. A step starts with every buffer back in the
+ * pool, and makes the same requests in the same order, so best fit then
+ * chooses exactly as here. */
+static void size_pools(FsdRun *r)
+{
+    const FsdModel *m = r->m;
+    const int64_t k = r->cfg.grad_accum;
+    void **params = calloc((size_t)m->ngroups + 1, sizeof *params);
+    void **grads = calloc((size_t)m->ngroups + 1, sizeof *grads);
+    if (!params || !grads)
+        failed(r, __FILE__, __LINE__, "calloc", "out of memory");
+    /* past a few middle micro-batches the pool's state repeats */
+    const int64_t micros = k > 8 ? 8 : k;
+    for (int64_t mb = 0; mb < micros; mb++) {
+        const FsdBufEvent *ev = k == 1 ? m->buf_one : m->buf_three;
+        const int n = k == 1 ? m->nbuf_one : m->nbuf_three;
+        const int which = k == 1 ? 0 : mb == 0 ? 0 : mb == micros - 1 ? 2 : 1;
+        for (int i = 0; i < n; i++) {
+            if (ev[i].micro != which || ev[i].group < 0)
+                continue;
+            const int g = ev[i].group;
+            if (g >= m->ngroups)
+                RT_BUG(r, "buffer event %d names group %d of %d", i, g, m->ngroups);
+            const int64_t bytes = r->groups[g].padded * (int64_t)sizeof(real);
+            switch (ev[i].op) {
+            case FSD_BUF_GATHER:
+                if (!params[g])
+                    params[g] = bk_pool_get(r, bytes, 0);
+                break;
+            case FSD_BUF_RESHARD:
+                if (params[g])
+                    bk_pool_put(r, params[g], 0);
+                params[g] = NULL;
+                break;
+            case FSD_BUF_ALLOC_GRADS:
+                if (!grads[g])
+                    grads[g] = bk_pool_get(r, bytes, 0);
+                break;
+            case FSD_BUF_FREE_GRADS:
+                if (grads[g])
+                    bk_pool_put(r, grads[g], 0);
+                grads[g] = NULL;
+                break;
+            }
+        }
+    }
+    for (int g = 0; g < m->ngroups; g++) {
+        if (params[g])
+            bk_pool_put(r, params[g], 0);
+        if (grads[g])
+            bk_pool_put(r, grads[g], 0);
+    }
+    free(params);
+    free(grads);
+    r->bk->pool_sized = true;
+}
+
+/* Device memory bk_ready allocates for the run: counted when it is one of
+ * the plan's buffers (the wire buffers), not when it is the plan's inputs
+ * or a few bytes of bookkeeping. */
+static void *device(FsdRun *r, int64_t bytes, bool counted)
+{
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, (size_t)(bytes > 0 ? bytes : FSDRT_ARENA_ALIGN));
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        rt_fail(r, "out of GPU memory allocating %lld bytes at start-up", (long long)bytes);
+        return NULL;
+    }
+    CUDA_CHECK(r, cudaMemsetAsync(p, 0, (size_t)(bytes > 0 ? bytes : FSDRT_ARENA_ALIGN), r->bk->compute));
+    if (counted)
+        rt_count(r, bytes);
+    return p;
+}
+
+void bk_ready(FsdRun *r)
+{
+    const FsdModel *m = r->m;
+    Backend *bk = r->bk;
+    if (m->offload_cpu) {
+        rt_fail(r, "model %s asks for `offload = cpu`, which the CUDA backend does not implement "
+                   "yet (docs/cuda.md): remove it from the shard section, or train on the CPU "
+                   "backend",
+                m->name);
+        return;
+    }
+
+    /* inputs: device buffers the kernels read, and pinned staging for every
+     * micro-batch of a step (no slot is rewritten before the step's host
+     * wait, so copies from them never race the loader) */
+    const int64_t T = m->seq, BT = r->cfg.micro_batch * T;
+    bk->d_idx = device(r, BT * 4, false);
+    bk->d_targets = device(r, BT * 4, false);
+    bk->d_positions = device(r, T * 4, false);
+    cudaError_t e = cudaMallocHost((void **)&bk->h_stage, (size_t)(2 * BT * 4 * r->cfg.grad_accum));
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        bk->h_stage = NULL;
+        rt_fail(r, "out of pinned host memory for %lld micro-batches of tokens",
+                (long long)r->cfg.grad_accum);
+    }
+    CUDA_CHECK(r, cudaMallocHost((void **)&bk->h_stats, 4 * sizeof(double)));
+    bk->d_stats = device(r, 4 * sizeof(double), false);
+
+    /* every group's segments, and room for the norm's partial sums */
+    int nseg = 0, npart = 0;
+    bk->seg_at = calloc((size_t)m->ngroups + 1, sizeof *bk->seg_at);
+    for (int g = 0; g < m->ngroups; g++) {
+        if (bk->seg_at)
+            bk->seg_at[g] = nseg;
+        nseg += r->groups[g].nseg;
+        npart += cu_sumsq_blocks(r->groups[g].shard);
+    }
+    CudaSeg *seg = calloc((size_t)nseg + 1, sizeof *seg);
+    if (!seg || !bk->seg_at) {
+        free(seg);
+        rt_fail(r, "out of memory");
+        return;
+    }
+    for (int g = 0, at = 0; g < m->ngroups; g++)
+        for (int k = 0; k < r->groups[g].nseg; k++, at++) {
+            const Segment *s = &r->groups[g].seg[k];
+            seg[at] = (CudaSeg){s->begin, s->end, s->decay, 0};
+        }
+    bk->seg = device(r, (int64_t)sizeof *seg * (nseg + 1), false);
+    bk->d_partials = device(r, (int64_t)sizeof(double) * npart, false);
+
+    /* 16-bit wire buffers: one per direction, the largest group's size; its
+     * stream uses it for one collective at a time */
+    int64_t most = 0;
+    for (int g = 0; g < m->ngroups; g++)
+        if (r->groups[g].padded > most)
+            most = r->groups[g].padded;
+    if (m->param_dtype != FSD_FP32) {
+        bk->wire_ag_bytes = 2 * most;
+        bk->wire_ag = device(r, bk->wire_ag_bytes, true);
+    }
+    if (m->reduce_dtype != FSD_FP32) {
+        bk->wire_rs_bytes = 2 * most;
+        bk->wire_rs = device(r, bk->wire_rs_bytes, true);
+    }
+    if (r->err[0]) {
+        free(seg);
+        return;
+    }
+    if (bk->seg)
+        CUDA_CHECK(r, cudaMemcpyAsync(bk->seg, seg, sizeof *seg * (size_t)nseg, cudaMemcpyHostToDevice,
+                                      bk->compute));
+    CUDA_CHECK(r, cudaMemcpyAsync(bk->d_positions, r->positions, (size_t)(T * 4),
+                                  cudaMemcpyHostToDevice, bk->compute));
+    size_pools(r);
+    stream_wait_host(r, bk->compute, "start-up");
+    free(seg);
+}
+
+void bk_to_host(FsdRun *r, void *dst, const void *src, int64_t bytes)
+{
+    if (bytes <= 0)
+        return;
+    CUDA_CHECK(r, cudaMemcpyAsync(dst, src, (size_t)bytes, cudaMemcpyDefault, r->bk->compute));
+    stream_wait_host(r, r->bk->compute, "a copy to the host");
+}
+
+void bk_from_host(FsdRun *r, void *dst, const void *src, int64_t bytes)
+{
+    if (bytes <= 0)
+        return;
+    CUDA_CHECK(r, cudaMemcpyAsync(dst, src, (size_t)bytes, cudaMemcpyDefault, r->bk->compute));
+    stream_wait_host(r, r->bk->compute, "a copy from the host");
+}
+
+/* ── the step's inputs ── */
+
+void bk_inputs(FsdRun *r, int micro)
+{
+    Backend *bk = r->bk;
+    const int64_t BT = r->cfg.micro_batch * r->m->seq, at = (int64_t)micro * 2 * BT;
+    const size_t bytes = (size_t)BT * sizeof(int32_t);
+    /* through pinned memory: a copy from pageable memory may synchronise */
+    memcpy(bk->h_stage + at, r->idx, bytes);
+    memcpy(bk->h_stage + at + BT, r->targets, bytes);
+    CUDA_CHECK(r, cudaMemcpyAsync(bk->d_idx, bk->h_stage + at, bytes, cudaMemcpyHostToDevice,
+                                  bk->compute));
+    CUDA_CHECK(r, cudaMemcpyAsync(bk->d_targets, bk->h_stage + at + BT, bytes,
+                                  cudaMemcpyHostToDevice, bk->compute));
+}
+
+const int32_t *fsdrt_idx(const FsdRun *r) { return r->bk->d_idx; }
+const int32_t *fsdrt_targets(const FsdRun *r) { return r->bk->d_targets; }
+const int32_t *fsdrt_positions(const FsdRun *r) { return r->bk->d_positions; }
+
+void fsdrt_add_loss_tensor(FsdRun *r, const real *loss)
+{
+    CUDA_CHECK(r, cu_loss_add(r->bk->d_stats + 3, loss, r->bk->compute));
+}
+
+/* ── parameters: all-gather ── */
+
+static ncclDataType_t wire_type(FsdDtype dt) { return dt == FSD_BF16 ? ncclBfloat16 : ncclFloat16; }
+
+void fsdrt_all_gather(FsdRun *r, int g)
+{
+    if (g < 0 || g >= r->m->ngroups)
+        RT_BUG(r, "fsdrt_all_gather: no group %d", g);
+    Backend *bk = r->bk;
+    Group *G = &r->groups[g];
+    GroupComm *c = &bk->gc[g];
+    const FsdDtype dt = r->m->param_dtype;
+    if (c->gathering)
+        RT_BUG(r, "all-gather of group %s issued again before its wait", r->m->groups[g].name);
+    /* a group gathered again without a reshard reuses its buffer */
+    const int64_t bytes = G->padded * (int64_t)sizeof(real);
+    if (!G->params)
+        G->params = bk_pool_get(r, bytes, bytes);
+    fence(r, bk->gather);
+    if (dt == FSD_FP32) {
+        CUDA_CHECK(r, cudaMemcpyAsync(G->params + G->lo, G->master, (size_t)G->shard * sizeof(real),
+                                      cudaMemcpyDeviceToDevice, bk->gather));
+        NCCL_CHECK(r, ncclAllGather(G->params + G->lo, G->params, (size_t)G->shard, ncclFloat32,
+                                    bk->comm, bk->gather));
+    } else {
+        const int bf16 = dt == FSD_BF16;
+        CUDA_CHECK(r, cu_narrow(bk->wire_ag + G->lo, G->master, G->shard, bf16, bk->gather));
+        NCCL_CHECK(r, ncclAllGather(bk->wire_ag + G->lo, bk->wire_ag, (size_t)G->shard,
+                                    wire_type(dt), bk->comm, bk->gather));
+        CUDA_CHECK(r, cu_widen(G->params, bk->wire_ag, G->padded, bf16, bk->gather));
+    }
+    CUDA_CHECK(r, cudaEventRecord(c->gathered, bk->gather));
+    c->gathering = true;
+    c->gather_t0 = rt_now();
+    r->counters.gather_bytes += (G->padded - G->shard) * dtype_bytes(dt);
+}
+
+void fsdrt_wait_gather(FsdRun *r, int g)
+{
+    if (g < 0 || g >= r->m->ngroups || !r->bk->gc[g].gathering)
+        RT_BUG(r, "fsdrt_wait_gather(%d) without an all-gather in flight", g);
+    Backend *bk = r->bk;
+    Group *G = &r->groups[g];
+    GroupComm *c = &bk->gc[g];
+    CUDA_CHECK(r, cudaStreamWaitEvent(bk->compute, c->gathered, 0));
+    c->gathering = false;
+    /* host times: from the issue to the compute stream's wait being queued */
+    rt_trace(r, r->m->groups[g].name, "all_gather", 1, c->gather_t0, rt_now(),
+             (G->padded - G->shard) * dtype_bytes(r->m->param_dtype));
+}
+
+void fsdrt_reshard(FsdRun *r, int g)
+{
+    if (g < 0 || g >= r->m->ngroups || !r->groups[g].params || r->bk->gc[g].gathering)
+        RT_BUG(r, "fsdrt_reshard(%d) of a group that is not gathered (or still gathering)", g);
+    Group *G = &r->groups[g];
+    bk_pool_put(r, G->params, G->padded * (int64_t)sizeof(real));
+    G->params = NULL;
+}
+
+/* ── gradients: reduce-scatter ── */
+
+void fsdrt_alloc_grads(FsdRun *r, int g)
+{
+    if (g < 0 || g >= r->m->ngroups || r->groups[g].grads)
+        RT_BUG(r, "fsdrt_alloc_grads(%d) of a group whose gradients are already allocated", g);
+    Group *G = &r->groups[g];
+    const int64_t bytes = G->padded * (int64_t)sizeof(real);
+    G->grads = bk_pool_get(r, bytes, bytes);
+    CUDA_CHECK(r, cudaMemsetAsync(G->grads, 0, (size_t)bytes, r->bk->compute));
+}
+
+void fsdrt_reduce_scatter(FsdRun *r, int g)
+{
+    if (g < 0 || g >= r->m->ngroups || !r->groups[g].grads || r->bk->gc[g].reducing)
+        RT_BUG(r, "fsdrt_reduce_scatter(%d) without gradients, or with one in flight", g);
+    Backend *bk = r->bk;
+    Group *G = &r->groups[g];
+    GroupComm *c = &bk->gc[g];
+    const FsdDtype dt = r->m->reduce_dtype;
+    fence(r, bk->reduce);
+    if (dt == FSD_FP32) {
+        NCCL_CHECK(r, ncclReduceScatter(G->grads, G->grads + G->lo, (size_t)G->shard, ncclFloat32,
+                                        ncclAvg, bk->comm, bk->reduce));
+        CUDA_CHECK(r, cu_accum(G->grad, G->grads + G->lo, G->shard, bk->reduce));
+    } else {
+        const int bf16 = dt == FSD_BF16;
+        CUDA_CHECK(r, cu_narrow(bk->wire_rs, G->grads, G->padded, bf16, bk->reduce));
+        NCCL_CHECK(r, ncclReduceScatter(bk->wire_rs, bk->wire_rs + G->lo, (size_t)G->shard,
+                                        wire_type(dt), ncclAvg, bk->comm, bk->reduce));
+        CUDA_CHECK(r, cu_accum_widen(G->grad, bk->wire_rs + G->lo, G->shard, bf16, bk->reduce));
+    }
+    CUDA_CHECK(r, cudaEventRecord(c->reduced, bk->reduce));
+    c->reducing = true;
+    c->reduce_t0 = rt_now();
+    r->counters.reduce_bytes += (G->padded - G->shard) * dtype_bytes(dt);
+}
+
+void fsdrt_wait_reduce(FsdRun *r, int g)
+{
+    if (g < 0 || g >= r->m->ngroups || !r->bk->gc[g].reducing)
+        RT_BUG(r, "fsdrt_wait_reduce(%d) without a reduce-scatter in flight", g);
+    Backend *bk = r->bk;
+    Group *G = &r->groups[g];
+    GroupComm *c = &bk->gc[g];
+    CUDA_CHECK(r, cudaStreamWaitEvent(bk->compute, c->reduced, 0));
+    c->reducing = false;
+    rt_trace(r, r->m->groups[g].name, "reduce_scatter", 2, c->reduce_t0, rt_now(),
+             (G->padded - G->shard) * dtype_bytes(r->m->reduce_dtype));
+}
+
+void fsdrt_free_grads(FsdRun *r, int g)
+{
+    if (g < 0 || g >= r->m->ngroups || !r->groups[g].grads || r->bk->gc[g].reducing)
+        RT_BUG(r, "fsdrt_free_grads(%d) of gradients not allocated, or still reducing", g);
+    Group *G = &r->groups[g];
+    bk_pool_put(r, G->grads, G->padded * (int64_t)sizeof(real));
+    G->grads = NULL;
+}
+
+void bk_check_idle(FsdRun *r)
+{
+    for (int g = 0; g < r->m->ngroups; g++) {
+        const char *what = r->bk->gc[g].gathering  ? "an all-gather in flight"
+                           : r->bk->gc[g].reducing ? "a reduce-scatter in flight"
+                           : r->groups[g].grads    ? "unsharded gradients allocated"
+                           : r->groups[g].params   ? "unsharded parameters gathered"
+                                                   : NULL;
+        if (what)
+            RT_BUG(r, "fsdrt_end_step: group %s still has %s; the optimizer would update "
+                      "shards the step has not finished with",
+                   r->m->groups[g].name, what);
+    }
+}
+
+/* ── compute ── */
+
+/* Row-major C = α·op(A)·op(B) + β·C is column-major Cᵀ = α·op(B)ᵀ·op(A)ᵀ +
+ * β·Cᵀ with the same buffers: cuBLAS gets B first, the dimensions swapped.
+ * fp32 in and out, fp32 accumulation; inputs rounded to TF32 on the tensor
+ * cores (CUBLAS_COMPUTE_32F_FAST_TF32, as PyTorch's allow_tf32 and llm.c's
+ * fp32 build) unless FSD_TF32=0 asks for full fp32 products. */
+void fsdrt_gemm(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64_t K, real alpha,
+                const real *A, int64_t lda, const real *B, int64_t ldb, real beta, real *C,
+                int64_t ldc)
+{
+    if (M < 0 || N < 0 || K < 0 || M > INT_MAX || N > INT_MAX || K > INT_MAX || lda > INT_MAX ||
+        ldb > INT_MAX || ldc > INT_MAX || lda < (transA ? M : K) || ldb < (transB ? K : N) ||
+        ldc < N)
+        RT_BUG(r, "fsdrt_gemm: M %lld N %lld K %lld with lda %lld ldb %lld ldc %lld", (long long)M,
+               (long long)N, (long long)K, (long long)lda, (long long)ldb, (long long)ldc);
+    Backend *bk = r->bk;
+    if (M == 0 || N == 0)
+        return;
+    if (K == 0) {   /* cuBLAS wants leading dimensions of at least 1; C = β·C */
+        CUDA_CHECK(r, cu_scale(C, M, N, ldc, beta, bk->compute));
+        return;
+    }
+    const float a = alpha, b = beta;
+    BLAS_CHECK(r, cublasGemmEx(bk->blas, transB ? CUBLAS_OP_T : CUBLAS_OP_N,
+                               transA ? CUBLAS_OP_T : CUBLAS_OP_N, (int)N, (int)M, (int)K, &a, B,
+                               CUDA_R_32F, (int)ldb, A, CUDA_R_32F, (int)lda, &b, C, CUDA_R_32F,
+                               (int)ldc, bk->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
+                               CUBLAS_GEMM_DEFAULT));
+}
+
+/* ── the step's update ── */
+
+void bk_update(FsdRun *r, double lr, int64_t t, double v[2])
+{
+    Backend *bk = r->bk;
+    const FsdTrainConfig *c = &r->cfg;
+    const cudaStream_t s = bk->compute;
+    /* Σ g² and the loss, all-reduced, then the clip coefficient: on the
+     * device, so the optimizer is queued behind them without a wait */
+    int at = 0;
+    for (int g = 0; g < r->m->ngroups; g++) {
+        const Group *G = &r->groups[g];
+        CUDA_CHECK(r, cu_sumsq_partial(G->grad, G->shard, bk->d_partials + at, s));
+        at += cu_sumsq_blocks(G->shard);
+    }
+    CUDA_CHECK(r, cu_sumsq_finish(bk->d_stats, bk->d_partials, at, bk->d_stats + 3, r->loss_sum, s));
+    NCCL_CHECK(r, ncclAllReduce(bk->d_stats, bk->d_stats, 2, ncclFloat64, ncclSum, bk->comm, s));
+    CUDA_CHECK(r, cu_clip(bk->d_stats, c->grad_clip, s));
+    const double *coef = bk->d_stats + 2;
+    /* cpu.c's scalars, computed the same way in double */
+    if (c->optimizer == FSD_ADAMW) {
+        const CudaAdamW a = {
+            .decay = c->weight_decay != 0 ? (float)(1 - lr * c->weight_decay) : 1,
+            .w1 = (float)(1 - c->beta1),
+            .b2 = (float)c->beta2,
+            .w2 = (float)(1 - c->beta2),
+            .step = (float)(lr / (1 - pow(c->beta1, (double)t))),
+            .bc2_sqrt = (float)sqrt(1 - pow(c->beta2, (double)t)),
+            .eps = (float)c->eps,
+        };
+        for (int g = 0; g < r->m->ngroups; g++) {
+            Group *G = &r->groups[g];
+            CUDA_CHECK(r, cu_adamw(G->master, G->grad, G->m, G->v, G->shard, bk->seg + bk->seg_at[g],
+                                   G->nseg, coef, a, s));
+        }
+    } else {
+        for (int g = 0; g < r->m->ngroups; g++) {
+            Group *G = &r->groups[g];
+            CUDA_CHECK(r, cu_sgd(G->master, G->grad, G->m, G->shard, bk->seg + bk->seg_at[g], G->nseg,
+                                 coef, (float)c->weight_decay, (float)c->momentum, (float)lr,
+                                 c->nesterov, s));
+        }
+    }
+    CUDA_CHECK(r, cudaMemcpyAsync(bk->h_stats, bk->d_stats, 2 * sizeof(double),
+                                  cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(r, cudaEventRecord(bk->stats_ev, s));
+    /* the step's one host wait, with the optimizer already queued: the log
+     * line needs the loss and the norm, and the next step's loader reuses
+     * the pinned input slots this step's copies read */
+    host_wait(r, bk->stats_ev, "the step");
+    v[0] = bk->h_stats[0];
+    v[1] = bk->h_stats[1];
+}

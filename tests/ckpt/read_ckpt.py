@@ -1,0 +1,211 @@
+#!/usr/bin/env python3
+"""read_ckpt.py — a reader of fsdpc checkpoints written from docs/checkpoint.md
+alone (json + struct, standard library only), and the checks
+tests/ckpt/run.sh makes with it.
+
+As a module:
+    ck = Checkpoint("ckpt/step_000100")      # or a checkpoint root: follows `latest`
+    ck.verify()                              # sizes, CRC32C, headers; raises on a fault
+    ck.tensor("blocks.0.attn.q.weight")      # (shape, [floats]) of the parameters
+    ck.tensor("blocks.0.attn.q.weight", "adamw.m")   # or of an optimizer state
+
+As a command (each prints why and exits 1 when its check fails):
+    read_ckpt.py info DIR                    what the checkpoint holds
+    read_ckpt.py verify DIR                  every file whole, every checksum right
+    read_ckpt.py same-as-export DIR F.safetensors
+                                             its parameters equal the export, bit for bit
+    read_ckpt.py same-state DIR1 DIR2        two checkpoints hold the same state (any worlds)
+    read_ckpt.py crc32c TEXT                 CRC32C of TEXT's bytes, in hex
+"""
+import json
+import os
+import struct
+import sys
+
+# magic, version, rank, world, ngroups, nsections, elem_bytes, step, opt_t, seed, model_hash
+HEADER = struct.Struct("<8sIIIIIIqqqQ")
+MAGIC = b"FSDPCKPT"
+
+
+def _crc_table():
+    table = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return table
+
+
+_TABLE = _crc_table()
+
+
+def crc32c(data, crc=0):
+    """CRC32C (Castagnoli; reflected, init and final xor 0xFFFFFFFF)."""
+    crc ^= 0xFFFFFFFF
+    t = _TABLE
+    for b in data:
+        crc = t[(crc ^ b) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+class CheckpointError(Exception):
+    pass
+
+
+class Checkpoint:
+    def __init__(self, path):
+        if not os.path.exists(os.path.join(path, "meta.json")) and \
+                os.path.exists(os.path.join(path, "latest")):
+            with open(os.path.join(path, "latest")) as f:
+                path = os.path.join(path, f.read().strip())
+        self.dir = path
+        with open(os.path.join(path, "meta.json")) as f:
+            self.meta = json.load(f)
+        m = self.meta
+        if m.get("format") != "fsdpc-checkpoint" or m.get("version") != 1:
+            raise CheckpointError(f"{path}: not a version 1 fsdpc checkpoint")
+        self.fmt = {"F32": "f", "F64": "d"}[m["dtype"]]
+        self.elem = struct.calcsize(self.fmt)
+        self.sections = m["sections"]
+        self._flat = {}
+
+    def _rank_bytes(self, q):
+        with open(os.path.join(self.dir, self.meta["files"][q]["name"]), "rb") as f:
+            return f.read()
+
+    def verify(self):
+        m = self.meta
+        for q, entry in enumerate(m["files"]):
+            path = os.path.join(self.dir, entry["name"])
+            if not os.path.exists(path):
+                raise CheckpointError(f"{path} is missing")
+            blob = self._rank_bytes(q)
+            if len(blob) != entry["bytes"]:
+                raise CheckpointError(f"{path}: {len(blob)} bytes, meta.json says {entry['bytes']}")
+            crc = crc32c(blob)
+            if crc != int(entry["crc32c"], 16):
+                raise CheckpointError(f"{path}: CRC32C {crc:08x}, meta.json says {entry['crc32c']}")
+            (magic, version, rank, world, ngroups, nsec, elem, step, t, seed,
+             mhash) = HEADER.unpack_from(blob, 0)
+            want = (MAGIC, 1, q, m["world"], len(m["groups"]), len(self.sections), self.elem,
+                    m["step"], m["optimizer"]["t"], m["rng"]["seed"], int(m["model_hash"], 16))
+            got = (magic, version, rank, world, ngroups, nsec, elem, step, t, seed, mhash)
+            if got != want:
+                raise CheckpointError(f"{path}: header {got}, meta.json says {want}")
+        # layout: groups end to end after the header, sections within a group
+        at = m["header_bytes"]
+        for g in m["groups"]:
+            if g["offset"] != at or g["padded"] != g["shard"] * m["world"]:
+                raise CheckpointError(f"group {g['name']}: offset/padding do not follow the format")
+            if g["ranges"] != [[q * g["shard"], (q + 1) * g["shard"]] for q in range(m["world"])]:
+                raise CheckpointError(f"group {g['name']}: ranges {g['ranges']}")
+            at += len(self.sections) * g["shard"] * self.elem
+        if any(e["bytes"] != at for e in m["files"]):
+            raise CheckpointError(f"rank files should be {at} bytes")
+
+    def flat(self, group, section="params"):
+        """Group `group`'s whole flat buffer (padded) of one section."""
+        key = (group, section)
+        if key not in self._flat:
+            g = self.meta["groups"][group]
+            s = self.sections.index(section)
+            out = []
+            for q in range(self.meta["world"]):
+                blob = self._rank_bytes(q)
+                start, end = g["ranges"][q]
+                n = end - start
+                off = g["offset"] + s * g["shard"] * self.elem
+                out.extend(struct.unpack_from(f"<{n}{self.fmt}", blob, off))
+            self._flat[key] = out
+        return self._flat[key]
+
+    def tensor(self, name, section="params"):
+        for t in self.meta["tensors"]:
+            if t["name"] == name:
+                n = 1
+                for d in t["shape"]:
+                    n *= d
+                return t["shape"], self.flat(t["group"], section)[t["offset"]:t["offset"] + n]
+        raise KeyError(name)
+
+    def names(self):
+        return [t["name"] for t in self.meta["tensors"]]
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        blob = f.read()
+    (n,) = struct.unpack_from("<Q", blob, 0)
+    header = json.loads(blob[8:8 + n])
+    header.pop("__metadata__", None)
+    out = {}
+    for name, t in header.items():
+        b, e = t["data_offsets"]
+        out[name] = (t["shape"], list(struct.unpack_from(f"<{(e - b) // 4}f", blob, 8 + n + b)))
+    return out
+
+
+def die(msg):
+    print(msg)
+    sys.exit(1)
+
+
+def main(argv):
+    if len(argv) < 2:
+        die(__doc__)
+    cmd, args = argv[1], argv[2:]
+    try:
+        if cmd == "crc32c":
+            print(f"{crc32c(args[0].encode()):08x}")
+        elif cmd == "info":
+            ck = Checkpoint(args[0])
+            m = ck.meta
+            print(f"{ck.dir}: model {m['model']} (hash {m['model_hash']}), step {m['step']}, "
+                  f"world {m['world']}, {m['dtype']}, sections {', '.join(ck.sections)}, "
+                  f"{len(m['tensors'])} tensors in {len(m['groups'])} groups, "
+                  f"{sum(e['bytes'] for e in m['files'])} bytes")
+        elif cmd == "verify":
+            ck = Checkpoint(args[0])
+            ck.verify()
+            m = ck.meta
+            # optimizer state that could be AdamW's: v is a mean of squares
+            if "adamw.v" in ck.sections:
+                for g in range(len(m["groups"])):
+                    if min(ck.flat(g, "adamw.v")) < 0:
+                        die(f"group {g}: negative adamw.v")
+            if m["optimizer"]["t"] != m["step"] or m["data"]["next_step"] != m["step"]:
+                die(f"t {m['optimizer']['t']} / next_step {m['data']['next_step']} != step {m['step']}")
+        elif cmd == "same-as-export":
+            ck = Checkpoint(args[0])
+            ck.verify()
+            st = read_safetensors(args[1])
+            if sorted(st) != sorted(ck.names()):
+                die(f"names differ: {sorted(set(st) ^ set(ck.names()))}")
+            for name in ck.names():
+                shape, vals = ck.tensor(name)
+                if st[name][0] != shape:
+                    die(f"{name}: shape {shape} vs {st[name][0]}")
+                # the export is F32; compare as F32 bit patterns
+                a = struct.pack(f"<{len(vals)}f", *vals)
+                b = struct.pack(f"<{len(vals)}f", *st[name][1])
+                if a != b:
+                    die(f"{name}: values differ from the export")
+        elif cmd == "same-state":
+            a, b = Checkpoint(args[0]), Checkpoint(args[1])
+            a.verify()
+            b.verify()
+            if a.meta["step"] != b.meta["step"] or a.sections != b.sections:
+                die("different steps or sections")
+            for name in a.names():
+                for s in a.sections:
+                    if a.tensor(name, s) != b.tensor(name, s):
+                        die(f"{name} ({s}) differs")
+        else:
+            die(f"unknown command {cmd}\n{__doc__}")
+    except (CheckpointError, OSError, KeyError, ValueError) as e:
+        die(f"{cmd}: {e}")
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,250 @@
+#!/usr/bin/env bash
+# run.sh — sharded checkpoints and Hugging Face weights (docs/checkpoint.md):
+# exact resume (sync and async saves), resharding 4 → 1, 2, 3 ranks, crash
+# safety under SIGKILL, checksums, every refusal, keep = N, and safetensors
+# with --hf-names gpt2 / llama checked by a Python reader and a
+# transformers-style forward written out in Python (check_hf.py).
+#
+# Trainers are built with `make trainer` (examples/tiny.fsd, GPT-2 shaped,
+# and two very small models in this folder). Every check prints one line;
+# the last line is "N passed, N failed". Ranks share the cores with one
+# OpenMP thread each.
+set -u
+cd "$(dirname "$0")/../.."
+
+MAKE=${MAKE:-make}
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+pass=0
+fail=0
+ok()  { pass=$((pass + 1)); echo "ok   $1"; }
+bad() { fail=$((fail + 1)); echo "FAIL $1"; [ -n "${2:-}" ] && [ -f "$2" ] && sed 's/^/     /' "$2" | head -20; }
+done_() { echo "$pass passed, $fail failed"; [ $fail = 0 ]; exit; }
+check() { if eval "$2"; then ok "$1"; else bad "$1" "${3:-}"; fi; }
+
+for tool in mpicc mpirun python3; do
+    if ! command -v $tool >/dev/null 2>&1; then
+        echo "skip checkpoint tests: $tool not found (tools/setup.sh installs MPI and OpenBLAS)"
+        done_
+    fi
+done
+for fsd in examples/tiny.fsd tests/ckpt/hf_gpt2.fsd tests/ckpt/hf_llama.fsd; do
+    if ! $MAKE --no-print-directory -s trainer FSD=$fsd BACKEND=cpu >"$TMP/build" 2>&1 ||
+        grep -q "warning:" "$TMP/build"; then
+        bad "build: make trainer FSD=$fsd (errors or warnings)" "$TMP/build"
+        done_
+    fi
+done
+ok "build: trainers for tiny, hf_gpt2, hf_llama without warnings"
+
+TINY=build/tiny/cpu/train
+HFG=build/hf_gpt2/cpu/train
+HFL=build/hf_llama/cpu/train
+READ="python3 tests/ckpt/read_ckpt.py"
+HF="python3 tests/ckpt/check_hf.py"
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+MPIRUN=(mpirun --oversubscribe)
+[ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
+mp() { local w=$1; shift; timeout 120 "${MPIRUN[@]}" -np "$w" "$@"; }
+D=$TMP/data.bin
+build/fsdata synth "$D" --tokens 60000 >/dev/null
+build/fsdata synth "$TMP/d32.bin" --tokens 4000 --vocab 32 >/dev/null
+# tiny on 2 ranks, 4 sequences a step; the cosine schedule spans 20 steps
+RUN=(--data "$D" --steps 20 --micro-batch 1 --grad-accum 2 --quiet)
+
+# step, loss and lr of each log line, as the text the trainer wrote
+losses() { sed -E 's/^(\{"step": [0-9]+, "loss": [^,]+, "lr": [^,]+).*/\1/' "$@"; }
+steps_from() { awk -v k="$2" -F'[:,]' '$2 + 0 >= k' "$1"; }
+# close A B: B's steps are A's, with A's lr and A's loss to 1e-5 relative
+close() {
+    python3 - "$1" "$2" <<'PY'
+import json, sys
+a = {x["step"]: x for x in map(json.loads, open(sys.argv[1]))}
+b = [json.loads(l) for l in open(sys.argv[2])]
+assert b and all(x["step"] in a for x in b), [x["step"] for x in b]
+for x in b:
+    y = a[x["step"]]
+    assert x["lr"] == y["lr"], (x, y)
+    assert abs(x["loss"] - y["loss"]) <= 1e-5 * abs(y["loss"]), (x["step"], x["loss"], y["loss"])
+PY
+}
+# descendants PID: every process under PID (mpirun's ranks)
+descendants() { local p; for p in $(pgrep -P "$1"); do echo "$p"; descendants "$p"; done; }
+
+# ── CRC32C ──
+check "crc32c: the reader's CRC32C of \"123456789\" is e3069283 (the standard check value)" \
+    '[ "$($READ crc32c 123456789)" = e3069283 ]'
+
+# ── exact resume ──
+mp 2 $TINY "${RUN[@]}" --log "$TMP/straight.json" --export "$TMP/straight.st" >"$TMP/out" 2>&1 ||
+    bad "straight run of 20 steps" "$TMP/out"
+for mode in sync async; do
+    flags=(--ckpt-dir "$TMP/$mode" --ckpt-every 10)
+    [ $mode = async ] && flags+=(--ckpt-async)
+    mp 2 $TINY "${RUN[@]}" "${flags[@]}" --log "$TMP/$mode.json" --export "$TMP/$mode.st" >"$TMP/out" 2>&1
+    st=$?
+    check "$mode save: the run that saves at steps 10 and 20 logs the same losses as one that does not" \
+        '[ $st = 0 ] && [ "$(losses "$TMP/straight.json")" = "$(losses "$TMP/$mode.json")" ] && cmp -s "$TMP/straight.st" "$TMP/$mode.st"' "$TMP/out"
+    check "$mode save: both checkpoints whole (sizes, CRC32C, headers: read_ckpt.py verify), latest = step_000020" \
+        '$READ verify "$TMP/$mode/step_000010" >"$TMP/v" && $READ verify "$TMP/$mode/step_000020" >>"$TMP/v" && [ "$(cat "$TMP/$mode/latest")" = step_000020 ]' "$TMP/v"
+    check "$mode save: the step-20 checkpoint holds exactly the weights --export wrote" \
+        '$READ same-as-export "$TMP/$mode/step_000020" "$TMP/$mode.st" >"$TMP/v"' "$TMP/v"
+    mp 2 $TINY "${RUN[@]}" --resume "$TMP/$mode/step_000010" --log "$TMP/$mode.resumed.json" \
+        --export "$TMP/$mode.resumed.st" >"$TMP/out" 2>&1
+    st=$?
+    check "$mode save: 10 steps, save, resume, 10 steps = 20 straight: losses and lr as text, steps 10-19" \
+        '[ $st = 0 ] && [ "$(losses "$TMP/$mode.resumed.json")" = "$(steps_from "$TMP/straight.json" 10 | losses)" ]' "$TMP/out"
+    check "$mode save: ... and the final weights byte for byte" 'cmp -s "$TMP/straight.st" "$TMP/$mode.resumed.st"'
+done
+blk=$(grep -o '"ckpt_block_ms": [0-9.]*' "$TMP/async.json" | wc -l)
+check "log: ckpt_block_ms on every step when checkpoints are on (20 of 20), never without" \
+    '[ "$blk" = 20 ] && ! grep -q ckpt_block_ms "$TMP/straight.json"'
+
+# async: the writes (slowed down: 9 sections x 100 ms) overlap training
+FSD_CKPT_TEST_SLEEP_MS=100 mp 2 $TINY "${RUN[@]}" --ckpt-dir "$TMP/slow" --ckpt-every 10 --ckpt-async \
+    --log "$TMP/slow.json" >"$TMP/out" 2>&1
+st=$?
+b9=$(sed -n 's/.*"step": 9, .*"ckpt_block_ms": \([0-9.]*\).*/\1/p' "$TMP/slow.json")
+check "async save: training blocked ${b9:-?} ms at the save (< 100 ms: the 900 ms of writing ran behind it); both complete" \
+    '[ $st = 0 ] && awk -v b="${b9:-1e9}" "BEGIN { exit !(b < 100) }" && [ -f "$TMP/slow/step_000010/meta.json" ] && [ -f "$TMP/slow/step_000020/meta.json" ] && [ "$(losses "$TMP/slow.json")" = "$(losses "$TMP/straight.json")" ]' "$TMP/out"
+
+# ── resharding: saved on 4 ranks, resumed on 1, 2, 3 (12 sequences a step) ──
+RS=(--data "$D" --steps 6 --grad-accum 1 --quiet)
+mp 4 $TINY "${RS[@]}" --micro-batch 3 --ckpt-dir "$TMP/r4" --ckpt-every 3 --log "$TMP/r4.json" >"$TMP/out" 2>&1 ||
+    bad "reshard: the 4-rank run" "$TMP/out"
+for w in 1 2 3; do
+    mp $w $TINY "${RS[@]}" --micro-batch $((12 / w)) --resume "$TMP/r4/step_000003" --log "$TMP/r$w.json" >"$TMP/out" 2>&1
+    st=$?
+    check "reshard: saved on 4 ranks, resumed on $w: steps 3-5 match the uninterrupted run to 1e-5" \
+        '[ $st = 0 ] && [ "$(wc -l <"$TMP/r$w.json")" = 3 ] && close "$TMP/r4.json" "$TMP/r$w.json" >"$TMP/cmp" 2>&1' "$TMP/cmp"
+done
+# padding on the saving side: groups of 49,984 and 20,608 parameters pad on 3 ranks
+mp 3 $TINY "${RS[@]}" --micro-batch 4 --ckpt-dir "$TMP/r3" --ckpt-every 3 --log "$TMP/r3.json" >"$TMP/out" 2>&1
+mp 2 $TINY "${RS[@]}" --micro-batch 6 --resume "$TMP/r3/step_000003" --log "$TMP/r3to2.json" >>"$TMP/out" 2>&1
+st=$?
+check "reshard: saved on 3 ranks (padded groups), resumed on 2: steps 3-5 match to 1e-5" \
+    '[ $st = 0 ] && [ "$(wc -l <"$TMP/r3to2.json")" = 3 ] && close "$TMP/r3.json" "$TMP/r3to2.json" >>"$TMP/out" 2>&1' "$TMP/out"
+
+# ── crash safety: SIGKILL while step 10's files are being written ──
+for mode in sync async; do
+    K=$TMP/crash.$mode
+    flags=(--ckpt-dir "$K" --ckpt-every 5 --ckpt-keep 1)
+    [ $mode = async ] && flags+=(--ckpt-async)
+    FSD_CKPT_TEST_SLEEP_MS=200 mp 2 $TINY "${RUN[@]}" "${flags[@]}" >"$TMP/out" 2>&1 &
+    pid=$!
+    for _ in $(seq 600); do [ -d "$K/.tmp-step_000010" ] && break; sleep 0.05; done
+    sleep 0.2
+    kill -9 $(descendants $pid) $pid 2>/dev/null
+    wait $pid 2>/dev/null
+    check "crash ($mode): killed mid-save: step_000010 only as .tmp-, latest = step_000005, which keep = 1 left alone and verifies" \
+        '[ -d "$K/.tmp-step_000010" ] && [ ! -e "$K/step_000010" ] && [ "$(cat "$K/latest")" = step_000005 ] && $READ verify "$K/step_000005" >"$TMP/v"' "$TMP/v"
+    mp 2 $TINY "${RUN[@]}" --ckpt-dir "$K" --resume --ckpt-every 5 --log "$TMP/crash.$mode.json" >"$TMP/out" 2>&1
+    st=$?
+    check "crash ($mode): --resume (latest) continues from step 5 exactly; the stale .tmp- is swept" \
+        '[ $st = 0 ] && [ "$(losses "$TMP/crash.$mode.json")" = "$(steps_from "$TMP/straight.json" 5 | losses)" ] && [ ! -e "$K/.tmp-step_000010" ] && [ "$(cat "$K/latest")" = step_000020 ]' "$TMP/out"
+done
+
+# ── refusals: a message on every rank, exit 1, nothing trained ──
+# refuse NAME EXPECTED-TEXT CMD...: 2 ranks, status 1, the text twice, no step ran
+refuse() {
+    local name=$1 want=$2
+    shift 2
+    mp 2 "$@" --log "$TMP/refused.json" >"$TMP/out" 2>&1
+    local st=$? n
+    n=$(grep -c -F -- "$want" "$TMP/out")
+    check "refuse: $name (status $st, message on $n of 2 ranks)" \
+        '[ $st = 1 ] && [ "$n" = 2 ] && ! grep -q "^step" "$TMP/out" && [ ! -s "$TMP/refused.json" ]' "$TMP/out"
+}
+C=$TMP/sync/step_000010
+cp -r "$C" "$TMP/bad"
+refuse "another model's checkpoint" \
+    "was written for model hash $(sed -n 's/.*"model_hash": "\(.*\)".*/\1/p' "$C/meta.json") (model tiny); this program's is" \
+    $HFG --data "$TMP/d32.bin" --steps 2 --resume "$C"
+cp "$C/rank_00001.bin" "$TMP/r1"
+python3 - "$TMP/bad/rank_00001.bin" <<'PY'
+import sys
+with open(sys.argv[1], "r+b") as f:   # one byte of the data, well past the header
+    f.seek(5000); b = f.read(1); f.seek(5000); f.write(bytes([b[0] ^ 0x01]))
+PY
+refuse "one corrupt byte in a rank file" "rank file rank_00001.bin fails its checksum" \
+    $TINY "${RUN[@]}" --resume "$TMP/bad"
+cp "$TMP/r1" "$TMP/bad/rank_00001.bin"
+rm "$TMP/bad/rank_00001.bin"
+refuse "a missing rank file" "rank file rank_00001.bin is missing" $TINY "${RUN[@]}" --resume "$TMP/bad"
+head -c 700000 "$TMP/r1" >"$TMP/bad/rank_00001.bin"
+refuse "a truncated rank file" "rank file rank_00001.bin is truncated: 700000 bytes, meta.json says" \
+    $TINY "${RUN[@]}" --resume "$TMP/bad"
+cp "$TMP/r1" "$TMP/bad/rank_00001.bin"
+sed -i 's/"version": 1,/"version": 2,/' "$TMP/bad/meta.json"
+refuse "an unknown format version" "has format version 2; this trainer reads version 1" \
+    $TINY "${RUN[@]}" --resume "$TMP/bad"
+mkdir -p "$TMP/empty"
+refuse "no latest to resume" "cannot resume: $TMP/empty/latest does not exist" \
+    $TINY "${RUN[@]}" --ckpt-dir "$TMP/empty" --resume
+refuse "a --ckpt-dir that cannot be made, before the first step" \
+    "cannot create checkpoint directory $TMP/straight.st/ckpt" \
+    $TINY "${RUN[@]}" --ckpt-dir "$TMP/straight.st/ckpt" --ckpt-every 5
+refuse "--resume with --init-from" "--resume and --init-from both set the weights" \
+    $TINY "${RUN[@]}" --resume "$C" --init-from "$TMP/straight.st"
+
+# ── keep = N ──
+K=$TMP/keep
+mkdir -p "$K/.tmp-step_000003"
+cp -r "$TMP/sync/step_000020" "$K/step_000050"   # a later run's, complete
+mp 2 $TINY "${RUN[@]}" --steps 8 --ckpt-dir "$K" --ckpt-every 2 --ckpt-keep 2 >"$TMP/out" 2>&1
+st=$?
+check "keep = 2: step_000006 and step_000008 stay, 2 and 4 are removed, another run's step_000050 untouched, stale .tmp- swept" \
+    '[ $st = 0 ] && [ "$(cd "$K" && ls -A | tr "\n" " ")" = "latest step_000006 step_000008 step_000050 " ] && [ "$(cat "$K/latest")" = step_000008 ]' "$TMP/out"
+
+# ── safetensors with Hugging Face's names ──
+mp 1 $TINY --steps 0 --export "$TMP/plain.st" --quiet &&
+    mp 2 $TINY --steps 0 --export "$TMP/gpt2.st" --hf-names gpt2 --quiet >"$TMP/out" 2>&1
+check "--hf-names gpt2: tiny's export has GPT2LMHeadModel's names, shapes and values (Conv1D transposed, c_attn = q|k|v, no lm_head)" \
+    '$HF gpt2-layout "$TMP/plain.st" "$TMP/gpt2.st" >"$TMP/v"' "$TMP/v"
+mp 2 $TINY --steps 0 --init-from "$TMP/gpt2.st" --hf-names gpt2 --export "$TMP/back.st" --quiet >"$TMP/out" 2>&1
+check "--hf-names gpt2: round trip: that file imported (2 ranks) and exported again is byte for byte the same" \
+    'cmp -s "$TMP/gpt2.st" "$TMP/back.st"' "$TMP/out"
+python3 - "$TMP/gpt2.st" "$TMP/hub.st" <<'PY'
+import json, struct, sys   # the Hub's gpt2 files: no `transformer.` prefix
+blob = open(sys.argv[1], "rb").read()
+(n,) = struct.unpack_from("<Q", blob, 0)
+h = {k.removeprefix("transformer."): v for k, v in json.loads(blob[8:8 + n]).items()}
+t = json.dumps(h).encode()
+t += b" " * (-(8 + len(t)) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(t)) + t + blob[8 + n:])
+PY
+mp 1 $TINY --steps 0 --init-from "$TMP/hub.st" --hf-names gpt2 --export "$TMP/hub.back.st" --quiet >"$TMP/out" 2>&1
+check "--hf-names gpt2: import also takes the Hub's names without \`transformer.\`" \
+    'cmp -s "$TMP/gpt2.st" "$TMP/hub.back.st"' "$TMP/out"
+mp 2 $TINY "${RUN[@]}" --steps 5 --log "$TMP/fromhf.json" --init-from "$TMP/gpt2.st" --hf-names gpt2 >"$TMP/out" 2>&1
+mp 2 $TINY "${RUN[@]}" --steps 5 --log "$TMP/frominit.json" >>"$TMP/out" 2>&1
+check "--hf-names gpt2: 5 steps from the HF file give the losses of 5 steps from the initialisation, as text" \
+    '[ -s "$TMP/fromhf.json" ] && [ "$(losses "$TMP/fromhf.json")" = "$(losses "$TMP/frominit.json")" ]' "$TMP/out"
+for m in gpt2 llama; do
+    T=build/hf_$m/cpu/train
+    mp 1 $T --steps 0 --export "$TMP/$m.plain.st" --quiet && mp 1 $T --steps 0 --export "$TMP/$m.hf.st" --hf-names $m --quiet &&
+        $HF $m-layout "$TMP/$m.plain.st" "$TMP/$m.hf.st" >"$TMP/v" 2>&1 &&
+        $HF randomize "$TMP/$m.hf.st" "$TMP/$m.rnd.st" 7 >>"$TMP/v" 2>&1 &&
+        mp 1 $T --data "$TMP/d32.bin" --steps 1 --init-from "$TMP/$m.rnd.st" --hf-names $m --log "$TMP/$m.json" \
+            --export "$TMP/$m.again.st" --quiet >>"$TMP/v" 2>&1
+    st=$?
+    if [ $m = gpt2 ]; then
+        check "--hf-names gpt2: a transformers-style GPT-2 forward (x·W + b) of random HF weights gives the trainer's step-0 loss (1e-5)" \
+            '[ $st = 0 ] && $HF gpt2-loss "$TMP/$m.rnd.st" "$TMP/d32.bin" 2 "$TMP/$m.json" >"$TMP/v" 2>&1' "$TMP/v"
+    else
+        check "--hf-names llama: names and layout; a transformers-style Llama forward (rotate-half RoPE, q/k unpermuted, repeat_kv) gives the step-0 loss (1e-5)" \
+            '[ $st = 0 ] && $HF llama-loss "$TMP/$m.rnd.st" "$TMP/d32.bin" 4 2 10000 8 "$TMP/$m.json" >"$TMP/v" 2>&1' "$TMP/v"
+        check "--hf-names llama: ... and Meta's interleaved rotary pairing would not (the check tells them apart)" \
+            '$HF llama-loss "$TMP/$m.rnd.st" "$TMP/d32.bin" 4 2 10000 8 "$TMP/$m.json" interleaved >"$TMP/v" 2>&1' "$TMP/v"
+    fi
+done
+mp 2 $HFL --steps 0 --init-from "$TMP/llama.hf.st" --hf-names llama --export "$TMP/llama.back.st" --quiet >"$TMP/out" 2>&1
+check "--hf-names llama: round trip: imported (2 ranks) and exported again, byte for byte the same" \
+    'cmp -s "$TMP/llama.hf.st" "$TMP/llama.back.st"' "$TMP/out"
+refuse "--hf-names llama for a GPT-2-shaped model names what does not fit" \
+    "--hf-names llama: \`blocks.0.mlp\` is a gelu/relu MLP (fc, proj); Llama's MLP is gate, up, down" \
+    $TINY --steps 0 --export "$TMP/x.st" --hf-names llama
+refuse "--hf-names gpt2 for a Llama-shaped model names what does not fit" \
+    "--hf-names gpt2: \`layers.0.mlp\` is a swiglu MLP" $HFL --steps 0 --export "$TMP/x.st" --hf-names gpt2
+
+done_

@@ -1,0 +1,250 @@
+#!/usr/bin/env python3
+"""no_host_sync.py — a static check that a CUDA training step never makes the
+host wait for the GPU between its first all-gather and the optimizer.
+
+    no_host_sync.py [--runtime DIR] TRAIN.cu [TRAIN.cu ...]
+
+(--runtime reads the runtime's sources from DIR instead of runtime/: the
+suite checks that a planted synchronisation is caught.)
+
+What it reads, and so what it proves:
+
+  1. The emitted program (each TRAIN.cu): the whole file, pasted kernel
+     templates included, holds none of the CUDA calls that wait for the GPU
+     or that synchronise implicitly (cudaDeviceSynchronize,
+     cudaStreamSynchronize, cudaEventSynchronize, cudaStreamQuery, the
+     non-async cudaMemcpy*/cudaMemset*, cudaMalloc*/cudaFree*). Its step
+     functions (`step` and every `micro_*`) call only the kernel launchers
+     defined in the file and fsdrt_* functions: those are the roots of 2.
+
+  2. The CUDA runtime (runtime/*.c of the CUDA library, cuda.c in
+     particular): every function reachable from those roots through calls to
+     functions defined in these files holds none of the calls above, no
+     MPI call, and neither of the runtime's own host waits (host_wait,
+     stream_wait_host). Functions that never return (the error exits:
+     bk_abort, failed, rt_bug, ...) are not followed: they end the process.
+     One cold path is allowed and named here: pool_grow, which a step
+     reaches only when the start-up replay of the schedule's buffer events
+     missed a buffer, and which then prints a note (tests/gpu/run.sh fails
+     on that note).
+
+  3. Host buffers of asynchronous copies on that path are pinned: every
+     cudaMemcpyAsync reachable from the step names its host side as a
+     Backend field h_* (bk->h_stage, ...), and each h_* field is allocated
+     with cudaMallocHost somewhere (a copy from pageable memory may
+     synchronise).
+
+  4. The step's end: fsdrt_end_step (common.c) reaches the backend only
+     through bk_check_idle, which must be clean, and bk_update, whose first
+     host wait comes after its last optimizer launch (cu_adamw / cu_sgd).
+
+What it cannot see: synchronisation inside NCCL, cuBLAS or the CUDA
+runtime themselves (NCCL collectives and cublasGemmEx on a stream are
+asynchronous by their documentation), and calls through function pointers
+(the runtime has none on this path). Comments and strings are removed
+before anything is read, so a call in a comment does not count.
+"""
+import os
+import re
+import sys
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+RUNTIME = os.path.join(ROOT, "runtime")
+
+SYNC = re.compile(r"\b(cudaDeviceSynchronize|cudaStreamSynchronize|cudaEventSynchronize|"
+                  r"cudaStreamQuery|cudaEventQuery|cudaMemcpy|cudaMemcpy2D|cudaMemcpyToSymbol|"
+                  r"cudaMemcpyFromSymbol|cudaMemset|cudaMemset2D|cudaMalloc|cudaMallocHost|"
+                  r"cudaMallocManaged|cudaHostAlloc|cudaFree|cudaFreeHost|cudaDeviceReset|"
+                  r"cudaSetDevice)\s*\(")
+HOST_WAIT = re.compile(r"\b(host_wait|stream_wait_host)\s*\(")
+MPI = re.compile(r"\bMPI_\w+\s*\(")
+COLD = {"pool_grow"}
+KEYWORDS = {"if", "for", "while", "switch", "return", "sizeof", "do", "else", "case"}
+
+
+def strip(text):
+    """Removes comments and the contents of string and character literals,
+    keeping newlines, so offsets and line numbers stay meaningful."""
+    out, i, n = [], 0, len(text)
+    while i < n:
+        c = text[i]
+        if text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+            out.append(re.sub(r"[^\n]", " ", text[i:j]))
+            i = j
+        elif text.startswith("//", i):
+            j = text.find("\n", i)
+            j = n if j < 0 else j
+            out.append(" " * (j - i))
+            i = j
+        elif c in "\"'":
+            j = i + 1
+            while j < n and text[j] != c:
+                j += 2 if text[j] == "\\" else 1
+            out.append(c + " " * (j - i - 1) + c)
+            i = j + 1
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+DEF = re.compile(r"^(?P<pre>[A-Za-z_][\w \t\*]*?)\b(?P<name>[A-Za-z_]\w*)\s*\((?P<args>[^;{}()]*(?:\([^()]*\)[^;{}()]*)*)\)\s*\{",
+                 re.M)
+
+
+def functions(text):
+    """name -> (body, noreturn) for each function defined at column 0."""
+    fns = {}
+    for m in DEF.finditer(text):
+        pre = m.group("pre")
+        if pre.strip().startswith(("#", "typedef", "return", "else")):
+            continue
+        start = m.end() - 1
+        depth, j = 0, start
+        while j < len(text):
+            depth += {"{": 1, "}": -1}.get(text[j], 0)
+            if depth == 0:
+                break
+            j += 1
+        fns[m.group("name")] = (text[start:j + 1], "_Noreturn" in pre)
+    return fns
+
+
+def calls(body):
+    return {m.group(1) for m in re.finditer(r"\b([A-Za-z_]\w*)\s*\(", body)} - KEYWORDS
+
+
+failures = []
+
+
+def fail(msg):
+    failures.append(msg)
+
+
+def line_of(text, pos):
+    return text.count("\n", 0, pos) + 1
+
+
+def check_generated(path):
+    raw = open(path).read()
+    text = strip(raw)
+    for m in SYNC.finditer(text):
+        fail(f"{path}:{line_of(text, m.start())}: {m.group(1)} in the emitted program")
+    fns = functions(text)
+    launchers = {name for name, (body, _) in fns.items()
+                 if re.search(r"^LAUNCHER\s+void\s+" + re.escape(name) + r"\b", text, re.M)}
+    steps = [n for n in fns if n == "step" or n.startswith("micro_")]
+    if "step" not in steps:
+        fail(f"{path}: no step function found")
+    roots = set()
+    for s in steps:
+        for c in calls(fns[s][0]):
+            if c.startswith("fsdrt_"):
+                roots.add(c)
+            elif c not in launchers and c not in fns:
+                fail(f"{path}: step function {s} calls {c}, neither a launcher nor the runtime")
+    return roots
+
+
+def runtime_sources():
+    """What libfsdrt_cuda.a is built from: every runtime .c but cpu.c."""
+    fns, where = {}, {}
+    for f in sorted(os.listdir(RUNTIME)):
+        if not f.endswith(".c") or f == "cpu.c":
+            continue
+        text = strip(open(os.path.join(RUNTIME, f)).read())
+        for name, v in functions(text).items():
+            fns[name] = v
+            where[name] = f
+    return fns, where
+
+
+def reach(fns, roots):
+    seen, todo = set(), [r for r in roots if r in fns]
+    while todo:
+        f = todo.pop()
+        if f in seen:
+            continue
+        seen.add(f)
+        body, noreturn = fns[f]
+        for c in calls(body):
+            if c in fns and c not in seen and c not in COLD and not fns[c][1]:
+                todo.append(c)
+    return seen
+
+
+def check_clean(fns, where, names, why):
+    for f in sorted(names):
+        body = fns[f][0]
+        for pat, what in ((SYNC, "a synchronising CUDA call"), (HOST_WAIT, "a host wait"),
+                          (MPI, "an MPI call")):
+            for m in pat.finditer(body):
+                fail(f"runtime/{where[f]}: {f} ({why}) calls {m.group(0).rstrip('(').strip()}: {what}")
+
+
+def check_pinned(fns, where, names):
+    all_text = "".join(b for b, _ in fns.values())
+    for f in sorted(names):
+        for m in re.finditer(r"cudaMemcpyAsync\s*\(([^;]*?)(cudaMemcpy\w+)", fns[f][0], re.S):
+            args, kind = m.group(1), m.group(2)
+            if kind == "cudaMemcpyDeviceToDevice":
+                continue
+            fields = re.findall(r"\bbk->(h_\w+)", args)
+            if not fields:
+                fail(f"runtime/{where[f]}: {f}: a {kind} copy on the step's path whose host side is "
+                     f"not a pinned h_* buffer")
+            for h in fields:
+                if not re.search(r"cudaMallocHost\s*\(\s*\(void\s*\*\*\)\s*&bk->" + h + r"\b", all_text):
+                    fail(f"runtime/{where[f]}: bk->{h} is not allocated with cudaMallocHost")
+
+
+def main(paths):
+    roots = set()
+    for p in paths:
+        roots |= check_generated(p)
+    fns, where = runtime_sources()
+    missing = sorted(r for r in roots if r not in fns)
+    for r in missing:
+        fail(f"the step calls {r}, which no CUDA runtime source defines")
+    step_path = reach(fns, roots)
+    check_clean(fns, where, step_path, "on the step's path")
+    check_pinned(fns, where, step_path)
+
+    # the step's end: fsdrt_end_step reaches the backend through bk_check_idle and bk_update
+    end = fns.get("fsdrt_end_step")
+    if not end or "bk_update" not in fns:
+        fail("fsdrt_end_step or bk_update not found")
+    else:
+        check_clean(fns, where, reach(fns, {"bk_check_idle"}), "before the optimizer")
+        body = fns["bk_update"][0]
+        opt = [m.end() for m in re.finditer(r"\bcu_(adamw|sgd)\s*\(", body)]
+        waits = [m.start() for m in HOST_WAIT.finditer(body)]
+        if not opt:
+            fail("bk_update launches no optimizer (cu_adamw, cu_sgd)")
+        elif waits and min(waits) < max(opt):
+            fail("bk_update waits on the host before its optimizer launches")
+        before = body[:max(opt)] if opt else body
+        for m in SYNC.finditer(before):
+            fail(f"bk_update calls {m.group(1)} before the optimizer")
+        for c in calls(before):
+            if c in fns and c not in COLD and not fns[c][1]:
+                check_clean(fns, where, reach(fns, {c}), "bk_update, before the optimizer")
+
+    if failures:
+        for f in failures:
+            print(f)
+        return 1
+    print(f"no host synchronisation: {len(paths)} emitted program(s), {len(step_path)} runtime "
+          f"functions on the step's path from {len(roots)} entry points, and bk_update up to the "
+          f"optimizer")
+    return 0
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    if len(args) >= 2 and args[0] == "--runtime":
+        RUNTIME = args[1]
+        args = args[2:]
+    sys.exit(main(args) if args else (print(__doc__) or 2))

@@ -1,0 +1,259 @@
+#!/usr/bin/env bash
+# run.sh — the CUDA build, checked without a GPU (part of `make test`):
+#
+#   1. make runtime-cuda builds build/runtime/libfsdrt_cuda.a (nvcc for
+#      sm_80 and sm_90, the host half with mpicc) without a warning;
+#   2. every example's train.cu compiles with nvcc for sm_80 and sm_90 in one
+#      fatbinary (make trainer BACKEND=cuda) without a warning, links against
+#      NCCL, cuBLAS/cuBLASLt, the CUDA runtime and MPI, and holds code for
+#      both architectures (cuobjdump);
+#   3. the same train.cu still builds with the C compiler against the CPU
+#      runtime (the CPU suites run it);
+#   4. fsdpc --verify passes on every example (NVRTC, both architectures),
+#      reports a broken template against its file and .fsd line, and says
+#      clearly when NVRTC cannot be loaded; fsdpc does not link NVRTC;
+#   5. no_host_sync.py: no host synchronisation between a step's first
+#      all-gather and the optimizer, in every emitted program and the CUDA
+#      runtime's step path, and it catches one planted there;
+#   6. without a GPU, the CUDA trainer stops with a clear message.
+#
+# Without nvcc (a machine without the CUDA toolkit) it prints a skip line
+# saying why. Like the other suites: one line per check, then
+# "N passed, N failed". The nvcc compiles run two at a time.
+set -u
+cd "$(dirname "$0")/../.."
+
+MAKE=${MAKE:-make}
+NVCC=${NVCC:-nvcc}
+FSDPC=${FSDPC:-build/fsdpc}
+JOBS=${CUDA_TEST_JOBS:-2}
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+pass=0
+fail=0
+
+ok()  { pass=$((pass + 1)); echo "ok   $1"; }
+bad() { fail=$((fail + 1)); echo "FAIL $1"; [ -n "${2:-}" ] && sed 's/^/     /' "$2" | head -40; }
+# a log with a warning in it (nvcc's, or the host compiler's)
+warned() { grep -qiE '(^|[^a-z_])warning' "$1"; }
+
+if ! command -v "$NVCC" >/dev/null 2>&1; then
+    echo "skip cuda: $NVCC not found: the CUDA build checks need the CUDA toolkit (nvcc, NCCL, cuBLAS)"
+    echo "0 passed, 0 failed"
+    exit 0
+fi
+cuda_home=$(dirname "$(dirname "$(readlink -f "$(command -v "$NVCC")")")")
+if ! printf '#include <nccl.h>\n' | "$NVCC" -x cu -E - -o /dev/null >/dev/null 2>&1; then
+    echo "skip cuda: nccl.h not found beside $cuda_home: the CUDA runtime needs NCCL (set NCCL_HOME)"
+    echo "0 passed, 0 failed"
+    exit 0
+fi
+ARCH=sm_80,sm_90
+examples=(examples/*.fsd)
+
+# ── 1. the runtime library (and fsdpc, before the parallel builds below) ──
+if $MAKE --no-print-directory build/fsdpc >"$TMP/fsdpc.log" 2>&1 &&
+        $MAKE --no-print-directory runtime-cuda ARCH=$ARCH >"$TMP/rt.log" 2>&1; then
+    if warned "$TMP/rt.log"; then
+        bad "cuda: make runtime-cuda builds build/runtime/libfsdrt_cuda.a, but with warnings" "$TMP/rt.log"
+    else
+        ok "cuda: make runtime-cuda builds build/runtime/libfsdrt_cuda.a ($ARCH) without warnings"
+    fi
+else
+    cat "$TMP/fsdpc.log" "$TMP/rt.log" >"$TMP/both.log" 2>/dev/null
+    bad "cuda: make build/fsdpc runtime-cuda" "$TMP/both.log"
+    echo "$pass passed, $fail failed"
+    exit 1
+fi
+# the CPU library, for 3 (the CPU suites build it too; nothing to do then)
+cpu_lib=yes
+$MAKE --no-print-directory runtime >"$TMP/cpu-rt.log" 2>&1 || cpu_lib=no
+
+# The GPU architectures a binary holds code (cubins) for: cuobjdump's list
+# when the toolkit has it, else read from the .nv_fatbin section directly
+# (fatbin header: magic 0xBA55ED50, header size at 6, size at 8; each entry:
+# kind at 0, 2 for a cubin, header size at 4, size at 8, arch at 28).
+fatbin_archs() {
+    if command -v cuobjdump >/dev/null 2>&1; then
+        cuobjdump --list-elf "$1" 2>&1 | grep -o 'sm_[0-9]*' | sort -u
+        return
+    fi
+    objcopy -O binary --only-section=.nv_fatbin "$1" "$1.fatbin" 2>/dev/null
+    python3 - "$1.fatbin" <<'PY'
+import struct, sys
+d = open(sys.argv[1], "rb").read()
+off, archs = 0, set()
+while off + 16 <= len(d):
+    magic, _, hsz, size = struct.unpack_from("<IHHQ", d, off)
+    if magic != 0xBA55ED50:
+        off += 8
+        continue
+    p, end = off + hsz, off + hsz + size
+    while p + 32 <= end:
+        kind, _, ehsz, esize = struct.unpack_from("<HHIQ", d, p)
+        if kind == 2:
+            archs.add("sm_%d" % struct.unpack_from("<I", d, p + 28)[0])
+        p += ehsz + esize
+    off = end
+print("\n".join(sorted(archs)))
+PY
+    rm -f "$1.fatbin"
+}
+
+# ── 2-4: per example, in the background, JOBS at a time ──
+# Each job writes $TMP/<model>.<check>.{st,log}; results are printed in order below.
+check_example() {
+    local fsd=$1 model
+    model=$(basename "$fsd" .fsd)
+    local dir=build/$model/cuda
+    # 2. nvcc, both architectures in one fatbinary, and the link
+    $MAKE --no-print-directory trainer FSD="$fsd" BACKEND=cuda ARCH=$ARCH \
+        >"$TMP/$model.nvcc.log" 2>&1
+    echo $? >"$TMP/$model.nvcc.st"
+    if [ -x "$dir/train" ]; then
+        { fatbin_archs "$dir/train"; ldd "$dir/train" 2>&1; } >"$TMP/$model.elf.log"
+    fi
+    # 3. the same file through the C compiler, against the CPU runtime
+    if [ $cpu_lib = yes ]; then
+        mpicc -x c -std=c11 -O1 -fopenmp -Wall -Wextra -Wno-unused-parameter -Iruntime \
+            "$dir/train.cu" -x none build/runtime/libfsdrt_cpu.a -fopenmp -pthread -lopenblas -lm \
+            -o "$TMP/$model.cpu-train" >"$TMP/$model.cc.log" 2>&1
+        echo $? >"$TMP/$model.cc.st"
+    fi
+    # 4. NVRTC
+    "$FSDPC" "$fsd" --verify --arch $ARCH >"$TMP/$model.verify.log" 2>&1
+    echo $? >"$TMP/$model.verify.st"
+}
+running=0
+for fsd in "${examples[@]}"; do
+    check_example "$fsd" &
+    running=$((running + 1))
+    if [ $running -ge "$JOBS" ]; then
+        wait -n
+        running=$((running - 1))
+    fi
+done
+wait
+
+for fsd in "${examples[@]}"; do
+    model=$(basename "$fsd" .fsd)
+    dir=build/$model/cuda
+    if [ "$(cat "$TMP/$model.nvcc.st")" != 0 ]; then
+        bad "cuda: $model: nvcc -x cu train.cu for $ARCH, linked with NCCL, cuBLAS, cudart, MPI" "$TMP/$model.nvcc.log"
+    elif warned "$TMP/$model.nvcc.log"; then
+        bad "cuda: $model: nvcc compiles train.cu, but with warnings" "$TMP/$model.nvcc.log"
+    else
+        ok "cuda: $model: train.cu compiles with nvcc for $ARCH without warnings and links"
+        missing=""
+        for lib in libnccl libcublasLt libcublas libcudart libmpi; do
+            grep -q "$lib\.so" "$TMP/$model.elf.log" || missing="$missing $lib"
+        done
+        for a in sm_80 sm_90; do
+            grep -q "$a" "$TMP/$model.elf.log" || missing="$missing code-for-$a"
+        done
+        if [ -z "$missing" ]; then
+            ok "cuda: $model: the trainer holds sm_80 and sm_90 code and loads NCCL, cuBLASLt, cuBLAS, cudart, MPI"
+        else
+            bad "cuda: $model: the trainer lacks:$missing" "$TMP/$model.elf.log"
+        fi
+    fi
+    if [ $cpu_lib = no ]; then
+        bad "cuda: $model: the CPU runtime did not build, so train.cu's C build is unchecked" "$TMP/cpu-rt.log"
+    elif [ "$(cat "$TMP/$model.cc.st")" != 0 ] || warned "$TMP/$model.cc.log"; then
+        bad "cuda: $model: the same train.cu with the C compiler (mpicc -x c)" "$TMP/$model.cc.log"
+    else
+        ok "cuda: $model: the same train.cu builds with the C compiler against the CPU runtime"
+    fi
+    if [ "$(cat "$TMP/$model.verify.st")" = 0 ] && grep -q ' 0 failed' "$TMP/$model.verify.log"; then
+        ok "cuda: $model: fsdpc --verify: $(tail -n 1 "$TMP/$model.verify.log" | sed 's/^verify: //')"
+    else
+        bad "cuda: $model: fsdpc --verify --arch $ARCH" "$TMP/$model.verify.log"
+    fi
+done
+
+# ── 4, continued: a broken template is reported against its file and line ──
+# fsdpc again, its objects as built, with act.h's gelu broken at a known line.
+mkdir -p "$TMP/templates"
+cp templates/*.h "$TMP/templates/"
+line=$(grep -n 'DEVICE void gelu_fwd_elem' "$TMP/templates/act.h" | cut -d: -f1)
+line=$((line + 2))
+sed -i "${line}s/^.*\$/    real v = undefined_in_act_h;/" "$TMP/templates/act.h"
+if tools/embed_templates.sh $(ls "$TMP"/templates/*.h | sort) >"$TMP/templates.c" 2>"$TMP/broken.log" &&
+        ${CC:-cc} -std=c11 -c "$TMP/templates.c" -o "$TMP/templates.o" 2>>"$TMP/broken.log" &&
+        ${CC:-cc} -o "$TMP/fsdpc-broken" $(ls build/obj/*.o | grep -v '/templates\.o$') \
+            "$TMP/templates.o" -lm -ldl 2>>"$TMP/broken.log"; then
+    "$TMP/fsdpc-broken" examples/tiny.fsd --verify --arch sm_90 >"$TMP/broken.log" 2>&1
+    st=$?
+    if [ $st = 1 ] && grep -q "templates/act.h:$line: error: .*undefined_in_act_h" "$TMP/broken.log" &&
+            grep -q 'templates/act.h .*FAILED' "$TMP/broken.log" &&
+            grep -q 'used by examples/tiny.fsd:[0-9]* (gelu ' "$TMP/broken.log"; then
+        ok "cuda: --verify reports a broken kernel at templates/act.h:$line and the .fsd line using it"
+    else
+        bad "cuda: --verify on a broken act.h (status $st)" "$TMP/broken.log"
+    fi
+else
+    bad "cuda: cannot build fsdpc with a broken template" "$TMP/broken.log"
+fi
+
+# ── 4, continued: NVRTC only when asked ──
+if FSDPC_NVRTC=/nonexistent/libnvrtc.so "$FSDPC" examples/tiny.fsd --verify >"$TMP/nonvrtc.out" 2>"$TMP/nonvrtc.log"; then
+    bad "cuda: --verify without NVRTC should fail" "$TMP/nonvrtc.log"
+elif grep -q 'FSDPC_NVRTC' "$TMP/nonvrtc.log" && grep -q 'NVRTC' "$TMP/nonvrtc.log"; then
+    ok "cuda: --verify without NVRTC fails, saying what to install or set"
+else
+    bad "cuda: --verify without NVRTC: unclear message" "$TMP/nonvrtc.log"
+fi
+if ldd "$FSDPC" | grep -q nvrtc; then
+    bad "cuda: $FSDPC links libnvrtc; it must load it only for --verify" <(ldd "$FSDPC")
+else
+    ok "cuda: fsdpc does not link NVRTC (dlopen at --verify only)"
+fi
+
+# ── 5. no host synchronisation in the step ──
+trains=()
+for fsd in "${examples[@]}"; do
+    f=build/$(basename "$fsd" .fsd)/cuda/train.cu
+    [ -f "$f" ] && trains+=("$f")
+done
+if python3 tests/cuda/no_host_sync.py "${trains[@]}" >"$TMP/sync.log" 2>&1; then
+    ok "cuda: $(tail -n 1 "$TMP/sync.log")"
+else
+    bad "cuda: host synchronisation in the step (tests/cuda/no_host_sync.py)" "$TMP/sync.log"
+fi
+# ... and it sees one planted in fsdrt_wait_gather, and a host wait before the optimizer
+cp -r runtime "$TMP/rt"
+python3 - "$TMP/rt/cuda.c" <<'EOF'
+import sys
+p = sys.argv[1]
+s = open(p).read()
+a = "    CUDA_CHECK(r, cudaStreamWaitEvent(bk->compute, c->gathered, 0));\n"
+b = "    const double *coef = bk->d_stats + 2;\n"
+assert s.count(a) == 1 and s.count(b) == 1, "anchors moved: update tests/cuda/run.sh"
+s = s.replace(a, a + "    CUDA_CHECK(r, cudaStreamSynchronize(bk->compute));\n")
+s = s.replace(b, b + "    stream_wait_host(r, s, \"planted\");\n")
+open(p, "w").write(s)
+EOF
+python3 tests/cuda/no_host_sync.py --runtime "$TMP/rt" "${trains[0]}" >"$TMP/planted.log" 2>&1
+st=$?
+if [ $st = 1 ] && grep -q 'fsdrt_wait_gather .*cudaStreamSynchronize' "$TMP/planted.log" &&
+        grep -q 'bk_update waits on the host before its optimizer' "$TMP/planted.log"; then
+    ok "cuda: no_host_sync.py catches a planted cudaStreamSynchronize and an early host wait"
+else
+    bad "cuda: no_host_sync.py missed a planted synchronisation (status $st)" "$TMP/planted.log"
+fi
+
+# ── 6. no GPU here: a clear message, not a crash ──
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    echo "skip cuda: the no-GPU start-up message: this machine has a GPU (tests/gpu/run.sh runs it)"
+elif [ -x build/tiny/cuda/train ]; then
+    FSD_NCCL_ID_FILE="$TMP/nccl-id" timeout 60 build/tiny/cuda/train --steps 1 >"$TMP/nogpu.log" 2>&1
+    st=$?
+    if [ $st = 1 ] && grep -q '^train: rank 0: no CUDA device' "$TMP/nogpu.log"; then
+        ok "cuda: without a GPU the trainer stops with: $(head -n 1 "$TMP/nogpu.log")"
+    else
+        bad "cuda: the trainer without a GPU (status $st)" "$TMP/nogpu.log"
+    fi
+fi
+
+echo "$pass passed, $fail failed"
+[ $fail = 0 ]

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# run.sh — PyTorch as the reference (design §8): the CPU trainers of
+# examples/tiny.fsd, tiny_llama.fsd and mlp.fsd train 20 steps on 2 or 3 MPI
+# ranks, and oracle.py trains the same model in PyTorch from the same
+# weights on the same batches; the losses must agree step by step within
+# 1e-4 relative (fp32), the gradient norms within 1e-3.
+#
+# Two starts per model: the trainer's own initialisation (exported with
+# `--steps 0 --export`, loaded by PyTorch), and weights far from it that
+# oracle.py writes and both sides load (`--init-from`), where attention is
+# sharp, biases and norm weights matter and clipping fires. The far cases
+# of tiny and mlp run on 3 ranks (uneven shards) over a short token file,
+# so sequence indices wrap around. Last, the float64 build (BACKEND=cpu64)
+# from the far weights against float64 PyTorch, within 1e-8 over 10 steps:
+# fp32's 1e-4 cannot see a wrong constant (GELU's variant, a norm's eps),
+# this can.
+#
+# Needs MPI and a Python with torch and numpy (Debian's python3-torch and
+# python3-numpy, for /usr/bin/python3; tools/setup.sh installs them as
+# root); without them it says so and skips. Every case prints one line; the
+# last line is "N passed, N failed". About 40 s on 2 cores.
+set -u
+cd "$(dirname "$0")/../.."
+
+MAKE=${MAKE:-make}
+FSDPC=${FSDPC:-build/fsdpc}
+OUT=build/oracle
+pass=0
+fail=0
+ok()  { pass=$((pass + 1)); echo "ok   $1"; }
+bad() { fail=$((fail + 1)); echo "FAIL $1"; [ -n "${2:-}" ] && [ -f "$2" ] && sed 's/^/     /' "$2" | head -30; }
+done_() { echo "$pass passed, $fail failed"; [ $fail = 0 ]; exit; }
+
+# The first python3 on PATH may be one without torch (a pyenv, a venv), so
+# take the first candidate that imports both.
+PY=""
+for py in ${PYTHON:-} python3 /usr/bin/python3; do
+    if "$py" -c 'import torch, numpy' >/dev/null 2>&1; then PY=$py; break; fi
+done
+if [ -z "$PY" ]; then
+    echo "skip oracle: no Python with torch and numpy (tried ${PYTHON:+$PYTHON, }python3, /usr/bin/python3);" \
+         "install Debian's python3-torch python3-numpy (tools/setup.sh does, as root)"
+    done_
+fi
+for tool in mpicc mpirun; do
+    if ! command -v $tool >/dev/null 2>&1; then
+        echo "skip oracle: $tool not found (tools/setup.sh installs MPI and OpenBLAS)"
+        done_
+    fi
+done
+
+rm -rf "$OUT"
+mkdir -p "$OUT"
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+MPIRUN=(mpirun --oversubscribe)
+[ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
+# mp W CMD...: CMD on W ranks, with a time limit so a hang is a failure
+mp() { local w=$1; shift; timeout 120 "${MPIRUN[@]}" -np "$w" "$@"; }
+
+if ! $MAKE --no-print-directory -s build/fsdata >"$OUT/build.txt" 2>&1; then
+    bad "build: make build/fsdata" "$OUT/build.txt"
+    done_
+fi
+LONG=$OUT/long.bin     # 200,000 tokens: no sequence repeats in 20 steps
+SHORT=$OUT/short.bin   # 10,000 tokens: 3 ranks wrap around it
+build/fsdata synth "$LONG" --tokens 200000 --seed 11 >/dev/null
+build/fsdata synth "$SHORT" --tokens 10000 --seed 12 >/dev/null
+
+# case MODEL cpu|cpu64 WORLD own|far DATA STEPS: one trainer run; appends
+# to CASES what oracle.py needs to hold it to PyTorch
+CASES=()
+case_() {
+    local m=$1 be=$2 w=$3 start=$4 data=$5 steps=$6 d=$OUT/$1
+    local run=$d/$be-$start-w$w init=$d/$start.safetensors from=()
+    local what="$m, $w ranks, $([ $start = far ] && echo "far init" || echo "its own init")"
+    [ $be = cpu64 ] && what="$what, float64"
+    [ "$start" = far ] && from=(--init-from "$init")
+    if ! mp "$w" build/$m/$be/train --data "$data" --steps "$steps" --log "$run.log" --quiet \
+            "${from[@]}" >"$run.out" 2>&1; then
+        bad "$what: the trainer failed" "$run.out"
+        return
+    fi
+    CASES+=(--case "label=$what" "model=$d/model.txt" "init=$init" "log=$run.log" "world=$w"
+            "data=$data" "steps=$steps" "prec=$([ $be = cpu64 ] && echo f64 || echo f32)")
+}
+
+for m in tiny tiny_llama mlp; do
+    d=$OUT/$m
+    mkdir -p "$d"
+    if ! { $MAKE --no-print-directory -s trainer FSD=examples/$m.fsd BACKEND=cpu &&
+           $MAKE --no-print-directory -s trainer FSD=examples/$m.fsd BACKEND=cpu64; } >"$d/build.txt" 2>&1; then
+        bad "$m: make trainer FSD=examples/$m.fsd BACKEND=cpu (and cpu64)" "$d/build.txt"
+        continue
+    fi
+    "$FSDPC" examples/$m.fsd --dump-model >"$d/model.txt"
+    # the trainer's initial weights, as PyTorch will load them
+    if ! mp 2 build/$m/cpu/train --steps 0 --export "$d/own.safetensors" --quiet >"$d/export.out" 2>&1; then
+        bad "$m: --steps 0 --export" "$d/export.out"
+        continue
+    fi
+    "$PY" tests/oracle/oracle.py weights "$d/model.txt" "$d/far.safetensors"
+    case_ $m cpu 2 own "$LONG" 20
+    case $m in
+    tiny_llama) case_ $m cpu 2 far "$LONG" 20 ;;
+    *)          case_ $m cpu 3 far "$SHORT" 20 ;;
+    esac
+    case_ $m cpu64 2 far "$LONG" 10
+done
+
+if [ ${#CASES[@]} -gt 0 ]; then
+    "$PY" tests/oracle/oracle.py compare "${CASES[@]}" >"$OUT/oracle.txt" 2>&1
+    st=$?
+    while IFS= read -r line; do
+        case "$line" in
+        "ok   "*) ok "${line#ok   }" ;;
+        "FAIL "*) fail=$((fail + 1)); echo "$line" ;;
+        *" passed, "*" failed") ;;
+        *) echo "$line" ;;
+        esac
+    done <"$OUT/oracle.txt"
+    grep -q " passed, " "$OUT/oracle.txt" || bad "oracle.py ended without a summary (status $st)" "$OUT/oracle.txt"
+fi
+done_
