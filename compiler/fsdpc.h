@@ -518,9 +518,17 @@ typedef struct Plan {
     int64_t micro_batch;       /* B */
     ShardGroup **fwd_order;    /* groups in order of first forward use */
     int nused;                 /* fwd_order[0..nused) are used in forward */
+    /* fully_shard auto: the bucket size chosen, and what was tried */
+    int64_t auto_bucket;
+    int ntried;
+    int64_t tried_bucket[8];
+    int tried_groups[8];
+    double tried_step_s[8];
 } Plan;
 
 Plan *plan_build(Model *m, Graph *g);
+/* The plan with groups made by fully_shard auto at this bucket size. */
+Plan *plan_build_auto(Model *m, Graph *g, int64_t bucket);
 /* A group's padded flat size and per-rank shard for world size w. */
 int64_t plan_padded_numel(const ShardGroup *sg, int64_t world);
 int64_t plan_shard_numel(const ShardGroup *sg, int64_t world);
@@ -701,6 +709,11 @@ typedef struct Sim {
 } Sim;
 
 Sim *sim_run(Schedule *s, const SimCluster *c);
+/* fully_shard auto(bucket = N): plans bucket sizes N, N/2, N/4, ... (down to
+ * 1 MiB, at most 8), simulates each step on c and returns the plan of the
+ * fastest (the larger bucket on a tie: fewer collectives). Plain plan_build
+ * when the model does not ask for auto groups. */
+Plan *sim_choose_buckets(Model *m, Graph *g, const SimCluster *c);
 /* The --sim summary; memory is included when mp is given. */
 void sim_dump(FILE *out, const Sim *sim, const MemPlan *mp);
 /* The replay as a Chrome trace (Trace Event Format JSON). */

@@ -324,7 +324,8 @@ int main(int argc, char **argv)
         int failed = verify_kernels(out, model, graph, o.arch ? o.arch : "sm_80,sm_90");
         return close_output(&o, out, tmp, true) || failed != 0;
     }
-    Plan *plan = plan_build(model, graph);
+    /* groups from the .fsd, or chosen with the cost model for fully_shard auto */
+    Plan *plan = sim_choose_buckets(model, graph, &o.cluster);
     /* the schedule and each rank's memory for --world; under memory_budget,
      * for the fastest reshard policy and prefetch depth that fit */
     MemPlan *mem = memplan_fit(plan, o.world, &diag);

@@ -136,6 +136,15 @@ static void auto_groups(Model *m, Graph *g, int64_t bucket)
     }
 }
 
+Plan *plan_build_auto(Model *m, Graph *g, int64_t bucket)
+{
+    auto_groups(m, g, bucket);
+    m->groups_auto = true;
+    Plan *p = plan_build(m, g);
+    p->auto_bucket = bucket;
+    return p;
+}
+
 Plan *plan_build(Model *m, Graph *g)
 {
     if (m->shard.auto_bucket_bytes && !m->groups_auto) {
@@ -213,6 +222,15 @@ void plan_dump(FILE *out, Plan *p, int64_t world)
     fprintf(out, "  offload: %s\n", c->offload_cpu ? "cpu" : "none");
     fprintf(out, "  alignment: every parameter starts at a multiple of %d elements\n",
             PARAM_ALIGN_ELEMS);
+    if (p->ntried) {
+        fprintf(out, "  groups: fully_shard auto(bucket = %s), the simulator's choice of bucket "
+                     "size up to that target:\n",
+                bytes_str(m->shard.auto_bucket_bytes));
+        for (int i = 0; i < p->ntried; i++)
+            fprintf(out, "    bucket %10s: %3d groups, predicted step %.3f ms%s\n",
+                    bytes_str(p->tried_bucket[i]), p->tried_groups[i], p->tried_step_s[i] * 1e3,
+                    p->tried_bucket[i] == p->auto_bucket ? "  <- chosen" : "");
+    }
     fputs("\ngroups in forward order\n", out);
     fprintf(out, "  %-5s %-24s %14s %14s %14s %12s  %s\n", "group", "name", "params", "padded",
             "shard/rank", "gather/rank", "reshard");

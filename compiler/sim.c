@@ -590,3 +590,37 @@ void sim_trace(FILE *out, const Sim *sim)
                  "\"mfu\": %.6f}\n}\n",
             c->world, sim->step_s * 1e3, sim->exposed_s * 1e3, sim->mfu);
 }
+
+/* ── fully_shard auto: the cost model picks the bucket size ──
+ * Smaller buckets start computing sooner and overlap better; larger ones
+ * pay the per-collective latency fewer times. The user's size is the upper
+ * bound (it bounds the unsharded memory); the simulator decides below it. */
+Plan *sim_choose_buckets(Model *m, Graph *g, const SimCluster *c)
+{
+    int64_t target = m->shard.auto_bucket_bytes;
+    if (!target)
+        return plan_build(m, g);
+    int64_t best = target, bucket = target;
+    double best_s = 0;
+    int64_t tried[8];
+    int groups[8], n = 0;
+    double step[8];
+    for (; n < 8 && (n == 0 || bucket >= ((int64_t)1 << 20)); bucket /= 2) {
+        Plan *p = plan_build_auto(m, g, bucket);
+        Sim *sim = sim_run(schedule_build(p), c);
+        tried[n] = bucket;
+        groups[n] = m->ngroups;
+        step[n] = sim->step_s;
+        if (n == 0 || sim->step_s < best_s) {
+            best = bucket;
+            best_s = sim->step_s;
+        }
+        n++;
+    }
+    Plan *p = plan_build_auto(m, g, best);
+    p->ntried = n;
+    memcpy(p->tried_bucket, tried, sizeof tried);
+    memcpy(p->tried_groups, groups, sizeof groups);
+    memcpy(p->tried_step_s, step, sizeof step);
+    return p;
+}

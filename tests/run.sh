@@ -61,6 +61,21 @@ for f in examples/*.fsd tests/plan/*.fsd; do
     done
 done
 
+# ── fully_shard auto: the chosen bucket size is the fastest the simulator
+# found, and no larger than the target ──
+for w in 8 64; do
+    "$FSDPC" tests/plan/gpt2_auto.fsd --world $w --dump-plan >"$TMP/auto" 2>&1
+    if awk '/^    bucket / { n++; t = $NF == "chosen" ? $(NF-3) : $NF; sub(/ms/, "", t)
+                              if ($0 ~ /<- chosen/) { c++; chosen = $(NF-3) }
+                              step[n] = ($0 ~ /<- chosen/) ? $(NF-3) : $(NF-1) }
+            END { if (n < 2 || c != 1) exit 1
+                  for (i = 1; i <= n; i++) if (step[i] + 0 < chosen + 0) exit 1 }' "$TMP/auto"; then
+        ok "auto buckets at W=$w: the simulator's fastest of $(grep -c '^    bucket ' "$TMP/auto") sizes is chosen"
+    else
+        bad "auto buckets at W=$w" "$TMP/auto"
+    fi
+done
+
 # ── the error catalogue: exact diagnostics, exit status, no output ──
 # A case is NAME.fsd (or NAME.gen, a script that writes the input to stdout)
 # with NAME.expected holding stderr exactly. A first line `# exit: N` in the
