@@ -8,6 +8,9 @@
 #   make SANITIZE=1 build only the sanitizer build, build/san/fsdpc
 #   make fuzz       fuzz the compiler for FUZZ_SECONDS (libFuzzer, clang)
 #   make golden     regenerate the golden files (read the diff before committing)
+#   make bench      fsdpc's CPU trainer against PyTorch, compile times and the
+#                   simulator's predictions, as one table (minutes; not part
+#                   of `make test`; bench/bench.py, docs/performance.md)
 #
 # `setup` installs missing tools (flex, bison, ...) with apt-get when run as
 # root, and otherwise prints the command to run.
@@ -138,7 +141,9 @@ MPICC    ?= mpicc
 RT       := build/runtime
 RT_SRCS  := common.c cpu.c data.c weights.c arena.c json.c hfnames.c ckpt.c
 RT_HDRS  := runtime/fsdrt.h runtime/internal.h runtime/half.h
-RT_CFLAGS = -O2 -g -fopenmp $(WARN) $(shell pkg-config --cflags openblas 2>/dev/null)
+# -fno-math-errno: nothing reads errno after a math call, and without it a
+# sqrtf stops the compiler vectorising a loop (the optimizer's, a kernel's).
+RT_CFLAGS = -O2 -g -fopenmp -fno-math-errno $(WARN) $(shell pkg-config --cflags openblas 2>/dev/null)
 RT_LIBS   = -fopenmp -pthread $(or $(shell pkg-config --libs openblas 2>/dev/null),-lopenblas) -lm
 
 .PHONY: runtime runtime-tests
@@ -227,6 +232,17 @@ else
 	  $(TRAINER)/train.cu -x none $(TRAINER_LIB_$(BACKEND)) $(RT_LIBS) -o $(TRAINER)/train
 endif
 	@echo "built $(TRAINER)/train (source: $(TRAINER)/train.cu)"
+
+# ── benchmarks ──
+# `make bench`: bench/bench.py with its own trainers in build/bench/, so a
+# test building build/<model>/cpu meanwhile does not swap them. Needs
+# Debian's python3-torch (/usr/bin/python3).
+.PHONY: bench
+bench: setup
+	@$(MAKE) --no-print-directory $(B)/fsdpc $(B)/fsdata runtime
+	@$(MAKE) --no-print-directory -s trainer FSD=examples/tiny.fsd TRAINER=build/bench/tiny
+	@$(MAKE) --no-print-directory -s trainer FSD=bench/gpt6x384.fsd TRAINER=build/bench/gpt6x384
+	@/usr/bin/python3 bench/bench.py
 
 # ── install ──
 #   make install PREFIX=/usr/local

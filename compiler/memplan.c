@@ -60,7 +60,11 @@ static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
  *   attention_bwd         0      p is recomputed one key at a time from q,
  *                                k and the saved lse, in two passes (dq by
  *                                query row, dk and dv by key row), so there
- *                                is no B·H·T·T buffer either
+ *                                is no B·H·T·T buffer either. (The CPU
+ *                                build's blocked path mallocs 64·T reals
+ *                                per thread, 2·64·T in the backward, for
+ *                                one block of scores while it runs: host
+ *                                memory the GPU plan does not have.)
  *   matmul, matmul_dx/dw  0      cuBLASLt's workspace is one fixed buffer
  *                                the runtime has not sized yet (llm.c uses
  *                                32 MiB), so it is not counted

@@ -29,6 +29,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #ifdef FSD_FLOAT64
 #define MPI_REAL_T MPI_DOUBLE
@@ -121,19 +122,62 @@ static void check_launcher(FsdRun *r)
     }
 }
 
-/* OpenMP and OpenBLAS default to every core for every rank; with several
- * ranks on one node that oversubscribes the cores many times over, so
- * unless the user chose (OMP_NUM_THREADS) each rank takes its share. */
+/* OpenMP defaults to every core for every rank; with several ranks on one
+ * node that oversubscribes the cores many times over, so unless the user
+ * chose (OMP_NUM_THREADS) each rank takes its share. OpenBLAS runs on one
+ * thread, always: its own pool of threads would spin against OpenMP's
+ * (each pool's idle threads busy-wait for a while after their work, on the
+ * cores the other pool needs next), and the attention kernel's CPU path
+ * calls BLAS from inside OpenMP loops. fsdrt_gemm splits a large product
+ * over the OpenMP threads itself (docs/performance.md). */
 static void set_threads(FsdRun *r)
 {
+    openblas_set_num_threads(1);
     if (getenv("OMP_NUM_THREADS"))
-        return;    /* OpenMP reads it; OpenBLAS too, unless OPENBLAS_NUM_THREADS is set */
+        return;
     int n = omp_get_num_procs() / (r->local_world > 0 ? r->local_world : 1);
     if (n < 1)
         n = 1;
     omp_set_num_threads(n);
-    if (!getenv("OPENBLAS_NUM_THREADS"))
-        openblas_set_num_threads(n);
+}
+
+/* OpenBLAS's DYNAMIC_ARCH builds (Debian's) pick their kernels when the
+ * library loads, from the CPU's family and model number. A CPU newer than
+ * the library, or a VM that reports an unfamiliar model, falls back to
+ * "Prescott": SSE3 kernels, about 10x slower than the AVX-512 ones on an
+ * AVX-512 machine (docs/performance.md). OPENBLAS_CORETYPE overrides the
+ * choice but is read only at load, so when the user has not set it, the
+ * library chose a core without AVX2 and the CPU has AVX2 and FMA, the
+ * trainer starts itself again, once, before MPI starts (the same process
+ * to mpirun), with OPENBLAS_CORETYPE naming the widest core the CPU runs.
+ * If the exec fails it carries on with the library's choice. */
+static void check_blas_core(char **argv)
+{
+#if defined(__x86_64__) && defined(__linux__)
+    static const char *const pre_avx2[] = {
+        "Prescott", "Core2",    "Penryn",     "Dunnington",   "Nehalem", "Atom",
+        "Sandybridge", "Katmai", "Coppermine", "Northwood", "Banias", "Barcelona",
+        "Opteron", "Opteron_SSE3", "Bobcat",
+    };
+    if (getenv("OPENBLAS_CORETYPE") || !argv || !argv[0])
+        return;
+    const char *core = openblas_get_corename();
+    bool weak = false;
+    for (size_t i = 0; core && i < sizeof pre_avx2 / sizeof *pre_avx2; i++)
+        weak = weak || strcmp(core, pre_avx2[i]) == 0;
+    __builtin_cpu_init();
+    if (!weak || !__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+        return;
+    bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
+                  __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+                  __builtin_cpu_supports("avx512vl");
+    if (setenv("OPENBLAS_CORETYPE", avx512 ? "SkylakeX" : "Haswell", 1) != 0)
+        return;
+    execv("/proc/self/exe", argv);
+    unsetenv("OPENBLAS_CORETYPE");
+#else
+    (void)argv;
+#endif
 }
 
 bool bk_start(FsdRun *r, int *argc, char ***argv)
@@ -149,6 +193,8 @@ bool bk_start(FsdRun *r, int *argc, char ***argv)
     r->bk = bk;
     int up = 0;
     MPI_Initialized(&up);
+    if (!up)
+        check_blas_core(*argv);
     if (!up) {
         /* MPI_Init works alone (a singleton) as well as under mpirun and
          * srun; only the main thread calls MPI, OpenMP's threads never do */
@@ -530,6 +576,24 @@ void bk_check_idle(FsdRun *r)
 
 /* ── compute ── */
 
+/* Below this many multiply-adds a product runs on one thread: splitting
+ * it costs more than it saves. */
+#define GEMM_SPLIT_MIN 4e6
+
+/* One BLAS call, on the calling thread. */
+static void gemm_call(bool transA, bool transB, int64_t M, int64_t N, int64_t K, real alpha,
+                      const real *A, int64_t lda, const real *B, int64_t ldb, real beta, real *C,
+                      int64_t ldc)
+{
+#ifdef FSD_FLOAT64
+    cblas_dgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans,
+                (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+#else
+    cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans,
+                (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+#endif
+}
+
 void fsdrt_gemm(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64_t K, real alpha,
                 const real *A, int64_t lda, const real *B, int64_t ldb, real beta, real *C,
                 int64_t ldc)
@@ -547,13 +611,27 @@ void fsdrt_gemm(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64
                 C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
         return;
     }
-#ifdef FSD_FLOAT64
-    cblas_dgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans,
-                (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
-#else
-    cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans,
-                (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
-#endif
+    /* BLAS is single-threaded (set_threads): a product worth splitting is
+     * cut into one slab per OpenMP thread, of rows of C (columns when C
+     * has few rows), each a BLAS call of its own. Every slab repacks the
+     * operand it shares, which costs little for slabs this large. */
+    int nt = omp_get_max_threads();
+    if (nt > 1 && (double)M * (double)N * (double)K >= GEMM_SPLIT_MIN) {
+        bool rows = M >= N || M >= 128 * (int64_t)nt;
+        int64_t total = rows ? M : N, per = (total + nt - 1) / nt;
+#pragma omp parallel for schedule(static)
+        for (int t = 0; t < nt; t++) {
+            int64_t lo = t * per, n = total - lo < per ? total - lo : per;
+            if (n <= 0)
+                continue;
+            const real *a = rows ? (transA ? A + lo : A + lo * lda) : A;
+            const real *b = rows ? B : (transB ? B + lo * ldb : B + lo);
+            gemm_call(transA, transB, rows ? n : M, rows ? N : n, K, alpha, a, lda, b, ldb, beta,
+                      rows ? C + lo * ldc : C + lo, ldc);
+        }
+        return;
+    }
+    gemm_call(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 /* ── the optimizer on the shards ── */
@@ -571,12 +649,24 @@ double bk_grad_sumsq(FsdRun *r)
     return s;
 }
 
+/* The optimizer's loops are elementwise and memory-bound; on x86-64 with GCC
+ * they are compiled for AVX-512, AVX2 and the baseline, the loader picking
+ * the one the CPU runs (as templates/portable.h does for the kernels). Each
+ * lane does what the scalar code does (no FMA under -std=c11, sqrt and
+ * division exactly rounded), so every version gives the same bits. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__ELF__)
+#define VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define VECTOR_CLONES
+#endif
+
 /* PyTorch's AdamW (torch.optim.AdamW, single-tensor path), term by term:
  *   p ← p·(1 − lr·wd)                     decoupled weight decay
  *   m ← m + (1 − β1)(g − m)               exp_avg.lerp_(grad, 1 − β1)
  *   v ← β2·v + (1 − β2)·g²
  *   p ← p − lr/(1 − β1^t) · m / (√v / √(1 − β2^t) + eps)
  * with scalars computed in double and applied in `real`, as PyTorch does. */
+VECTOR_CLONES
 static void adamw(const FsdTrainConfig *c, Group *G, const Segment *s, double lr, int64_t t)
 {
     const real decay = s->decay && c->weight_decay != 0 ? (real)(1 - lr * c->weight_decay) : 1;
@@ -584,7 +674,8 @@ static void adamw(const FsdTrainConfig *c, Group *G, const Segment *s, double lr
     const real step = (real)(lr / (1 - pow(c->beta1, (double)t)));
     const real bc2_sqrt = (real)sqrt(1 - pow(c->beta2, (double)t)), eps = (real)c->eps;
     real *p = G->master, *g = G->grad, *m = G->m, *v = G->v;
-#pragma omp parallel for schedule(static)
+    /* simd: elementwise, so vectorising changes no result bit */
+#pragma omp parallel for simd schedule(static)
     for (int64_t i = s->begin; i < s->end; i++) {
         p[i] *= decay;
         m[i] += w1 * (g[i] - m[i]);
@@ -620,7 +711,7 @@ void bk_optimizer(FsdRun *r, double lr, double coef, int64_t t)
         if (coef < 1) {   /* clip_grad_norm_: every gradient times one coefficient */
             const real k = (real)coef;
             real *g = G->grad;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for simd schedule(static)
             for (int64_t i = 0; i < G->shard; i++)
                 g[i] *= k;
         }

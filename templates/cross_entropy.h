@@ -17,13 +17,10 @@ DEVICE void cross_entropy_lse_row(int64_t r, int lane, int lanes, real *lse, con
                                   int64_t V)
 {
     const real *x = logits + r * V;
-    real m = -INFINITY;
-    for (int64_t j = lane; j < V; j += lanes)
-        m = fsd_fmax(m, x[j]);
+    real m, s;
+    FSD_LANE_MAX(m, j, V, lane, lanes, x[j]);
     m = fsd_warp_max(m);
-    real s = 0;
-    for (int64_t j = lane; j < V; j += lanes)
-        s += fsd_exp(x[j] - m);
+    FSD_LANE_SUM(s, j, V, lane, lanes, fsd_exp(x[j] - m));
     s = fsd_warp_sum(s);
     if (lane == 0)
         lse[r] = m + fsd_log(s);
@@ -74,10 +71,18 @@ DEVICE void cross_entropy_bwd_row(int64_t r, int lane, int lanes, real *dlogits,
     int64_t t = targets[r];
     if (t < 0 || t >= V)
         fsd_trap();
-    real L = lse[r];
-    for (int64_t j = lane; j < V; j += lanes) {
-        real p = fsd_exp(logits[r * V + j] - L);
-        fsd_store(&dlogits[r * V + j], (p - (j == t ? 1 : 0)) * scale, acc);
+    real L = lse[r], *d = dlogits + r * V;
+    const real *x = logits + r * V;
+    /* p·scale everywhere, then the target's (p − 1)·scale rewritten by the
+     * lane that owns it, from the old value it read first: the same
+     * results, and a loop without the one-hot compare vectorises */
+    real old_t = d[t];
+    FSD_SIMD
+    for (int64_t j = lane; j < V; j += lanes)
+        fsd_store(&d[j], fsd_exp(x[j] - L) * scale, acc);
+    if (t % lanes == lane) {
+        real v = (fsd_exp(x[t] - L) - 1) * scale;
+        d[t] = acc ? old_t + v : v;
     }
 }
 FSD_ROW_KERNEL(cross_entropy_bwd,

@@ -21,6 +21,7 @@ DEVICE void reduce_to_cols(int64_t j0, int64_t j1, real *dst, bool acc, const re
     for (int64_t j = j0; j < j1; j++)
         s[j - j0] = 0;
     for (int64_t r = 0; r < rows; r++)
+        FSD_SIMD
         for (int64_t j = j0; j < j1; j++)
             s[j - j0] += src[r * C + j];
     for (int64_t j = j0; j < j1; j++)
@@ -37,6 +38,10 @@ DEVICE void add_fwd_elem(int64_t i, real *y, const real *a, const real *b, int64
 }
 FSD_ELEM_KERNEL(add_fwd, (real *y, const real *a, const real *b, int64_t nb), (y, a, b, nb))
 
+/* the same shape (nb = n): no division per element */
+DEVICE void add_same_elem(int64_t i, real *y, const real *a, const real *b) { y[i] = a[i] + b[i]; }
+FSD_ELEM_KERNEL(add_same, (real *y, const real *a, const real *b), (y, a, b))
+
 /* add_fwd: y[i] = a[i] + b[i mod nb]; y, a [n], b [nb], n a multiple of
  * nb. y may be a (in place). Its backward is copy (or a pass-through) for
  * a, and reduce_to for a broadcast b. */
@@ -44,7 +49,10 @@ LAUNCHER void add_fwd(real *y, const real *a, const real *b, int64_t n, int64_t 
 {
     FSD_REQUIRE("add_fwd", y && a && b);
     FSD_REQUIRE("add_fwd", n > 0 && nb > 0 && n % nb == 0);
-    FSD_RUN_ELEMS(add_fwd, n, (y, a, b, nb));
+    if (nb == n)
+        FSD_RUN_ELEMS(add_same, n, (y, a, b));
+    else
+        FSD_RUN_ELEMS(add_fwd, n, (y, a, b, nb));
 }
 
 /* ── mul ── */
@@ -55,13 +63,19 @@ DEVICE void mul_fwd_elem(int64_t i, real *y, const real *a, const real *b, int64
 }
 FSD_ELEM_KERNEL(mul_fwd, (real *y, const real *a, const real *b, int64_t nb), (y, a, b, nb))
 
+DEVICE void mul_same_elem(int64_t i, real *y, const real *a, const real *b) { y[i] = a[i] * b[i]; }
+FSD_ELEM_KERNEL(mul_same, (real *y, const real *a, const real *b), (y, a, b))
+
 /* mul_fwd: y[i] = a[i] · b[i mod nb]; y, a [n], b [nb], n a multiple of
  * nb. y may be a. */
 LAUNCHER void mul_fwd(real *y, const real *a, const real *b, int64_t n, int64_t nb)
 {
     FSD_REQUIRE("mul_fwd", y && a && b);
     FSD_REQUIRE("mul_fwd", n > 0 && nb > 0 && n % nb == 0);
-    FSD_RUN_ELEMS(mul_fwd, n, (y, a, b, nb));
+    if (nb == n)
+        FSD_RUN_ELEMS(mul_same, n, (y, a, b));
+    else
+        FSD_RUN_ELEMS(mul_fwd, n, (y, a, b, nb));
 }
 
 DEVICE void mul_bwd_a_elem(int64_t i, real *da, bool acc, const real *dy, const real *b,
@@ -72,6 +86,13 @@ DEVICE void mul_bwd_a_elem(int64_t i, real *da, bool acc, const real *dy, const 
 FSD_ELEM_KERNEL(mul_bwd_a, (real *da, bool acc, const real *dy, const real *b, int64_t nb),
                 (da, acc, dy, b, nb))
 
+DEVICE void mul_bwd_a_same_elem(int64_t i, real *da, bool acc, const real *dy, const real *b)
+{
+    fsd_store(&da[i], dy[i] * b[i], acc);
+}
+FSD_ELEM_KERNEL(mul_bwd_a_same, (real *da, bool acc, const real *dy, const real *b),
+                (da, acc, dy, b))
+
 DEVICE void mul_bwd_b_cols(int64_t j0, int64_t j1, real *db, bool acc, const real *dy,
                            const real *a, int64_t rows, int64_t nb)
 {
@@ -79,6 +100,7 @@ DEVICE void mul_bwd_b_cols(int64_t j0, int64_t j1, real *db, bool acc, const rea
     for (int64_t j = j0; j < j1; j++)
         s[j - j0] = 0;
     for (int64_t r = 0; r < rows; r++)
+        FSD_SIMD
         for (int64_t j = j0; j < j1; j++)
             s[j - j0] += dy[r * nb + j] * a[r * nb + j];
     for (int64_t j = j0; j < j1; j++)
@@ -99,10 +121,24 @@ LAUNCHER void mul_bwd(real *da, bool acc_a, real *db, bool acc_b, const real *dy
     FSD_REQUIRE("mul_bwd", n > 0 && nb > 0 && n % nb == 0);
     FSD_REQUIRE("mul_bwd", db != dy && db != a && da != db);
     FSD_RUN_COLS(mul_bwd_b, nb, (db, acc_b, dy, a, n / nb, nb));
-    FSD_RUN_ELEMS(mul_bwd_a, n, (da, acc_a, dy, b, nb));
+    if (nb == n)
+        FSD_RUN_ELEMS(mul_bwd_a_same, n, (da, acc_a, dy, b));
+    else
+        FSD_RUN_ELEMS(mul_bwd_a, n, (da, acc_a, dy, b, nb));
 }
 
 /* ── the Linear bias ── */
+
+/* one row: y[r, :] = x[r, :] + b, lanes strided over the columns (no
+ * division per element, as add_fwd's broadcast index would take) */
+DEVICE void bias_add_row(int64_t row, int lane, int lanes, real *y, const real *x, const real *b,
+                         int64_t C)
+{
+    FSD_SIMD
+    for (int64_t j = lane; j < C; j += lanes)
+        y[row * C + j] = x[row * C + j] + b[j];
+}
+FSD_ROW_KERNEL(bias_add, (real *y, const real *x, const real *b, int64_t C), (y, x, b, C))
 
 /* bias_add_fwd: y[r, j] = x[r, j] + b[j]; y, x [rows, C], b [C]. y may
  * be x. */
@@ -110,7 +146,7 @@ LAUNCHER void bias_add_fwd(real *y, const real *x, const real *b, int64_t rows, 
 {
     FSD_REQUIRE("bias_add_fwd", y && x && b);
     FSD_REQUIRE("bias_add_fwd", rows > 0 && C > 0);
-    FSD_RUN_ELEMS(add_fwd, rows * C, (y, x, b, C));
+    FSD_RUN_ROWS(bias_add, rows, (y, x, b, C));
 }
 
 /* bias_bwd: db[j] += Σ_r dy[r, j]; always accumulates (a parameter

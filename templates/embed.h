@@ -14,6 +14,7 @@ DEVICE void embed_fwd_row(int64_t i, int lane, int lanes, real *out, const real 
     int64_t t = idx[i];
     if (t < 0 || t >= V)
         fsd_trap();
+    FSD_SIMD
     for (int64_t j = lane; j < C; j += lanes)
         out[i * C + j] = W[t * C + j];
 }
@@ -41,6 +42,7 @@ DEVICE void embed_bwd_cols(int64_t j0, int64_t j1, real *dW, const real *dout,
         int64_t t = idx[i];
         if (t < 0 || t >= V)
             fsd_trap();
+        FSD_SIMD
         for (int64_t j = j0; j < j1; j++)
             dW[t * C + j] += dout[i * C + j];
     }

@@ -20,14 +20,13 @@ DEVICE void layernorm_fwd_row(int64_t r, int lane, int lanes, real *y, real *mea
                               const real *x, const real *w, const real *b, int64_t C, real eps)
 {
     const real *xr = x + r * C;
-    real s = 0;
-    for (int64_t j = lane; j < C; j += lanes)
-        s += xr[j];
+    real s, v;
+    FSD_LANE_SUM(s, j, C, lane, lanes, xr[j]);
     real m = fsd_warp_sum(s) / (real)C;
-    real v = 0;   /* two passes: no cancellation when |mean| >> std */
-    for (int64_t j = lane; j < C; j += lanes)
-        v += (xr[j] - m) * (xr[j] - m);
+    /* two passes: no cancellation when |mean| >> std */
+    FSD_LANE_SUM(v, j, C, lane, lanes, (xr[j] - m) * (xr[j] - m));
     real rs = 1 / fsd_sqrt(fsd_warp_sum(v) / (real)C + eps);
+    FSD_SIMD
     for (int64_t j = lane; j < C; j += lanes)
         y[r * C + j] = (xr[j] - m) * rs * w[j] + b[j];
     if (lane == 0) {
@@ -59,14 +58,12 @@ DEVICE void layernorm_bwd_row(int64_t r, int lane, int lanes, real *dx, bool acc
                               int64_t C)
 {
     const real *dyr = dy + r * C, *xr = x + r * C;
-    real m = mean[r], rs = rstd[r], sg = 0, sgx = 0;
-    for (int64_t j = lane; j < C; j += lanes) {
-        real g = dyr[j] * w[j];
-        sg += g;
-        sgx += g * (xr[j] - m) * rs;
-    }
+    real m = mean[r], rs = rstd[r], sg, sgx;
+    FSD_LANE_SUM(sg, j, C, lane, lanes, dyr[j] * w[j]);
+    FSD_LANE_SUM(sgx, j, C, lane, lanes, dyr[j] * w[j] * (xr[j] - m) * rs);
     sg = fsd_warp_sum(sg) / (real)C;
     sgx = fsd_warp_sum(sgx) / (real)C;
+    FSD_SIMD
     for (int64_t j = lane; j < C; j += lanes)
         fsd_store(&dx[r * C + j], rs * (dyr[j] * w[j] - sg - (xr[j] - m) * rs * sgx), acc);
 }
@@ -83,6 +80,7 @@ DEVICE void layernorm_bwd_params_cols(int64_t j0, int64_t j1, real *dw, real *db
     for (int64_t j = j0; j < j1; j++)
         sw[j - j0] = sb[j - j0] = 0;
     for (int64_t r = 0; r < rows; r++)
+        FSD_SIMD
         for (int64_t j = j0; j < j1; j++) {
             real d = dy[r * C + j];
             sw[j - j0] += d * (x[r * C + j] - mean[r]) * rstd[r];
@@ -118,10 +116,10 @@ DEVICE void rmsnorm_fwd_row(int64_t r, int lane, int lanes, real *y, real *rstd,
                             const real *w, int64_t C, real eps)
 {
     const real *xr = x + r * C;
-    real s = 0;
-    for (int64_t j = lane; j < C; j += lanes)
-        s += xr[j] * xr[j];
+    real s;
+    FSD_LANE_SUM(s, j, C, lane, lanes, xr[j] * xr[j]);
     real rs = 1 / fsd_sqrt(fsd_warp_sum(s) / (real)C + eps);
+    FSD_SIMD
     for (int64_t j = lane; j < C; j += lanes)
         y[r * C + j] = xr[j] * rs * w[j];
     if (lane == 0)
@@ -147,10 +145,10 @@ DEVICE void rmsnorm_bwd_row(int64_t r, int lane, int lanes, real *dx, bool acc, 
                             const real *x, const real *w, const real *rstd, int64_t C)
 {
     const real *dyr = dy + r * C, *xr = x + r * C;
-    real rs = rstd[r], sgx = 0;
-    for (int64_t j = lane; j < C; j += lanes)
-        sgx += dyr[j] * w[j] * xr[j] * rs;
+    real rs = rstd[r], sgx;
+    FSD_LANE_SUM(sgx, j, C, lane, lanes, dyr[j] * w[j] * xr[j] * rs);
     sgx = fsd_warp_sum(sgx) / (real)C;
+    FSD_SIMD
     for (int64_t j = lane; j < C; j += lanes)
         fsd_store(&dx[r * C + j], rs * (dyr[j] * w[j] - xr[j] * rs * sgx), acc);
 }
@@ -166,6 +164,7 @@ DEVICE void rmsnorm_bwd_params_cols(int64_t j0, int64_t j1, real *dw, const real
     for (int64_t j = j0; j < j1; j++)
         sw[j - j0] = 0;
     for (int64_t r = 0; r < rows; r++)
+        FSD_SIMD
         for (int64_t j = j0; j < j1; j++)
             sw[j - j0] += dy[r * C + j] * x[r * C + j] * rstd[r];
     for (int64_t j = j0; j < j1; j++)

@@ -223,6 +223,117 @@ DEVICE real fsd_warp_max(real v) { return v; }
 /* Launchers check indices on the host first, so this does not happen. */
 DEVICE void fsd_trap(void) { abort(); }
 
+/* FSD_SIMD before a loop whose iterations are independent (no reduction
+ * variable: a sum over the loop stays a scalar loop, so its order, and
+ * every result bit, is the same however the compiler vectorises): the
+ * compiler vectorises it even at -O2. Elementwise kernels get it through
+ * FSD_RUN_ELEMS. On the GPU it is nothing. */
+#define FSD_SIMD _Pragma("omp simd")
+
+/* FSD_LANE_SUM(s, j, n, lane, lanes, EXPR): s = this lane's share of the
+ * sum of EXPR (an expression in j) over j in [0, n), for the row kernels to
+ * combine with fsd_warp_sum. On the CPU (one lane) in 8 partial sums, j
+ * mod 8 apart, added up in a fixed order at the end: 8 independent chains
+ * the compiler vectorises, where one running sum waits on every add. The
+ * order depends on n alone: not on threads, nor on the vector width.
+ * FSD_LANE_MAX likewise (a max is exact in any order). */
+#define FSD_LANE_ACC 8
+#define FSD_LANE_SUM(s, j, n, lane, lanes, EXPR)                                     \
+    do {                                                                             \
+        real fsd_p_[FSD_LANE_ACC] = {0};                                             \
+        const int64_t fsd_n_ = (n);                                                  \
+        int64_t fsd_j0_ = 0;                                                         \
+        for (; fsd_j0_ + FSD_LANE_ACC <= fsd_n_; fsd_j0_ += FSD_LANE_ACC)            \
+            for (int fsd_k_ = 0; fsd_k_ < FSD_LANE_ACC; fsd_k_++) {                  \
+                const int64_t j = fsd_j0_ + fsd_k_;                                  \
+                fsd_p_[fsd_k_] += (EXPR);                                            \
+            }                                                                        \
+        for (int64_t j = fsd_j0_; j < fsd_n_; j++)                                   \
+            fsd_p_[j - fsd_j0_] += (EXPR);                                           \
+        (void)(lane), (void)(lanes);                                                 \
+        s = ((fsd_p_[0] + fsd_p_[1]) + (fsd_p_[2] + fsd_p_[3])) +                    \
+            ((fsd_p_[4] + fsd_p_[5]) + (fsd_p_[6] + fsd_p_[7]));                     \
+    } while (0)
+#define FSD_LANE_MAX(s, j, n, lane, lanes, EXPR)                                     \
+    do {                                                                             \
+        real fsd_p_[FSD_LANE_ACC];                                                   \
+        const int64_t fsd_n_ = (n);                                                  \
+        int64_t fsd_j0_ = 0;                                                         \
+        for (int fsd_k_ = 0; fsd_k_ < FSD_LANE_ACC; fsd_k_++)                        \
+            fsd_p_[fsd_k_] = -INFINITY;                                              \
+        for (; fsd_j0_ + FSD_LANE_ACC <= fsd_n_; fsd_j0_ += FSD_LANE_ACC)            \
+            for (int fsd_k_ = 0; fsd_k_ < FSD_LANE_ACC; fsd_k_++) {                  \
+                const int64_t j = fsd_j0_ + fsd_k_;                                  \
+                const real fsd_v_ = (EXPR);                                          \
+                fsd_p_[fsd_k_] = fsd_v_ > fsd_p_[fsd_k_] ? fsd_v_ : fsd_p_[fsd_k_];  \
+            }                                                                        \
+        for (int64_t j = fsd_j0_; j < fsd_n_; j++) {                                 \
+            const real fsd_v_ = (EXPR);                                              \
+            fsd_p_[0] = fsd_v_ > fsd_p_[0] ? fsd_v_ : fsd_p_[0];                     \
+        }                                                                            \
+        (void)(lane), (void)(lanes);                                                 \
+        s = fsd_p_[0];                                                               \
+        for (int fsd_k_ = 1; fsd_k_ < FSD_LANE_ACC; fsd_k_++)                        \
+            s = fsd_p_[fsd_k_] > s ? fsd_p_[fsd_k_] : s;                             \
+    } while (0)
+
+/* x86-64 with GCC: every launcher is compiled three times, for AVX-512,
+ * AVX2 and the baseline (SSE2), and the dynamic loader picks the one the
+ * CPU runs (an ifunc), so one binary uses the widest vectors the machine
+ * has. Each lane computes what the scalar code would, with the same
+ * operations (no FMA contraction under -std=c11), so all three give the
+ * same bits. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__ELF__)
+#undef LAUNCHER
+#define LAUNCHER static __attribute__((unused, target_clones("avx512f", "avx2", "default")))
+#endif
+
+#include <string.h>   /* memcpy: bit casts the vectoriser understands */
+
+#ifndef FSD_FLOAT64
+/* e^x in float, written so that loops calling it vectorise (a call to
+ * libm's expf stops the vectoriser, and costs a vectorised loop about 2x
+ * at SSE2 width, more with wider vectors): Cephes' expf, x = n·ln2 + r
+ * with |r| ≤ ln2/2 and e^r a degree-7 polynomial, 2^n written into the
+ * exponent bits. Relative error under 1.4 ulp (against a double exp, every
+ * 7th float from −87.3 to 88.3). Out of range without branches or float
+ * comparisons (under the default -ftrapping-math a float compare stops the
+ * vectoriser): x below −87.34 gives 0 (libm gives denormals down to −103),
+ * above 88.38 +inf, NaN stays NaN. The float64 build keeps libm's exp. */
+static inline float fsd_expf(float x)
+{
+    const int32_t hi = 0x42b0c0a5;   /* 88.3762626647949 */
+    const int32_t lo = 0x42aeac50;   /* 87.3365447504019 */
+    int32_t ix, it, iy, e;
+    memcpy(&ix, &x, sizeof ix);
+    int32_t ax = ix & 0x7fffffff, neg = -(int32_t)((uint32_t)ix >> 31);
+    int32_t out = -(int32_t)(ax > (hi ^ ((hi ^ lo) & neg)));   /* all ones: out of range */
+    it = ix & ~out;
+    float t, sc, y;
+    memcpy(&t, &it, sizeof t);
+    float n = (t * 1.44269504088896341f + 12582912.0f) - 12582912.0f;   /* round(t / ln2) */
+    float r = t - n * 0.693359375f + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1;
+    e = ((int32_t)n + 127) << 23;
+    memcpy(&sc, &e, sizeof sc);
+    y = p * sc;
+    memcpy(&iy, &y, sizeof iy);
+    int32_t nan = -(int32_t)(ax > 0x7f800000);
+    int32_t special = (~neg & 0x7f800000) | (nan & 0x7fc00000);   /* +inf, 0 or NaN */
+    iy = (iy & ~out) | (special & out);
+    memcpy(&y, &iy, sizeof y);
+    return y;
+}
+#undef fsd_exp
+#define fsd_exp fsd_expf
+#endif
+
 /* No wrapper on the CPU: the launcher's loop calls the body. */
 #define FSD_ROW_KERNEL(name, params, args)
 #define FSD_ELEM_KERNEL(name, params, args)
@@ -238,7 +349,7 @@ DEVICE void fsd_trap(void) { abort(); }
 #define FSD_RUN_ELEMS(name, n, args)                                          \
     do {                                                                      \
         const int64_t fsd_n_ = (n);                                           \
-        _Pragma("omp parallel for schedule(static)")                          \
+        _Pragma("omp parallel for simd schedule(static)")                     \
         for (int64_t fsd_i_ = 0; fsd_i_ < fsd_n_; fsd_i_++)                   \
             name##_elem(fsd_i_, FSD_UNPAREN args);                            \
     } while (0)
@@ -255,10 +366,46 @@ DEVICE void fsd_trap(void) { abort(); }
 
 #endif
 
+#ifndef FSD_SIMD
+#define FSD_SIMD   /* the GPU, and the warp emulation: lanes are the vectors */
+/* the GPU's lanes: each sums its strided share in order */
+#define FSD_LANE_SUM(s, j, n, lane, lanes, EXPR)                 \
+    do {                                                         \
+        s = 0;                                                   \
+        for (int64_t j = (lane); j < (n); j += (lanes))          \
+            s += (EXPR);                                         \
+    } while (0)
+#define FSD_LANE_MAX(s, j, n, lane, lanes, EXPR)                 \
+    do {                                                         \
+        s = -INFINITY;                                           \
+        for (int64_t j = (lane); j < (n); j += (lanes))          \
+            s = fsd_fmax(s, (EXPR));                             \
+    } while (0)
+#endif
+
 /* Stores a kernel result: gradients either overwrite their output or add
  * to it (autodiff's `acc`: a later contribution to the same gradient).
- * With acc false the old value is never read, so it may be garbage. */
+ * With acc false the old value is never used, so it may be garbage (NaN).
+ * The CPU loads it anyway and clears its bits when acc is false, 0 + v:
+ * no branch, so the loop around vectorises (a conditional load would stop
+ * it). The one difference: v = −0 is stored as +0. */
+#if !defined(__CUDACC__) && !defined(FSD_WARP_EMULATION)
+DEVICE void fsd_store(real *p, real v, bool acc)
+{
+#ifdef FSD_FLOAT64
+    uint64_t bits, keep = (uint64_t)0 - (uint64_t)acc;
+#else
+    uint32_t bits, keep = (uint32_t)0 - (uint32_t)acc;
+#endif
+    real old = *p;
+    memcpy(&bits, &old, sizeof bits);
+    bits &= keep;
+    memcpy(&old, &bits, sizeof old);
+    *p = old + v;
+}
+#else
 DEVICE void fsd_store(real *p, real v, bool acc) { *p = acc ? *p + v : v; }
+#endif
 
 /* Host-side check that every index in idx[0, n) lies in [0, bound): token
  * ids and targets. The GPU cannot read device memory here; its kernels

@@ -34,6 +34,11 @@ bad() { fail=$((fail + 1)); echo "FAIL $1"; [ -n "${2:-}" ] && sed 's/^/     /' 
 SRC=tests/kernels/test_kernels.c
 HDRS="portable.h embed.h norm.h rope.h attention.h act.h elementwise.h cross_entropy.h"
 CFLAGS="-std=c11 -O2 -Wall -Wextra -Wshadow -Werror -Iruntime -Itemplates"
+# The CPU attention path calls BLAS (templates/attention.h), as the trainer
+# does; one BLAS thread per OpenMP thread, as the CPU runtime runs it.
+BLAS_CFLAGS=$(pkg-config --cflags openblas 2>/dev/null)
+BLAS_LIBS=$(pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
+export OPENBLAS_NUM_THREADS=1
 OMP=-fopenmp
 if ! printf 'int main(void) { return 0; }\n' | $CC -fopenmp -x c - -o "$TMP/probe" >/dev/null 2>&1; then
     OMP="-Wno-unknown-pragmas"
@@ -44,7 +49,7 @@ fi
 build() {
     local name=$1
     shift
-    if $CC $CFLAGS $OMP "$@" -o "$B/$name" "$SRC" -lm >"$TMP/build" 2>&1; then
+    if $CC $CFLAGS $BLAS_CFLAGS $OMP "$@" -o "$B/$name" "$SRC" $BLAS_LIBS -lm >"$TMP/build" 2>&1; then
         return 0
     fi
     bad "kernels $name: build failed ($CC $*)" "$TMP/build"
@@ -142,7 +147,7 @@ fi
 for prec in "" -DFSD_FLOAT64; do
     what=float32
     [ -n "$prec" ] && what=float64
-    if $CC -std=c11 -Wall -Wextra -Wshadow -Werror $OMP $prec -Iruntime -fsyntax-only \
+    if $CC -std=c11 -Wall -Wextra -Wshadow -Werror $OMP $prec -Iruntime $BLAS_CFLAGS -fsyntax-only \
             "$B/pasted.c" >"$TMP/pasted" 2>&1; then
         ok "kernels: templates pasted into one file compile with $CC ($what)"
     else

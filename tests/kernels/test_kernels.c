@@ -575,6 +575,10 @@ static void backward_checks(void)
     case_attention(1, 4, 3, 3, 4, true);    /* multi-head */
     case_attention(2, 3, 4, 1, 5, false);   /* multi-query, odd head dim */
     case_attention(1, 1, 2, 1, 3, true);    /* one position */
+#ifdef FSD_ATTENTION_BLAS
+    case_attention(1, 150, 2, 1, 4, true);  /* several query blocks, a ragged last */
+    case_attention(2, 70, 4, 2, 3, false);
+#endif
     case_unary("gelu", 15, gelu_case_fwd, gelu_case_bwd);
     case_unary("relu", 15, relu_case_fwd, relu_case_bwd);
     case_unary("silu", 15, silu_case_fwd, silu_case_bwd);
@@ -853,6 +857,10 @@ static void forward_checks(void)
     ref_attention(2, 5, 4, 2, 6, false);
     ref_attention(1, 7, 4, 1, 8, true);
     ref_attention(1, 6, 3, 3, 5, false);
+#ifdef FSD_ATTENTION_BLAS
+    ref_attention(2, 150, 4, 2, 8, true);   /* several query blocks, a ragged last */
+    ref_attention(1, 130, 2, 2, 16, false);
+#endif
     ref_activations();
     ref_elementwise();
     ref_cross_entropy(3, 5, 0);
