@@ -265,7 +265,7 @@ install: setup
 	    'libdir=$${prefix}/lib' '' "Name: fsdrt-$$v" \
 	    "Description: fsdpc runtime, $$v backend (build emitted train.cu with mpicc -x c)" \
 	    'Version: $(shell sed -n 's/^#define FSDPC_VERSION "\(.*\)"/\1/p' compiler/fsdpc.h)' \
-	    "Cflags: -I\$${includedir} -fopenmp$$flags" \
+	    "Cflags: -I\$${includedir} -fopenmp$$flags $(shell pkg-config --cflags openblas 2>/dev/null)" \
 	    "Libs: -L\$${libdir} -lfsdrt_$$v -fopenmp $(RT_LIBS)" \
 	    > $(DESTDIR)$(PREFIX)/lib/pkgconfig/fsdrt-$$v.pc; \
 	done

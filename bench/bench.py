@@ -265,7 +265,7 @@ def mib(kib):
     return f"{kib / 1024:,.0f} MiB"
 
 
-def table(thr, torch_default, blas, comp, sims):
+def table(thr, torch_default, blas, comp, sims, load=None):
     L = ["| measurement | setup | fsdpc | reference | fsdpc / reference |",
          "|---|---|---|---|---|"]
     for r in thr:
@@ -321,6 +321,8 @@ def table(thr, torch_default, blas, comp, sims):
         "loss difference row shows they trained the same model. Peak resident memory from "
         "/usr/bin/time per process. Shared machine: other jobs' load moves every figure; "
         "compare rows of one run."
+        + (f" Load average (1 min) {load[0]:.2f} at the start, {load[1]:.2f} at the end of "
+           "the throughput runs." if load else "")
         + (f" PyTorch in the default environment (no OPENBLAS_CORETYPE), gpt6x384, 1 thread: "
            f"{torch_default:,.0f} tokens/s." if torch_default else ""),
         "[2] torchtitan docs/performance.md, Table 1: Llama 3.1 8B, 8 H100 (96 GB HBM2e, "
@@ -379,16 +381,19 @@ def main():
     blas_env = {"OPENBLAS_CORETYPE": blas[1]} if blas[1] else {}
     t0 = time.time()
     print("bench: throughput (fsdpc and PyTorch, alternating) ...", file=sys.stderr)
+    load0 = os.getloadavg()[0]
     thr = throughput(blas_env)
+    load = (load0, os.getloadavg()[0])
     torch_default = torch_default_env(blas)
     print("bench: compile times ...", file=sys.stderr)
     comp = compile_times()
     print("bench: simulator ...", file=sys.stderr)
     sims = [simulate(fsd, preset) for _, fsd, preset, _, _ in SIMS]
-    text = table(thr, torch_default, blas, comp, sims)
+    text = table(thr, torch_default, blas, comp, sims, load)
     print(text)
     open(os.path.join(OUT, "bench.md"), "w").write(text + "\n")
-    json.dump(dict(throughput=thr, torch_default_env_tok_s=torch_default, blas=blas,
+    json.dump(dict(throughput=thr, load_average=load, torch_default_env_tok_s=torch_default,
+                   blas=blas,
                    compile=comp, simulated=[dict(zip(("model", "fsd", "preset", "where",
                                                       "reference"), s), **p)
                                             for s, p in zip(SIMS, sims)],

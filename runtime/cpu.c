@@ -155,9 +155,9 @@ static void check_blas_core(char **argv)
 {
 #if defined(__x86_64__) && defined(__linux__)
     static const char *const pre_avx2[] = {
-        "Prescott", "Core2",    "Penryn",     "Dunnington",   "Nehalem", "Atom",
-        "Sandybridge", "Katmai", "Coppermine", "Northwood", "Banias", "Barcelona",
-        "Opteron", "Opteron_SSE3", "Bobcat",
+        "Prescott", "Core2",      "Penryn",    "Dunnington", "Nehalem",   "Atom",
+        "Katmai",   "Coppermine", "Northwood", "Banias",     "Sandybridge",
+        "Barcelona", "Opteron",   "Opteron_SSE3", "Bobcat",
     };
     if (getenv("OPENBLAS_CORETYPE") || !argv || !argv[0])
         return;
@@ -193,9 +193,8 @@ bool bk_start(FsdRun *r, int *argc, char ***argv)
     r->bk = bk;
     int up = 0;
     MPI_Initialized(&up);
-    if (!up)
-        check_blas_core(*argv);
     if (!up) {
+        check_blas_core(*argv);   /* may start this program again, before MPI */
         /* MPI_Init works alone (a singleton) as well as under mpirun and
          * srun; only the main thread calls MPI, OpenMP's threads never do */
         int provided = 0;

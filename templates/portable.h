@@ -299,10 +299,10 @@ DEVICE void fsd_trap(void) { abort(); }
  * 7th float from −87.3 to 88.3). Out of range without branches or float
  * comparisons (under the default -ftrapping-math a float compare stops the
  * vectoriser): x below −87.34 gives 0 (libm gives denormals down to −103),
- * above 88.38 +inf, NaN stays NaN. The float64 build keeps libm's exp. */
+ * above 88.376 +inf, NaN stays NaN. The float64 build keeps libm's exp. */
 static inline float fsd_expf(float x)
 {
-    const int32_t hi = 0x42b0c0a5;   /* 88.3762626647949 */
+    const int32_t hi = 0x42b0c0a4;   /* 88.37625: round(x / ln2) ≤ 127 */
     const int32_t lo = 0x42aeac50;   /* 87.3365447504019 */
     int32_t ix, it, iy, e;
     memcpy(&ix, &x, sizeof ix);
