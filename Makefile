@@ -139,7 +139,7 @@ fuzz: setup $(FUZZ_B)/fuzz_frontend
 # runtime/arena.c needs only libc, so the compiler may link it too.
 MPICC    ?= mpicc
 RT       := build/runtime
-RT_SRCS  := common.c cpu.c data.c weights.c arena.c json.c hfnames.c ckpt.c
+RT_SRCS  := common.c cpu.c data.c weights.c arena.c json.c hfnames.c ckpt.c optim.c
 RT_HDRS  := runtime/fsdrt.h runtime/internal.h runtime/half.h
 # -fno-math-errno: nothing reads errno after a math call, and without it a
 # sqrtf stops the compiler vectorising a loop (the optimizer's, a kernel's).
@@ -162,7 +162,7 @@ $(RT)/obj64/%.o: runtime/%.c $(RT_HDRS)
 
 # ── the CUDA runtime ──
 #   make runtime-cuda [ARCH=sm_80,sm_90]   → build/runtime/libfsdrt_cuda.a
-# the CUDA backend (cuda.c, cuda_kernels.cu: NCCL, cuBLAS, streams) with the
+# the CUDA backend (cuda.c, cuda_kernels.cu: NCCL, cuBLASLt, streams) with the
 # backend-independent sources of the CPU runtime (all of RT_SRCS but cpu.c),
 # for an emitted train.cu built with nvcc (docs/cuda.md). Needs the CUDA
 # toolkit, NCCL and MPI; ARCH lists the GPU architectures, as for the trainer.
@@ -181,7 +181,7 @@ CU_SRCS  := $(filter-out cpu.c,$(RT_SRCS)) cuda.c
 CU_INC   := -I$(CUDA_HOME)/include $(if $(NCCL_HOME),-I$(NCCL_HOME)/include)
 # MPI's link flags in nvcc's spelling (-Wl,x → -Xlinker x)
 MPI_LINK  = $(patsubst -Wl$(comma)%,-Xlinker %,$(patsubst -pthread,-Xcompiler -pthread,$(shell $(MPICC) -showme:link 2>/dev/null || $(MPICC) -link_info 2>/dev/null | cut -d' ' -f2-)))
-CUDA_LIBS = $(if $(NCCL_HOME),-L$(NCCL_HOME)/lib) -lnccl -lcublasLt -lcublas -lcudart \
+CUDA_LIBS = $(if $(NCCL_HOME),-L$(NCCL_HOME)/lib) -lnccl -lcublasLt -lcudart \
             $(MPI_LINK) -Xcompiler -fopenmp -lpthread -lm
 NVCC_FLAGS = -O2 -std=c++17 $(CUDA_GENCODE) -Xcompiler -Wall,-Wextra,-Wno-unused-parameter
 
@@ -276,7 +276,8 @@ $(B)/fsdata: tools/fsdata.c
 	$(CC) $(CFLAGS) $(WARN) $(LDFLAGS) -o $@ $<
 
 # What tests/runtime/run.sh runs (it builds them itself).
-runtime-tests: runtime build/fsdata $(RT)/trainer $(RT)/trainer64 $(RT)/test_arena $(RT)/test_half
+runtime-tests: runtime build/fsdata $(RT)/trainer $(RT)/trainer64 $(RT)/test_arena $(RT)/test_half \
+               $(RT)/test_gemm
 $(RT)/trainer: tests/runtime/trainer.c $(RT)/libfsdrt_cpu.a
 	$(MPICC) $(RT_CFLAGS) -Iruntime -o $@ $^ $(RT_LIBS)
 $(RT)/trainer64: tests/runtime/trainer.c $(RT)/libfsdrt_cpu64.a
@@ -284,6 +285,8 @@ $(RT)/trainer64: tests/runtime/trainer.c $(RT)/libfsdrt_cpu64.a
 $(RT)/test_arena: tests/runtime/test_arena.c runtime/arena.c runtime/fsdrt.h
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(WARN) -Iruntime -o $@ tests/runtime/test_arena.c runtime/arena.c
+$(RT)/test_gemm: tests/runtime/test_gemm.c $(RT)/libfsdrt_cpu.a
+	$(MPICC) $(RT_CFLAGS) -Iruntime -o $@ $^ $(RT_LIBS)
 $(RT)/test_half: tests/runtime/test_half.c runtime/half.h
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(WARN) -Iruntime -o $@ $< -lm

@@ -11,12 +11,12 @@
  * backward ops read are marked saved: they are the activations the memory
  * plan must keep alive.
  *
- * Gradients flowing unchanged through an op (the residual add, the bias add)
- * are passed on by reference instead of copied when the buffer's current
- * holder is the op's own output, whose gradient is dead once its producer's
- * rule ran. A buffer already handed to another live value (the residual
- * add's other operand) is copied instead: two live values sharing one
- * gradient buffer would see each other's accumulations.
+ * Gradients flowing unchanged through an op (the residual add) are passed
+ * on by reference instead of copied when the buffer's current holder is the
+ * op's own output, whose gradient is dead once its producer's rule ran. A
+ * buffer already handed to another live value (the residual add's other
+ * operand) is copied instead: two live values sharing one gradient buffer
+ * would see each other's accumulations.
  */
 #include "fsdpc.h"
 
@@ -125,6 +125,12 @@ static void backward_of(AD *a, OpNode *f)
         grad_out(a, op, f->in[0]);
         break;
     case OP_MATMUL:
+    case OP_MATMUL_BIAS:   /* the bias's gradient: dy summed over rows */
+        if (f->kind == OP_MATMUL_BIAS) {
+            op = bwd_op(a, OP_BIAS_BWD, f);
+            in(op, dy);
+            grad_out(a, op, f->in[2]);
+        }
         if (needs_grad(f->in[0])) {
             op = bwd_op(a, OP_MATMUL_DX, f);
             in(op, dy);
@@ -135,12 +141,6 @@ static void backward_of(AD *a, OpNode *f)
         in(op, dy);
         in(op, f->in[0]);
         grad_out(a, op, f->in[1]);
-        break;
-    case OP_BIAS_ADD:
-        op = bwd_op(a, OP_BIAS_BWD, f);
-        in(op, dy);
-        grad_out(a, op, f->in[1]);
-        route(a, f, f->in[0], dy);
         break;
     case OP_LAYERNORM:
         op = bwd_op(a, OP_LAYERNORM_BWD, f);

@@ -126,6 +126,13 @@ static void emit_op(Emit *e, const OpNode *op)
           rows_expr(x), N, K, R(x), K, R(op->in[1]), K, R(y), N);
         break;
     }
+    case OP_MATMUL_BIAS: /* y[rows, N] = x[rows, K] · W[N, K]ᵀ + b[N] */ {
+        int64_t N = op->in[1]->dim[0], K = op->in[1]->dim[1];
+        P("    fsdrt_gemm_bias(r, false, true, %s, %" PRId64 ", %" PRId64 ", %s, %" PRId64
+          ", %s, %" PRId64 ", %s, %s, %" PRId64 ");\n",
+          rows_expr(x), N, K, R(x), K, R(op->in[1]), K, R(op->in[2]), R(y), N);
+        break;
+    }
     case OP_MATMUL_DX: /* dx[rows, K] (+)= dy[rows, N] · W[N, K] */ {
         int64_t N = op->in[1]->dim[0], K = op->in[1]->dim[1];
         P("    fsdrt_gemm(r, false, false, %s, %" PRId64 ", %" PRId64 ", 1, %s, %" PRId64
@@ -140,10 +147,6 @@ static void emit_op(Emit *e, const OpNode *op)
           N, K, rows_expr(x), R(x), N, R(op->in[1]), K, R(y), K);
         break;
     }
-    case OP_BIAS_ADD:
-        P("    bias_add_fwd(%s, %s, %s, %s, %" PRId64 ");\n", R(y), R(x), R(op->in[1]), rows_expr(x),
-          last_dim(x));
-        break;
     case OP_BIAS_BWD:
         P("    bias_bwd(%s, %s, %s, %" PRId64 ");\n", R(y), R(x), rows_expr(x), last_dim(x));
         break;
@@ -477,8 +480,9 @@ static const char *template_of(OpKind k)
     case OP_CROSS_ENTROPY:
     case OP_CROSS_ENTROPY_BWD: return "cross_entropy.h";
     case OP_MATMUL:
+    case OP_MATMUL_BIAS:
     case OP_MATMUL_DX:
-    case OP_MATMUL_DW: return NULL;   /* fsdrt_gemm */
+    case OP_MATMUL_DW: return NULL;   /* fsdrt_gemm, fsdrt_gemm_bias */
     default: return "elementwise.h";
     }
 }

@@ -106,7 +106,8 @@ double op_flops(const OpNode *op, int64_t batch)
                                                                                 : x->dim[x->rank - 1])
                                : 0;
     switch (op->kind) {
-    case OP_MATMUL:      /* x [.., K] · W [N, K]ᵀ */
+    case OP_MATMUL:      /* x [.., K] · W [N, K]ᵀ (+ b [N]) */
+    case OP_MATMUL_BIAS:
         K = (double)op->in[1]->dim[1];
         break;
     case OP_MATMUL_DX:   /* dy [.., N] · W [N, K]: contracts N */

@@ -51,25 +51,23 @@ static OpNode *op_for(Lower *L, OpKind k, Layer *ly)
     return ir_op(L->g, k, ly, ly ? ly->loc : (Loc){0, 0});
 }
 
-/* Linear: y = x·Wᵀ (+ b); a tied Linear reads its Embedding's weight. */
+/* Linear: y = x·Wᵀ (+ b); a tied Linear reads its Embedding's weight. A
+ * bias is added in the product itself (matmul_bias), so the unbiased x·Wᵀ
+ * never exists as a tensor. The weight and bias share a group: explicit
+ * groups keep a tied weight with its Linear (model.c), and auto buckets
+ * keep every parameter one op reads together (plan.c). */
 static Tensor *linear(Lower *L, Layer *ly, Tensor *x)
 {
     Param *w = ly->tie ? ly->tie->weight : ly->weight;
-    OpNode *op = op_for(L, OP_MATMUL, ly);
+    OpNode *op = op_for(L, ly->bias_p ? OP_MATMUL_BIAS : OP_MATMUL, ly);
     op->group = w->group;
     ir_in(op, x);
     ir_in(op, param(L, w));
-    Tensor *y = act_like(L, tname(ly, ly->bias_p ? "xw" : "out"), x, ly->out);
+    if (ly->bias_p)
+        ir_in(op, param(L, ly->bias_p));
+    Tensor *y = act_like(L, tname(ly, "out"), x, ly->out);
     ir_out(op, y, false);
-    if (!ly->bias_p)
-        return y;
-    op = op_for(L, OP_BIAS_ADD, ly);
-    op->group = ly->bias_p->group;
-    ir_in(op, y);
-    ir_in(op, param(L, ly->bias_p));
-    Tensor *z = act_like(L, tname(ly, "out"), x, ly->out);
-    ir_out(op, z, false);
-    return z;
+    return y;
 }
 
 static Tensor *unary(Lower *L, OpKind k, Layer *ly, Loc loc, Tensor *x, const char *name)

@@ -53,24 +53,34 @@ static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
  * nothing (tests/e2e/ holds the runtime's measured peak to this plan):
  *
  *   op                    bytes  why
- *   attention             0      templates/attention.h: one work item per
- *                                query row, an online softmax (running max
- *                                and sum) accumulating in the output row;
- *                                the probabilities are never stored
- *   attention_bwd         0      p is recomputed one key at a time from q,
- *                                k and the saved lse, in two passes (dq by
- *                                query row, dk and dv by key row), so there
- *                                is no B·H·T·T buffer either. (The CPU
- *                                build's blocked path mallocs 64·T reals
- *                                per thread, 2·64·T in the backward, for
- *                                one block of scores while it runs: host
- *                                memory the GPU plan does not have.)
+ *   attention             0      templates/attention.h: on the GPU one
+ *                                block per tile of query rows, K and V
+ *                                tiles in shared memory, an online softmax
+ *                                (running max and sum) with the output in
+ *                                registers; the probabilities are never
+ *                                stored in device memory
+ *   attention_bwd         0      p is recomputed tile by tile from q, k and
+ *                                the saved lse, in two kernels (dq by query
+ *                                tile, dk and dv by key tile), D = dO·O per
+ *                                query tile, all in shared memory and
+ *                                registers, so there is no B·H·T·T buffer
+ *                                and no workspace either. (The CPU
+ *                                build's blocked path mallocs, per
+ *                                thread while it runs, copies of a head's
+ *                                K and V and one block of scores, about
+ *                                (2·T + 64)·hd + 64·T reals, twice that in
+ *                                the backward: host memory the GPU plan
+ *                                does not have.)
  *   matmul, matmul_dx/dw  0      cuBLASLt's workspace is one fixed buffer
  *                                the runtime has not sized yet (llm.c uses
  *                                32 MiB), so it is not counted
  *   cross_entropy(_bwd)   0      one pass per row with a running max and
  *                                sum; lse is an output, not scratch
- *   every other op        0      elementwise, or one row at a time
+ *   every other op        0      elementwise, or one row at a time (the
+ *                                CPU's layernorm_bwd and rmsnorm_bwd
+ *                                malloc ⌈rows/64⌉ rows of column
+ *                                partials while they run, host memory
+ *                                as above)
  *
  * A kernel that does need scratch (a FlashAttention with split-K partials,
  * say) returns its bytes here, and the runtime allocates exactly that. */

@@ -37,7 +37,8 @@ int64_t plan_shard_numel(const ShardGroup *sg, int64_t world)
  * bytes in the all-gather dtype (a layer larger than N gets a bucket of its
  * own): consecutive layers in one bucket are gathered once, just before
  * they run. A parameter read by two layers (a tied weight) never straddles
- * groups: it goes to the root group, with parameters forward never reads. */
+ * groups: it goes to the root group, with parameters forward never reads
+ * and those an op reads together with it (a tied Linear's bias). */
 static void auto_groups(Model *m, Graph *g, int64_t bucket)
 {
     int np = m->nparams;
@@ -60,6 +61,23 @@ static void auto_groups(Model *m, Graph *g, int64_t bucket)
             } else if (reader[p->index] != op->layer) {
                 pinned[p->index] = true;
             }
+        }
+    }
+    /* one op reads its parameters from one group (the schedule gathers
+     * op->group alone): a tied Linear's bias, read by matmul_bias with the
+     * pinned weight, follows the weight to the root */
+    for (bool more = true; more;) {
+        more = false;
+        for (int i = 0; i < g->nfwd; i++) {
+            OpNode *op = g->ops[i];
+            bool any = false;
+            for (int k = 0; k < op->nin; k++)
+                any |= op->in[k]->kind == TK_PARAM && pinned[op->in[k]->param->index];
+            for (int k = 0; k < op->nin && any; k++)
+                if (op->in[k]->kind == TK_PARAM && !pinned[op->in[k]->param->index]) {
+                    pinned[op->in[k]->param->index] = true;
+                    more = true;
+                }
         }
     }
     int64_t bytes_per = dtype_bytes(m->shard.param_dtype);

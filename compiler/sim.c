@@ -248,6 +248,7 @@ static double op_seconds(const Sim *sim, const OpNode *op, CostCat *cat, bool *m
     double flops = op_flops(op, B), bytes = op_bytes(op, B), rate;
     switch (op->kind) {
     case OP_MATMUL:
+    case OP_MATMUL_BIAS:   /* the bias rides in the product's epilogue */
     case OP_MATMUL_DX:
     case OP_MATMUL_DW:
         *cat = CAT_MATMUL;

@@ -11,8 +11,8 @@
  * portable.h's __CUDACC_RTC__ block keeps them from launching. NVRTC runs
  * ptxas in-process for a real architecture (sm_XX), and ptxas's verbose
  * report (--ptxas-options=-v, in the program log) gives each kernel's
- * registers, stack frame and spills: the toolkit's own figures, with no
- * device and no driver needed.
+ * registers, static shared memory, stack frame and spills: the toolkit's
+ * own figures, with no device and no driver needed.
  *
  * A failure is reported against its template file and line, followed by
  * the .fsd lines of the ops whose launchers are in that file. Kernels are
@@ -128,7 +128,7 @@ static const char *const header_texts[] = {
 
 typedef struct Kernel {
     const char *name;        /* embed_fwd_kernel */
-    int regs, stack, spill_st, spill_ld;
+    int regs, smem, stack, spill_st, spill_ld;   /* smem: static __shared__ bytes */
     bool seen;               /* ptxas reported it */
 } Kernel;
 
@@ -270,7 +270,7 @@ static int parse_ptxas(const char *log, Kernel *ks, int max)
             const char *q = strchr(f, '\'');
             cur = &ks[n++];
             *cur = (Kernel){demangle(arena_printf("%.*s", q ? (int)(q - f) : (int)strlen(f), f)),
-                            -1, 0, 0, 0, true};
+                            -1, 0, 0, 0, 0, true};
         }
         const char *s = strstr(buf, "bytes stack frame");
         if (cur && s) {
@@ -286,8 +286,15 @@ static int parse_ptxas(const char *log, Kernel *ks, int max)
             }
         }
         const char *u = strstr(buf, "Used ");
-        if (cur && u && strstr(buf, "registers"))
+        if (cur && u && strstr(buf, "registers")) {
             sscanf(u, "Used %d registers", &cur->regs);
+            /* "Used 96 registers, used 1 barriers, 37248 bytes smem, ..." */
+            const char *sm = strstr(u, " bytes smem");
+            while (sm && sm > u && isdigit((unsigned char)sm[-1]))
+                sm--;
+            if (sm)
+                sscanf(sm, "%d", &cur->smem);
+        }
         line = end ? end + 1 : NULL;
     }
     return n;
@@ -388,8 +395,8 @@ int verify_kernels(FILE *out, Model *m, Graph *g, const char *arch_list)
             nfiles, nfiles == 1 ? "" : "s", major, minor, nv.path);
     for (int a = 0; a < narch; a++)
         fprintf(out, "%s %s", a ? "," : "", archs[a]);
-    fprintf(out, "\n  registers, stack and spills are ptxas's (--ptxas-options=-v, in-process); "
-                 "no device is needed\n");
+    fprintf(out, "\n  registers, shared memory, stack and spills are ptxas's (--ptxas-options=-v, "
+                 "in-process); no device is needed\n");
 
     int failures = 0, kernels_used = 0, spilling = 0;
     for (int a = 0; a < narch; a++) {
@@ -475,8 +482,8 @@ int verify_kernels(FILE *out, Model *m, Graph *g, const char *arch_list)
                 kernels_used++;
                 bool spills = ks[k].spill_st || ks[k].spill_ld;
                 spilling += spills;
-                fprintf(out, "  %-28s %3d registers, %4d B stack, %s   %s\n", ks[k].name,
-                        ks[k].regs, ks[k].stack,
+                fprintf(out, "  %-30s %3d registers, %5d B smem, %4d B stack, %s   %s\n",
+                        ks[k].name, ks[k].regs, ks[k].smem, ks[k].stack,
                         spills ? arena_printf("spills %d B stored, %d B loaded", ks[k].spill_st,
                                               ks[k].spill_ld)
                                : "no spills",

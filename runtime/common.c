@@ -402,12 +402,12 @@ static void allocate(FsdRun *r)
         G->shard = G->padded / W;
         G->lo = r->rank * G->shard;
         int64_t bytes = G->shard * (int64_t)sizeof(real);
-        G->master = bk_alloc(r, bytes);
-        G->grad = bk_alloc(r, bytes);
+        G->master = bk_alloc_shard(r, bytes);
+        G->grad = bk_alloc_shard(r, bytes);
         if (states >= 1)
-            G->m = bk_alloc(r, bytes);
+            G->m = bk_alloc_shard(r, bytes);
         if (states >= 2)
-            G->v = bk_alloc(r, bytes);
+            G->v = bk_alloc_shard(r, bytes);
         if (!G->master || !G->grad || (states >= 1 && !G->m) || (states >= 2 && !G->v) ||
             !build_segments(r, g)) {
             rt_fail(r, "out of memory allocating the shards of group %s (%lld elements)",
@@ -459,10 +459,10 @@ static void free_all(FsdRun *r)
         for (int g = 0; g < r->m->ngroups; g++) {
             Group *G = &r->groups[g];
             int64_t bytes = G->shard * (int64_t)sizeof(real);
-            bk_free(r, G->master, bytes);
-            bk_free(r, G->grad, bytes);
-            bk_free(r, G->m, bytes);
-            bk_free(r, G->v, bytes);
+            bk_free_shard(r, G->master, bytes);
+            bk_free_shard(r, G->grad, bytes);
+            bk_free_shard(r, G->m, bytes);
+            bk_free_shard(r, G->v, bytes);
             free(G->seg);
         }
     free(r->groups);
@@ -558,10 +558,13 @@ FsdRun *fsdrt_init(int argc, char **argv, const FsdModel *m)
         int64_t G = r->cfg.micro_batch * r->cfg.grad_accum * r->world;
         char a[32], b[32];
         printf("model %s: %s parameters in %d shard groups | world %d | %lld x %lld tokens per "
-               "micro-batch, %lld micro-batches | %s tokens per step | %lld steps\n",
+               "micro-batch, %lld micro-batches | %s tokens per step | %lld steps%s\n",
                m->name, thousands(a, sizeof a, n), m->ngroups, r->world,
                (long long)r->cfg.micro_batch, (long long)m->seq, (long long)r->cfg.grad_accum,
-               thousands(b, sizeof b, G * m->seq), (long long)r->cfg.steps);
+               thousands(b, sizeof b, G * m->seq), (long long)r->cfg.steps,
+               m->offload_cpu ? " | offload = cpu: shards and optimizer state in host memory, "
+                                "not counted in mem"
+                              : "");
         fflush(stdout);
     }
     return r;

@@ -33,10 +33,8 @@
 
 #ifdef FSD_FLOAT64
 #define MPI_REAL_T MPI_DOUBLE
-#define SQRT sqrt
 #else
 #define MPI_REAL_T MPI_FLOAT
-#define SQRT sqrtf
 #endif
 
 typedef struct Pooled {
@@ -365,6 +363,30 @@ void bk_free(FsdRun *r, void *p, int64_t bytes)
     rt_count(r, -bytes);
 }
 
+/* `offload = cpu` asks for shard state in host memory, off the accelerator;
+ * here every buffer is host memory already, so the shards stay where they
+ * always are and only the counters change: offloaded state is left out of
+ * them, as the memory plan leaves it out of the device peak
+ * (fsdpc --dump-memory), so the CPU build's figures stay the plan's and
+ * equal the CUDA build's. The numbers trained are the same either way. */
+void *bk_alloc_shard(FsdRun *r, int64_t bytes)
+{
+    if (!r->m->offload_cpu)
+        return bk_alloc(r, bytes);
+    void *p = aligned(bytes);
+    if (p)
+        memset(p, 0, (size_t)(bytes > 0 ? bytes : 64));
+    return p;
+}
+
+void bk_free_shard(FsdRun *r, void *p, int64_t bytes)
+{
+    if (!r->m->offload_cpu)
+        bk_free(r, p, bytes);
+    else
+        free(p);
+}
+
 /* Unsharded buffers come and go many times a step; the pool mallocs each
  * size once and hands the smallest free buffer that fits, so the system
  * allocator is never called on the hot path after the first step. */
@@ -593,27 +615,33 @@ static void gemm_call(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
 #endif
 }
 
-void fsdrt_gemm(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64_t K, real alpha,
-                const real *A, int64_t lda, const real *B, int64_t ldb, real beta, real *C,
-                int64_t ldc)
+static void check_gemm(FsdRun *r, const char *what, bool transA, bool transB, int64_t M, int64_t N,
+                       int64_t K, int64_t lda, int64_t ldb, int64_t ldc)
 {
     if (M < 0 || N < 0 || K < 0 || M > INT_MAX || N > INT_MAX || K > INT_MAX || lda > INT_MAX ||
         ldb > INT_MAX || ldc > INT_MAX || lda < (transA ? M : K) || ldb < (transB ? K : N) ||
         ldc < N)
-        RT_BUG(r, "fsdrt_gemm: M %lld N %lld K %lld with lda %lld ldb %lld ldc %lld", (long long)M,
+        RT_BUG(r, "%s: M %lld N %lld K %lld with lda %lld ldb %lld ldc %lld", what, (long long)M,
                (long long)N, (long long)K, (long long)lda, (long long)ldb, (long long)ldc);
-    if (M == 0 || N == 0)
-        return;
-    if (K == 0) {   /* BLAS refuses lda = 0; the product is empty, C = beta·C */
-        for (int64_t i = 0; i < M; i++)
-            for (int64_t j = 0; j < N; j++)
-                C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
-        return;
-    }
-    /* BLAS is single-threaded (set_threads): a product worth splitting is
-     * cut into one slab per OpenMP thread, of rows of C (columns when C
-     * has few rows), each a BLAS call of its own. Every slab repacks the
-     * operand it shares, which costs little for slabs this large. */
+}
+
+/* C[m, n] = bias[j] in every row: what fsdrt_gemm_bias's product adds to. */
+static void fill_bias(real *C, int64_t m, int64_t n, int64_t ldc, const real *bias)
+{
+    for (int64_t i = 0; i < m; i++)
+        memcpy(C + i * ldc, bias, sizeof(real) * (size_t)n);
+}
+
+/* BLAS is single-threaded (set_threads): a product worth splitting is cut
+ * into one slab per OpenMP thread, of rows of C (columns when C has few
+ * rows), each a BLAS call of its own. Every slab repacks the operand it
+ * shares, which costs little for slabs this large. With a bias, each slab
+ * first fills its own part of C on its own thread, so the fill is split
+ * like the product, and multiplies into it with beta 1. */
+static void gemm_slabs(bool transA, bool transB, int64_t M, int64_t N, int64_t K, real alpha,
+                       const real *A, int64_t lda, const real *B, int64_t ldb, real beta, real *C,
+                       int64_t ldc, const real *bias)
+{
     int nt = omp_get_max_threads();
     if (nt > 1 && (double)M * (double)N * (double)K >= GEMM_SPLIT_MIN) {
         bool rows = M >= N || M >= 128 * (int64_t)nt;
@@ -625,111 +653,63 @@ void fsdrt_gemm(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64
                 continue;
             const real *a = rows ? (transA ? A + lo : A + lo * lda) : A;
             const real *b = rows ? B : (transB ? B + lo * ldb : B + lo);
+            real *c = rows ? C + lo * ldc : C + lo;
+            if (bias)
+                fill_bias(c, rows ? n : M, rows ? N : n, ldc, rows ? bias : bias + lo);
             gemm_call(transA, transB, rows ? n : M, rows ? N : n, K, alpha, a, lda, b, ldb, beta,
-                      rows ? C + lo * ldc : C + lo, ldc);
+                      c, ldc);
         }
         return;
     }
+    if (bias)
+        fill_bias(C, M, N, ldc, bias);
     gemm_call(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-/* ── the optimizer on the shards ── */
-
-double bk_grad_sumsq(FsdRun *r)
+void fsdrt_gemm(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64_t K, real alpha,
+                const real *A, int64_t lda, const real *B, int64_t ldb, real beta, real *C,
+                int64_t ldc)
 {
-    double s = 0;
-    for (int g = 0; g < r->m->ngroups; g++) {
-        const real *x = r->groups[g].grad;
-        int64_t n = r->groups[g].shard;
-#pragma omp parallel for schedule(static) reduction(+ : s)
-        for (int64_t i = 0; i < n; i++)
-            s += (double)x[i] * (double)x[i];
+    check_gemm(r, "fsdrt_gemm", transA, transB, M, N, K, lda, ldb, ldc);
+    if (M == 0 || N == 0)
+        return;
+    if (K == 0) {   /* BLAS refuses lda = 0; the product is empty, C = beta·C */
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++)
+                C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
+        return;
     }
-    return s;
+    gemm_slabs(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL);
 }
 
-/* The optimizer's loops are elementwise and memory-bound; on x86-64 with GCC
- * they are compiled for AVX-512, AVX2 and the baseline, the loader picking
- * the one the CPU runs (as templates/portable.h does for the kernels). Each
- * lane does what the scalar code does (no FMA under -std=c11, sqrt and
- * division exactly rounded), so every version gives the same bits. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__ELF__)
-#define VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define VECTOR_CLONES
-#endif
-
-/* PyTorch's AdamW (torch.optim.AdamW, single-tensor path), term by term:
- *   p ← p·(1 − lr·wd)                     decoupled weight decay
- *   m ← m + (1 − β1)(g − m)               exp_avg.lerp_(grad, 1 − β1)
- *   v ← β2·v + (1 − β2)·g²
- *   p ← p − lr/(1 − β1^t) · m / (√v / √(1 − β2^t) + eps)
- * with scalars computed in double and applied in `real`, as PyTorch does. */
-VECTOR_CLONES
-static void adamw(const FsdTrainConfig *c, Group *G, const Segment *s, double lr, int64_t t)
+/* The bias is written into C first and BLAS adds the product to it (beta
+ * 1): one pass over C that replaces OpenBLAS's own zeroing of C for beta 0,
+ * where a separate bias kernel would read and write C again. */
+void fsdrt_gemm_bias(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                     const real *A, int64_t lda, const real *B, int64_t ldb, const real *bias,
+                     real *C, int64_t ldc)
 {
-    const real decay = s->decay && c->weight_decay != 0 ? (real)(1 - lr * c->weight_decay) : 1;
-    const real w1 = (real)(1 - c->beta1), b2 = (real)c->beta2, w2 = (real)(1 - c->beta2);
-    const real step = (real)(lr / (1 - pow(c->beta1, (double)t)));
-    const real bc2_sqrt = (real)sqrt(1 - pow(c->beta2, (double)t)), eps = (real)c->eps;
-    real *p = G->master, *g = G->grad, *m = G->m, *v = G->v;
-    /* simd: elementwise, so vectorising changes no result bit */
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = s->begin; i < s->end; i++) {
-        p[i] *= decay;
-        m[i] += w1 * (g[i] - m[i]);
-        v[i] = b2 * v[i] + w2 * g[i] * g[i];
-        p[i] -= step * m[i] / (SQRT(v[i]) / bc2_sqrt + eps);
+    check_gemm(r, "fsdrt_gemm_bias", transA, transB, M, N, K, lda, ldb, ldc);
+    if (M == 0 || N == 0)
+        return;
+    if (!bias)
+        RT_BUG(r, "fsdrt_gemm_bias: no bias for a [%lld, %lld] product", (long long)M,
+               (long long)N);
+    if (K == 0) {   /* the product is empty: C is the bias */
+        fill_bias(C, M, N, ldc, bias);
+        return;
     }
+    gemm_slabs(transA, transB, M, N, K, 1, A, lda, B, ldb, 1, C, ldc, bias);
 }
 
-/* torch.optim.SGD without dampening: weight decay into the gradient, then
- * momentum b ← μ·b + g (b starts at zero, so the first step's b is g, as
- * PyTorch's), Nesterov's look-ahead when asked. Without momentum there is
- * no buffer. */
-static void sgd(const FsdTrainConfig *c, Group *G, const Segment *s, double lr)
-{
-    const real wd = s->decay ? (real)c->weight_decay : 0, mu = (real)c->momentum, lr_ = (real)lr;
-    const bool nesterov = c->nesterov;
-    real *p = G->master, *g = G->grad, *b = G->m;
-#pragma omp parallel for schedule(static)
-    for (int64_t i = s->begin; i < s->end; i++) {
-        real d = g[i] + wd * p[i];
-        if (b) {
-            b[i] = mu * b[i] + d;
-            d = nesterov ? d + mu * b[i] : b[i];
-        }
-        p[i] -= lr_ * d;
-    }
-}
-
-void bk_optimizer(FsdRun *r, double lr, double coef, int64_t t)
-{
-    for (int gi = 0; gi < r->m->ngroups; gi++) {
-        Group *G = &r->groups[gi];
-        if (coef < 1) {   /* clip_grad_norm_: every gradient times one coefficient */
-            const real k = (real)coef;
-            real *g = G->grad;
-#pragma omp parallel for simd schedule(static)
-            for (int64_t i = 0; i < G->shard; i++)
-                g[i] *= k;
-        }
-        for (int k = 0; k < G->nseg; k++) {
-            if (r->cfg.optimizer == FSD_ADAMW)
-                adamw(&r->cfg, G, &G->seg[k], lr, t);
-            else
-                sgd(&r->cfg, G, &G->seg[k], lr);
-        }
-        memset(G->grad, 0, (size_t)G->shard * sizeof(real));
-    }
-}
+/* ── the step's update: optim.c's loops, on the shards where they are ── */
 
 void bk_update(FsdRun *r, double lr, int64_t t, double v[2])
 {
     v[0] = r->loss_sum;
-    v[1] = bk_grad_sumsq(r);
+    v[1] = optim_grad_sumsq(r);
     bk_allreduce_sum(r, v, 2);
-    bk_optimizer(r, lr, clip_coef(r->cfg.grad_clip, sqrt(v[1])), t);
+    optim_step(r, lr, clip_coef(r->cfg.grad_clip, sqrt(v[1])), t);
 }
 
 /* ── host memory throughout: what the CUDA backend copies, this one shares ── */

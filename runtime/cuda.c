@@ -1,6 +1,6 @@
 /*
  * cuda.c — the runtime's CUDA backend, host side: NCCL between ranks,
- * cuBLAS for matrix products, three CUDA streams. Its kernels (casts, the
+ * cuBLASLt for matrix products, three CUDA streams. Its kernels (casts, the
  * gradient norm, AdamW, SGD) are in cuda_kernels.cu; this file is C like
  * the rest of the runtime and drives them through cuda.h.
  *
@@ -13,9 +13,9 @@
  * PMI_*). Once NCCL is up every collective of the runtime goes through it,
  * so both bootstraps run the same code afterwards.
  *
- * Streams. Kernels and cuBLAS run on the compute stream (fsdrt_cuda_stream,
- * which the emitted program's launchers use as FSD_STREAM); all-gathers on
- * the gather stream, reduce-scatters on the reduce stream. They are ordered
+ * Streams. Kernels and cuBLASLt products run on the compute stream
+ * (fsdrt_cuda_stream, which the emitted program's launchers use as
+ * FSD_STREAM); all-gathers on the gather stream, reduce-scatters on the reduce stream. They are ordered
  * by events only: a collective is issued after its stream waits on an event
  * recorded on the compute stream (so it sees every gradient written and
  * every update of the master shards), and fsdrt_wait_* make the compute
@@ -40,6 +40,12 @@
  * bytes on the wire are the plan's, the unsharded parameter buffers are
  * twice the plan's size, and the counters say so.
  *
+ * Offload (`offload = cpu`): shards and optimizer state are pinned host
+ * memory, copied in before each all-gather and out after each
+ * reduce-scatter on streams of their own, and the update runs on the host
+ * (optim.c) after the step's one planned host wait; see the offload
+ * section below bk_ready.
+ *
  * Buffers. Unsharded buffers come from a pool of device buffers that
  * bk_ready fills at start-up by replaying the step's buffer events (the
  * model's buf_one / buf_three tables) through the pool's own best fit, so a
@@ -50,7 +56,7 @@
  * compute stream by the fence before its collective, or is the compute
  * stream itself.
  *
- * Errors. Every CUDA, NCCL, cuBLAS and MPI call is checked and reported as
+ * Errors. Every CUDA, NCCL, cuBLASLt and MPI call is checked and reported as
  * `train: rank R: file:line: call failed: why`, then the communicator is
  * aborted and the job ended (MPI_Abort where MPI runs it). Host waits poll
  * the event and ncclCommGetAsyncError, and give up after FSD_NCCL_TIMEOUT
@@ -60,7 +66,7 @@
 #include "cuda.h"
 #include "internal.h"
 
-#include <cublas_v2.h>
+#include <cublasLt.h>
 #include <cuda_runtime_api.h>
 #include <errno.h>
 #include <limits.h>
@@ -80,8 +86,22 @@
 /* Small collectives (agreement, barriers, the trace's lengths) stage
  * through buffers this size. */
 #define SMALL_BYTES 8192
-/* cuBLAS's workspace, given at start-up so no product allocates one. */
+/* cuBLASLt's workspace, allocated at start-up and handed to every
+ * product, so none allocates one. */
 #define BLAS_WORKSPACE_BYTES (32 << 20)
+
+/* One product shape's cuBLASLt set-up, made on its first call and kept for
+ * the run (fsdrt_gemm, fsdrt_gemm_bias): the descriptor, the layouts and
+ * the algorithm the heuristic chose, so a step never asks the heuristic
+ * again and every call of a shape runs the same algorithm. */
+typedef struct GemmPlan {
+    bool transA, transB, bias;
+    int64_t M, N, K, lda, ldb, ldc;
+    uint32_t align;                  /* bytes every operand is aligned to, 16..256 */
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t a, b, c;  /* cuBLASLt's A (our B), B (our A), C = D */
+    cublasLtMatmulAlgo_t algo;
+} GemmPlan;
 
 typedef struct Pooled {
     void *p;
@@ -94,6 +114,12 @@ typedef struct GroupComm {
     cudaEvent_t gathered, reduced;   /* recorded after the collective and its cast */
     bool gathering, reducing;
     double gather_t0, reduce_t0;
+    /* offload = cpu: the master shard's copy in (h2d), the reduce-scatter's
+     * end (the copy out waits on it), the reduce-scatters of this step, and
+     * the device accumulator of the gradient (grad_accum > 1 only) */
+    cudaEvent_t copied_in, scattered;
+    int64_t reduces;
+    float *acc;
 } GroupComm;
 
 struct Backend {
@@ -111,9 +137,11 @@ struct Backend {
     cudaEvent_t fence, host_ev, stats_ev;
     ncclComm_t comm;
     bool have_comm;
-    cublasHandle_t blas;
-    bool have_blas, tf32;
+    cublasLtHandle_t lt;
+    bool have_lt, tf32;
     void *blas_ws;
+    GemmPlan *plans;                 /* one per product shape seen */
+    int nplans, plans_cap;
 
     /* buffers */
     Pooled *pool;
@@ -130,6 +158,12 @@ struct Backend {
     double *h_stats;                 /* pinned */
     double *d_partials;              /* the norm's per-block sums */
     char *d_small, *h_small;         /* small collectives (h_small pinned) */
+
+    /* offload = cpu (bk_ready): shard state in pinned host memory, master
+     * shards copied in on h2d, reduced gradients copied out on d2h */
+    bool offload;
+    cudaStream_t h2d, d2h;
+    int64_t acc_bytes;               /* device accumulators, counted */
 };
 
 /* The compute stream, for launchers that have no FsdRun at hand (one run
@@ -194,11 +228,19 @@ static _Noreturn void nccl_failed(FsdRun *r, const char *file, int line, const c
     do {                                                                      \
         cublasStatus_t e_ = (call);                                           \
         if (e_ != CUBLAS_STATUS_SUCCESS)                                      \
-            failed((r), __FILE__, __LINE__, #call, cublasGetStatusString(e_)); \
+            failed((r), __FILE__, __LINE__, #call, cublasLtGetStatusString(e_)); \
     } while (0)
 
 /* At shutdown a failure is reported with its call site, but there is
  * nothing left to undo: the rest of the shutdown goes on. */
+#define BLAS_NOTE(r, call)                                                             \
+    do {                                                                               \
+        cublasStatus_t e_ = (call);                                                    \
+        if (e_ != CUBLAS_STATUS_SUCCESS)                                               \
+            fprintf(stderr, "train: rank %d: %s:%d: %s failed: %s\n", (r)->rank, __FILE__, \
+                    __LINE__, #call, cublasLtGetStatusString(e_));                     \
+    } while (0)
+
 #define CUDA_NOTE(r, call)                                                             \
     do {                                                                               \
         cudaError_t e_ = (call);                                                       \
@@ -206,6 +248,8 @@ static _Noreturn void nccl_failed(FsdRun *r, const char *file, int line, const c
             fprintf(stderr, "train: rank %d: %s:%d: %s failed: %s\n", (r)->rank, __FILE__, \
                     __LINE__, #call, cudaGetErrorString(e_));                          \
     } while (0)
+
+static void gemm_plans_free(FsdRun *r);
 
 #define MPI_CHECK(r, call)                                                    \
     do {                                                                      \
@@ -583,11 +627,9 @@ bool bk_start(FsdRun *r, int *argc, char ***argv)
         CUDA_CHECK(r, cudaEventCreateWithFlags(&bk->gc[g].gathered, cudaEventDisableTiming));
         CUDA_CHECK(r, cudaEventCreateWithFlags(&bk->gc[g].reduced, cudaEventDisableTiming));
     }
-    BLAS_CHECK(r, cublasCreate(&bk->blas));
-    bk->have_blas = true;
-    BLAS_CHECK(r, cublasSetStream(bk->blas, bk->compute));
+    BLAS_CHECK(r, cublasLtCreate(&bk->lt));
+    bk->have_lt = true;
     CUDA_CHECK(r, cudaMalloc(&bk->blas_ws, BLAS_WORKSPACE_BYTES));
-    BLAS_CHECK(r, cublasSetWorkspace(bk->blas, bk->blas_ws, BLAS_WORKSPACE_BYTES));
     CUDA_CHECK(r, cudaMalloc((void **)&bk->d_small, SMALL_BYTES));
     CUDA_CHECK(r, cudaMallocHost((void **)&bk->h_small, SMALL_BYTES));
 
@@ -604,6 +646,8 @@ bool bk_start(FsdRun *r, int *argc, char ***argv)
     return true;
 }
 
+static void offload_stop(FsdRun *r);
+
 void bk_stop(FsdRun *r)
 {
     Backend *bk = r->bk;
@@ -616,6 +660,7 @@ void bk_stop(FsdRun *r)
         stream_wait_host(r, bk->reduce, "shutting down");
         stream_wait_host(r, bk->compute, "shutting down");
     }
+    offload_stop(r);
     /* shutting down: failures are reported, but there is nothing to undo */
     for (int i = 0; i < bk->npool; i++)
         CUDA_NOTE(r, cudaFree(bk->pool[i].p));
@@ -631,11 +676,10 @@ void bk_stop(FsdRun *r)
         if (pinned[i])
             CUDA_NOTE(r, cudaFreeHost(pinned[i]));
     free(bk->seg_at);
-    if (bk->have_blas) {
-        cublasStatus_t e = cublasDestroy(bk->blas);
-        if (e != CUBLAS_STATUS_SUCCESS)
-            fprintf(stderr, "train: rank %d: %s:%d: cublasDestroy failed: %s\n", r->rank, __FILE__,
-                    __LINE__, cublasGetStatusString(e));
+    gemm_plans_free(r);
+    if (bk->have_lt) {
+        bk->have_lt = false;
+        BLAS_NOTE(r, cublasLtDestroy(bk->lt));
     }
     if (bk->have_comm) {
         bk->have_comm = false;
@@ -739,7 +783,13 @@ void bk_gather_shards(FsdRun *r, int g, real *dst)
     Group *G = &r->groups[g];
     const int64_t bytes = G->padded * (int64_t)sizeof(real);
     real *all = bk_pool_get(r, bytes, 0);
-    NCCL_CHECK(r, ncclAllGather(G->master, all, (size_t)G->shard, ncclFloat32, bk->comm,
+    const real *mine = G->master;
+    if (bk->offload) {   /* a host shard: gathered from its slice, in place */
+        CUDA_CHECK(r, cudaMemcpyAsync(all + G->lo, G->master, (size_t)G->shard * sizeof(real),
+                                      cudaMemcpyHostToDevice, bk->compute));
+        mine = all + G->lo;
+    }
+    NCCL_CHECK(r, ncclAllGather(mine, all, (size_t)G->shard, ncclFloat32, bk->comm,
                                 bk->compute));
     if (r->rank == 0)
         CUDA_CHECK(r, cudaMemcpyAsync(dst, all, (size_t)bytes, cudaMemcpyDeviceToHost, bk->compute));
@@ -823,6 +873,31 @@ void bk_free(FsdRun *r, void *p, int64_t bytes)
         return;
     CUDA_CHECK(r, cudaFree(p));
     rt_count(r, -bytes);
+}
+
+/* offload = cpu: pinned host memory, which the copies in and out of a step
+ * need to be asynchronous, and which the plan does not count on the device
+ * (docs/cuda.md); bk_ready has not run yet, so the model says. */
+void *bk_alloc_shard(FsdRun *r, int64_t bytes)
+{
+    if (!r->m->offload_cpu)
+        return bk_alloc(r, bytes);
+    void *p = NULL;
+    size_t n = (size_t)(bytes > 0 ? bytes : FSDRT_ARENA_ALIGN);
+    if (cudaHostAlloc(&p, n, cudaHostAllocDefault) != cudaSuccess) {
+        cudaGetLastError();   /* not sticky; the caller says what for */
+        return NULL;
+    }
+    memset(p, 0, n);
+    return p;
+}
+
+void bk_free_shard(FsdRun *r, void *p, int64_t bytes)
+{
+    if (!r->m->offload_cpu)
+        bk_free(r, p, bytes);
+    else if (p)
+        CUDA_CHECK(r, cudaFreeHost(p));
 }
 
 /* A new pool buffer. At start-up this is how the pool is sized; inside a
@@ -967,17 +1042,86 @@ static void *device(FsdRun *r, int64_t bytes, bool counted)
     return p;
 }
 
+/* ── offload = cpu ──
+ *
+ * Master, gradient and optimizer-state shards are pinned host memory
+ * (bk_alloc_shard); the optimizer and the gradient norm run on the host
+ * (optim.c, OpenMP), in bk_update after its one host wait. In a step:
+ *
+ * - an all-gather copies this rank's fp32 master shard in on the h2d
+ *   stream, into its slice of the fp32 unsharded buffer, and the gather
+ *   stream waits on that copy. A 16-bit param dtype is narrowed on the
+ *   device from there into the wire buffer, as without offload: the fp32
+ *   buffer is the staging, so neither side needs a buffer more and the
+ *   host keeps no second copy of the master to refresh after every
+ *   update, for twice the bytes over PCIe (a host-narrowed pinned copy
+ *   would halve them);
+ * - a reduce-scatter leaves this rank's averaged fp32 slice on the device
+ *   (widened there for a 16-bit reduce dtype); with grad_accum 1 the d2h
+ *   stream copies that slice straight into the pinned gradient shard;
+ *   with more micro-batches it is added into a device accumulator, and
+ *   only the group's last reduce-scatter of the step copies the
+ *   accumulator out (and zeroes it). One copy a step, not one a
+ *   micro-batch (FSDP2's offload copies every reduce-scatter out), and no
+ *   host work in the step, at the price of a device gradient shard per
+ *   group when grad_accum > 1 (counted).
+ *
+ * The compute stream waits on the copy out (through the group's `reduced`
+ * event) before its unsharded gradients go back to the pool, so the pool
+ * never hands out a buffer a copy still reads. */
+
+static void offload_start(FsdRun *r)
+{
+    Backend *bk = r->bk;
+    int least = 0, greatest = 0;
+    bk->offload = true;
+    CUDA_CHECK(r, cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    CUDA_CHECK(r, cudaStreamCreateWithPriority(&bk->h2d, cudaStreamNonBlocking, greatest));
+    CUDA_CHECK(r, cudaStreamCreateWithPriority(&bk->d2h, cudaStreamNonBlocking, greatest));
+    for (int g = 0; g < r->m->ngroups; g++) {
+        GroupComm *c = &bk->gc[g];
+        CUDA_CHECK(r, cudaEventCreateWithFlags(&c->copied_in, cudaEventDisableTiming));
+        CUDA_CHECK(r, cudaEventCreateWithFlags(&c->scattered, cudaEventDisableTiming));
+        if (r->cfg.grad_accum > 1) {
+            const int64_t bytes = r->groups[g].shard * (int64_t)sizeof(real);
+            c->acc = device(r, bytes, true);
+            bk->acc_bytes += c->acc ? bytes : 0;
+        }
+    }
+}
+
+/* At shutdown, after bk_stop has drained the other streams. */
+static void offload_stop(FsdRun *r)
+{
+    Backend *bk = r->bk;
+    if (!bk->offload)
+        return;
+    if (bk->h2d)
+        stream_wait_host(r, bk->h2d, "shutting down");
+    if (bk->d2h)
+        stream_wait_host(r, bk->d2h, "shutting down");
+    for (int g = 0; bk->gc && g < r->m->ngroups; g++) {
+        GroupComm *c = &bk->gc[g];
+        if (c->acc)
+            CUDA_NOTE(r, cudaFree(c->acc));
+        if (c->copied_in)
+            CUDA_NOTE(r, cudaEventDestroy(c->copied_in));
+        if (c->scattered)
+            CUDA_NOTE(r, cudaEventDestroy(c->scattered));
+    }
+    rt_count(r, -bk->acc_bytes);
+    if (bk->h2d)
+        CUDA_NOTE(r, cudaStreamDestroy(bk->h2d));
+    if (bk->d2h)
+        CUDA_NOTE(r, cudaStreamDestroy(bk->d2h));
+}
+
 void bk_ready(FsdRun *r)
 {
     const FsdModel *m = r->m;
     Backend *bk = r->bk;
-    if (m->offload_cpu) {
-        rt_fail(r, "model %s asks for `offload = cpu`, which the CUDA backend does not implement "
-                   "yet (docs/cuda.md): remove it from the shard section, or train on the CPU "
-                   "backend",
-                m->name);
-        return;
-    }
+    if (m->offload_cpu)
+        offload_start(r);
 
     /* inputs: device buffers the kernels read, and pinned staging for every
      * micro-batch of a step (no slot is rewritten before the step's host
@@ -1047,9 +1191,29 @@ void bk_ready(FsdRun *r)
     free(seg);
 }
 
+/* Whether p is device memory; with offload = cpu the shard state that
+ * checkpoints, --export and --init-from reach is host memory. */
+static bool on_device(FsdRun *r, const void *p)
+{
+    struct cudaPointerAttributes a;
+    CUDA_CHECK(r, cudaPointerGetAttributes(&a, p));
+    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
+/* Outside a step, host to host: bk_update's host wait has seen every copy
+ * of the last step done, and the next copies in are not issued yet. */
+static bool host_copy(FsdRun *r, void *dst, const void *src, int64_t bytes)
+{
+    if (!r->bk->offload || on_device(r, dst) || on_device(r, src))
+        return false;
+    if (dst != src)
+        memcpy(dst, src, (size_t)bytes);
+    return true;
+}
+
 void bk_to_host(FsdRun *r, void *dst, const void *src, int64_t bytes)
 {
-    if (bytes <= 0)
+    if (bytes <= 0 || host_copy(r, dst, src, bytes))
         return;
     CUDA_CHECK(r, cudaMemcpyAsync(dst, src, (size_t)bytes, cudaMemcpyDefault, r->bk->compute));
     stream_wait_host(r, r->bk->compute, "a copy to the host");
@@ -1057,7 +1221,7 @@ void bk_to_host(FsdRun *r, void *dst, const void *src, int64_t bytes)
 
 void bk_from_host(FsdRun *r, void *dst, const void *src, int64_t bytes)
 {
-    if (bytes <= 0)
+    if (bytes <= 0 || host_copy(r, dst, src, bytes))
         return;
     CUDA_CHECK(r, cudaMemcpyAsync(dst, src, (size_t)bytes, cudaMemcpyDefault, r->bk->compute));
     stream_wait_host(r, r->bk->compute, "a copy from the host");
@@ -1106,15 +1270,28 @@ void fsdrt_all_gather(FsdRun *r, int g)
     const int64_t bytes = G->padded * (int64_t)sizeof(real);
     if (!G->params)
         G->params = bk_pool_get(r, bytes, bytes);
-    fence(r, bk->gather);
-    if (dt == FSD_FP32) {
+    const real *own = G->master;
+    if (bk->offload) {
+        /* the host's master shard comes in on its own stream, into this
+         * rank's slice (ordered after the compute stream, which may still
+         * read the buffer's last contents); the gather waits on the copy */
+        fence(r, bk->h2d);
         CUDA_CHECK(r, cudaMemcpyAsync(G->params + G->lo, G->master, (size_t)G->shard * sizeof(real),
-                                      cudaMemcpyDeviceToDevice, bk->gather));
+                                      cudaMemcpyHostToDevice, bk->h2d));
+        CUDA_CHECK(r, cudaEventRecord(c->copied_in, bk->h2d));
+        CUDA_CHECK(r, cudaStreamWaitEvent(bk->gather, c->copied_in, 0));
+        own = G->params + G->lo;
+    } else
+        fence(r, bk->gather);
+    if (dt == FSD_FP32) {
+        if (!bk->offload)
+            CUDA_CHECK(r, cudaMemcpyAsync(G->params + G->lo, G->master, (size_t)G->shard * sizeof(real),
+                                          cudaMemcpyDeviceToDevice, bk->gather));
         NCCL_CHECK(r, ncclAllGather(G->params + G->lo, G->params, (size_t)G->shard, ncclFloat32,
                                     bk->comm, bk->gather));
     } else {
         const int bf16 = dt == FSD_BF16;
-        CUDA_CHECK(r, cu_narrow(bk->wire_ag + G->lo, G->master, G->shard, bf16, bk->gather));
+        CUDA_CHECK(r, cu_narrow(bk->wire_ag + G->lo, own, G->shard, bf16, bk->gather));
         NCCL_CHECK(r, ncclAllGather(bk->wire_ag + G->lo, bk->wire_ag, (size_t)G->shard,
                                     wire_type(dt), bk->comm, bk->gather));
         CUDA_CHECK(r, cu_widen(G->params, bk->wire_ag, G->padded, bf16, bk->gather));
@@ -1168,19 +1345,41 @@ void fsdrt_reduce_scatter(FsdRun *r, int g)
     Group *G = &r->groups[g];
     GroupComm *c = &bk->gc[g];
     const FsdDtype dt = r->m->reduce_dtype;
+    /* where the averaged slice is added: the grad shard, or with offload the
+     * device accumulator (NULL with grad_accum 1: the slice is copied out
+     * as it is, from the unsharded gradient buffer) */
+    float *sum = bk->offload ? c->acc : G->grad;
+    const bool copy_out = bk->offload && ++c->reduces == r->cfg.grad_accum;
     fence(r, bk->reduce);
     if (dt == FSD_FP32) {
         NCCL_CHECK(r, ncclReduceScatter(G->grads, G->grads + G->lo, (size_t)G->shard, ncclFloat32,
                                         ncclAvg, bk->comm, bk->reduce));
-        CUDA_CHECK(r, cu_accum(G->grad, G->grads + G->lo, G->shard, bk->reduce));
+        if (sum)
+            CUDA_CHECK(r, cu_accum(sum, G->grads + G->lo, G->shard, bk->reduce));
     } else {
         const int bf16 = dt == FSD_BF16;
         CUDA_CHECK(r, cu_narrow(bk->wire_rs, G->grads, G->padded, bf16, bk->reduce));
         NCCL_CHECK(r, ncclReduceScatter(bk->wire_rs, bk->wire_rs + G->lo, (size_t)G->shard,
                                         wire_type(dt), ncclAvg, bk->comm, bk->reduce));
-        CUDA_CHECK(r, cu_accum_widen(G->grad, bk->wire_rs + G->lo, G->shard, bf16, bk->reduce));
+        if (sum)
+            CUDA_CHECK(r, cu_accum_widen(sum, bk->wire_rs + G->lo, G->shard, bf16, bk->reduce));
+        else   /* fp32 for the host, in the slice the 16-bit values came from */
+            CUDA_CHECK(r, cu_widen(G->grads + G->lo, bk->wire_rs + G->lo, G->shard, bf16, bk->reduce));
     }
-    CUDA_CHECK(r, cudaEventRecord(c->reduced, bk->reduce));
+    if (copy_out) {
+        /* the step's gradient of this group, out to the pinned grad shard on
+         * its own stream; `reduced` then follows the copy (and the
+         * accumulator's zeroing), so the compute stream's wait covers both */
+        const float *from = sum ? sum : G->grads + G->lo;
+        CUDA_CHECK(r, cudaEventRecord(c->scattered, bk->reduce));
+        CUDA_CHECK(r, cudaStreamWaitEvent(bk->d2h, c->scattered, 0));
+        CUDA_CHECK(r, cudaMemcpyAsync(G->grad, from, (size_t)G->shard * sizeof(real),
+                                      cudaMemcpyDeviceToHost, bk->d2h));
+        if (sum)
+            CUDA_CHECK(r, cudaMemsetAsync(sum, 0, (size_t)G->shard * sizeof(real), bk->d2h));
+        CUDA_CHECK(r, cudaEventRecord(c->reduced, bk->d2h));
+    } else
+        CUDA_CHECK(r, cudaEventRecord(c->reduced, bk->reduce));
     c->reducing = true;
     c->reduce_t0 = rt_now();
     r->counters.reduce_bytes += (G->padded - G->shard) * dtype_bytes(dt);
@@ -1226,38 +1425,238 @@ void bk_check_idle(FsdRun *r)
 /* ── compute ── */
 
 /* Row-major C = α·op(A)·op(B) + β·C is column-major Cᵀ = α·op(B)ᵀ·op(A)ᵀ +
- * β·Cᵀ with the same buffers: cuBLAS gets B first, the dimensions swapped.
- * fp32 in and out, fp32 accumulation; inputs rounded to TF32 on the tensor
- * cores (CUBLAS_COMPUTE_32F_FAST_TF32, as PyTorch's allow_tf32 and llm.c's
- * fp32 build) unless FSD_TF32=0 asks for full fp32 products. */
-void fsdrt_gemm(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64_t K, real alpha,
-                const real *A, int64_t lda, const real *B, int64_t ldb, real beta, real *C,
-                int64_t ldc)
+ * β·Cᵀ with the same buffers: cuBLASLt gets B as its A and A as its B, the
+ * dimensions swapped (its m = N, n = M). fp32 in and out, fp32
+ * accumulation; inputs rounded to TF32 on the tensor cores
+ * (CUBLAS_COMPUTE_32F_FAST_TF32, as PyTorch's allow_tf32 and llm.c's fp32
+ * build) unless FSD_TF32=0 asks for full fp32 products. A bias, in Cᵀ's
+ * terms, is one value per row of its N rows: cuBLASLt's EPILOGUE_BIAS
+ * vector, whose length is D's row count and which it broadcasts over D's
+ * columns (our rows).
+ *
+ * Everything but cublasLtMatmul itself happens on a shape's first call and
+ * is host-only (descriptors, layouts, the heuristic's choice): nothing
+ * waits for the device, and a step after the first only looks its shapes
+ * up. The plan's key holds the alignment of the operands' addresses, since
+ * the heuristic may choose kernels that need more than the 64 bytes a
+ * parameter's start guarantees (plan.c aligns them to 16 elements). That
+ * alignment comes from offsets the model's tables fix, inside buffers
+ * cudaMalloc aligns to 256 bytes, so a product gets the same plan, and the
+ * same algorithm, at every step of every run. */
+static uint32_t addr_align(const void *p)
+{
+    uint32_t a = 256;
+    while (a > 4 && (uintptr_t)p % a)
+        a /= 2;
+    return a;
+}
+
+static GemmPlan *gemm_plan(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                           int64_t lda, int64_t ldb, int64_t ldc, const float *bias, uint32_t align)
+{
+    Backend *bk = r->bk;
+    for (int i = 0; i < bk->nplans; i++) {
+        GemmPlan *p = &bk->plans[i];
+        if (p->transA == transA && p->transB == transB && p->bias == (bias != NULL) &&
+            p->M == M && p->N == N && p->K == K && p->lda == lda && p->ldb == ldb &&
+            p->ldc == ldc && p->align == align)
+            return p;
+    }
+    if (bk->nplans == bk->plans_cap) {
+        int cap = bk->plans_cap ? 2 * bk->plans_cap : 16;
+        GemmPlan *grown = realloc(bk->plans, sizeof *grown * (size_t)cap);
+        if (!grown)
+            failed(r, __FILE__, __LINE__, "realloc", "out of memory");
+        bk->plans = grown;
+        bk->plans_cap = cap;
+    }
+    GemmPlan *p = &bk->plans[bk->nplans++];   /* counted now: bk_stop frees what was made */
+    *p = (GemmPlan){transA, transB, bias != NULL, M, N, K, lda, ldb, ldc, align};
+    BLAS_CHECK(r, cublasLtMatmulDescCreate(
+                      &p->desc, bk->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
+                      CUDA_R_32F));
+    cublasOperation_t opa = transB ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t opb = transA ? CUBLAS_OP_T : CUBLAS_OP_N;
+    BLAS_CHECK(r, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa,
+                                                 sizeof opa));
+    BLAS_CHECK(r, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb,
+                                                 sizeof opb));
+    if (bias) {
+        cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
+        BLAS_CHECK(r, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep,
+                                                     sizeof ep));
+        /* the heuristic reads the bias's alignment from its address */
+        BLAS_CHECK(r, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                     &bias, sizeof bias));
+    }
+    /* column-major layouts of the stored matrices: op(B)ᵀ is [N, K], op(A)ᵀ [K, M] */
+    BLAS_CHECK(r, cublasLtMatrixLayoutCreate(&p->a, CUDA_R_32F, (uint64_t)(transB ? K : N),
+                                             (uint64_t)(transB ? N : K), ldb));
+    BLAS_CHECK(r, cublasLtMatrixLayoutCreate(&p->b, CUDA_R_32F, (uint64_t)(transA ? M : K),
+                                             (uint64_t)(transA ? K : M), lda));
+    BLAS_CHECK(r, cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, (uint64_t)N, (uint64_t)M, ldc));
+
+    cublasLtMatmulPreference_t pref;
+    BLAS_CHECK(r, cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t ws = BLAS_WORKSPACE_BYTES;
+    BLAS_CHECK(r, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                       &ws, sizeof ws));
+    const cublasLtMatmulPreferenceAttributes_t aligns[] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (size_t i = 0; i < sizeof aligns / sizeof *aligns; i++)
+        BLAS_CHECK(r, cublasLtMatmulPreferenceSetAttribute(pref, aligns[i], &align, sizeof align));
+    cublasLtMatmulHeuristicResult_t best;
+    int found = 0;
+    BLAS_CHECK(r, cublasLtMatmulAlgoGetHeuristic(bk->lt, p->desc, p->a, p->b, p->c, p->c, pref, 1,
+                                                 &best, &found));
+    BLAS_CHECK(r, cublasLtMatmulPreferenceDestroy(pref));
+    if (found < 1 || best.state != CUBLAS_STATUS_SUCCESS) {
+        char why[256];
+        snprintf(why, sizeof why,
+                 "no algorithm for C[%lld, %lld] = op(A)·op(B)%s with K %lld, trans %d%d, lda %lld "
+                 "ldb %lld ldc %lld, operands aligned to %u bytes, a %d MiB workspace",
+                 (long long)M, (long long)N, bias ? " + bias" : "", (long long)K, transA, transB,
+                 (long long)lda, (long long)ldb, (long long)ldc, align,
+                 BLAS_WORKSPACE_BYTES >> 20);
+        failed(r, __FILE__, __LINE__, "cublasLtMatmulAlgoGetHeuristic", why);
+    }
+    p->algo = best.algo;
+    return p;
+}
+
+/* Descriptors and layouts of every plan; at shutdown. */
+static void gemm_plans_free(FsdRun *r)
+{
+    Backend *bk = r->bk;
+    for (int i = 0; i < bk->nplans; i++) {
+        GemmPlan *p = &bk->plans[i];
+        if (p->desc)
+            BLAS_NOTE(r, cublasLtMatmulDescDestroy(p->desc));
+        cublasLtMatrixLayout_t ls[] = {p->a, p->b, p->c};
+        for (size_t k = 0; k < sizeof ls / sizeof *ls; k++)
+            if (ls[k])
+                BLAS_NOTE(r, cublasLtMatrixLayoutDestroy(ls[k]));
+    }
+    free(bk->plans);
+    bk->plans = NULL;
+    bk->nplans = bk->plans_cap = 0;
+}
+
+static void check_gemm(FsdRun *r, const char *what, bool transA, bool transB, int64_t M, int64_t N,
+                       int64_t K, int64_t lda, int64_t ldb, int64_t ldc)
 {
     if (M < 0 || N < 0 || K < 0 || M > INT_MAX || N > INT_MAX || K > INT_MAX || lda > INT_MAX ||
         ldb > INT_MAX || ldc > INT_MAX || lda < (transA ? M : K) || ldb < (transB ? K : N) ||
         ldc < N)
-        RT_BUG(r, "fsdrt_gemm: M %lld N %lld K %lld with lda %lld ldb %lld ldc %lld", (long long)M,
+        RT_BUG(r, "%s: M %lld N %lld K %lld with lda %lld ldb %lld ldc %lld", what, (long long)M,
                (long long)N, (long long)K, (long long)lda, (long long)ldb, (long long)ldc);
+}
+
+/* One product on the compute stream, through its shape's plan. */
+static void lt_matmul(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                      float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
+                      float beta, float *C, int64_t ldc, const float *bias)
+{
+    Backend *bk = r->bk;
+    uint32_t align = addr_align(A), ab = addr_align(B), ac = addr_align(C);
+    align = ab < align ? ab : align;
+    align = ac < align ? ac : align;
+    if (bias) {
+        uint32_t ax = addr_align(bias);
+        align = ax < align ? ax : align;
+    }
+    if (align < 16)
+        RT_BUG(r, "a [%lld, %lld] product's operand is aligned to %u bytes; the runtime hands out "
+                  "buffers aligned to at least 16", (long long)M, (long long)N, align);
+    GemmPlan *p = gemm_plan(r, transA, transB, M, N, K, lda, ldb, ldc, bias, align);
+    if (bias)   /* this call's bias: host-side state of the descriptor, read at launch */
+        BLAS_CHECK(r, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                     &bias, sizeof bias));
+    BLAS_CHECK(r, cublasLtMatmul(bk->lt, p->desc, &alpha, B, p->a, A, p->b, &beta, C, p->c, C,
+                                 p->c, &p->algo, bk->blas_ws, BLAS_WORKSPACE_BYTES, bk->compute));
+}
+
+void fsdrt_gemm(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64_t K, real alpha,
+                const real *A, int64_t lda, const real *B, int64_t ldb, real beta, real *C,
+                int64_t ldc)
+{
+    check_gemm(r, "fsdrt_gemm", transA, transB, M, N, K, lda, ldb, ldc);
     Backend *bk = r->bk;
     if (M == 0 || N == 0)
         return;
-    if (K == 0) {   /* cuBLAS wants leading dimensions of at least 1; C = β·C */
+    if (K == 0) {   /* cuBLASLt wants leading dimensions of at least 1; C = β·C */
         CUDA_CHECK(r, cu_scale(C, M, N, ldc, beta, bk->compute));
         return;
     }
-    const float a = alpha, b = beta;
-    BLAS_CHECK(r, cublasGemmEx(bk->blas, transB ? CUBLAS_OP_T : CUBLAS_OP_N,
-                               transA ? CUBLAS_OP_T : CUBLAS_OP_N, (int)N, (int)M, (int)K, &a, B,
-                               CUDA_R_32F, (int)ldb, A, CUDA_R_32F, (int)lda, &b, C, CUDA_R_32F,
-                               (int)ldc, bk->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
-                               CUBLAS_GEMM_DEFAULT));
+    lt_matmul(r, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL);
+}
+
+void fsdrt_gemm_bias(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                     const real *A, int64_t lda, const real *B, int64_t ldb, const real *bias,
+                     real *C, int64_t ldc)
+{
+    check_gemm(r, "fsdrt_gemm_bias", transA, transB, M, N, K, lda, ldb, ldc);
+    Backend *bk = r->bk;
+    if (M == 0 || N == 0)
+        return;
+    if (!bias)
+        RT_BUG(r, "fsdrt_gemm_bias: no bias for a [%lld, %lld] product", (long long)M,
+               (long long)N);
+    if (K == 0) {   /* an empty product: C is the bias in every row, copied in doubling runs */
+        size_t row = sizeof(float) * (size_t)N, pitch = sizeof(float) * (size_t)ldc;
+        CUDA_CHECK(r, cudaMemcpyAsync(C, bias, row, cudaMemcpyDeviceToDevice, bk->compute));
+        for (int64_t have = 1; have < M; have *= 2) {
+            int64_t n = have < M - have ? have : M - have;
+            CUDA_CHECK(r, cudaMemcpy2DAsync(C + have * ldc, pitch, C, pitch, row, (size_t)n,
+                                            cudaMemcpyDeviceToDevice, bk->compute));
+        }
+        return;
+    }
+    lt_matmul(r, transA, transB, M, N, K, 1, A, lda, B, ldb, 0, C, ldc, bias);
 }
 
 /* ── the step's update ── */
 
+/* offload = cpu: the step's one host wait comes first, for everything the
+ * step queued (the compute stream has waited on every copy out, through
+ * fsdrt_wait_reduce, and on every gather, whose copies in it follows), and
+ * the device's share of the loss; then Σ g² and the optimizer on the pinned
+ * shards (optim.c, the CPU backend's loops), and the loss and norm summed
+ * over ranks on the host: MPI when it runs the job, else NCCL on a few
+ * bytes of device memory, which waits again but on a device with nothing
+ * left to do. The next step's all-gathers copy the updated shards in. */
+static void host_update(FsdRun *r, double lr, int64_t t, double v[2])
+{
+    Backend *bk = r->bk;
+    CUDA_CHECK(r, cudaMemcpyAsync(bk->h_stats + 3, bk->d_stats + 3, sizeof(double),
+                                  cudaMemcpyDeviceToHost, bk->compute));
+    CUDA_CHECK(r, cudaMemsetAsync(bk->d_stats + 3, 0, sizeof(double), bk->compute));
+    CUDA_CHECK(r, cudaEventRecord(bk->stats_ev, bk->compute));
+    host_wait(r, bk->stats_ev, "the step");
+    for (int g = 0; g < r->m->ngroups; g++) {
+        if (bk->gc[g].reduces != r->cfg.grad_accum)
+            RT_BUG(r, "group %s was reduce-scattered %lld times in a step of %lld micro-batches; "
+                      "offload copies its gradient out at the last",
+                   r->m->groups[g].name, (long long)bk->gc[g].reduces,
+                   (long long)r->cfg.grad_accum);
+        bk->gc[g].reduces = 0;
+    }
+    v[0] = r->loss_sum + bk->h_stats[3];
+    v[1] = optim_grad_sumsq(r);
+    if (r->world > 1 && bk->mpi)
+        MPI_CHECK(r, MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+    else if (r->world > 1)
+        allreduce_small(r, v, 2, ncclFloat64, sizeof *v, ncclSum);
+    optim_step(r, lr, clip_coef(r->cfg.grad_clip, sqrt(v[1])), t);
+}
+
 void bk_update(FsdRun *r, double lr, int64_t t, double v[2])
 {
+    if (r->m->offload_cpu) {
+        host_update(r, lr, t, v);
+        return;
+    }
     Backend *bk = r->bk;
     const FsdTrainConfig *c = &r->cfg;
     const cudaStream_t s = bk->compute;

@@ -11,12 +11,12 @@
  * bytes moved and memory allocated, weights export and import.
  *
  * Two backends implement this header: cpu (MPI, OpenBLAS, OpenMP; bf16
- * emulated by rounding) and cuda (NCCL, cuBLAS, streams and events;
+ * emulated by rounding) and cuda (NCCL, cuBLASLt, streams and events;
  * docs/cuda.md). Building with -DFSD_FLOAT64 makes `real` double
  * everywhere: the build the finite-difference gradient checks use (CPU
  * only). Pointers the runtime hands out (fsdrt_act, fsdrt_param,
- * fsdrt_grad, fsdrt_idx, ...) are device memory on CUDA: only kernels and
- * fsdrt_gemm read them.
+ * fsdrt_grad, fsdrt_idx, ...) are device memory on CUDA: only kernels,
+ * fsdrt_gemm and fsdrt_gemm_bias read them.
  */
 #ifndef FSDRT_H
 #define FSDRT_H
@@ -106,7 +106,7 @@ typedef struct FsdModel {
     bool accumulate_unsharded;
     double flops_per_sample; /* forward + backward of one sequence, for MFU */
     FsdTrainConfig train;    /* the .fsd train section; flags override it */
-    bool offload_cpu;        /* offload = cpu (the CUDA backend refuses it: docs/cuda.md) */
+    bool offload_cpu;        /* offload = cpu: shard state in host memory (docs/cuda.md) */
     /* The unsharded-buffer events of a step of one micro-batch, and of a
      * step of three (first, middle, last: every distinct micro-batch), in
      * schedule order: the CUDA backend replays them at start-up to size its
@@ -190,6 +190,14 @@ void fsdrt_free_grads(FsdRun *r, int group);
 void fsdrt_gemm(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64_t K, real alpha,
                 const real *A, int64_t lda, const real *B, int64_t ldb, real beta, real *C,
                 int64_t ldc);
+
+/* C[M,N] = op(A)·op(B) + bias, bias [N] added to every row of C: a Linear
+ * with a bias in one product (the CPU backend fills C with the bias and
+ * multiplies with beta = 1; the CUDA backend adds it in cuBLASLt's
+ * epilogue). C is overwritten, never read. */
+void fsdrt_gemm_bias(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                     const real *A, int64_t lda, const real *B, int64_t ldb, const real *bias,
+                     real *C, int64_t ldc);
 
 /* ── observability ── */
 

@@ -8,9 +8,11 @@
  * data loader, initialisation, the learning-rate schedule, logging,
  * safetensors, the trace, counters. The backend owns communication, the
  * unsharded buffers and every loop over a shard's elements (the optimizer,
- * the gradient norm), because on the GPU those are kernels. Shards are
- * host memory on the CPU backend and device memory on CUDA; code outside
- * the backend reaches them through bk_to_host and bk_from_host.
+ * the gradient norm), because on the GPU those are kernels; optim.c holds
+ * the host version both backends use when the shards are host memory.
+ * Shards are host memory on the CPU backend and device memory on CUDA
+ * (pinned host memory with `offload = cpu`); code outside the backend
+ * reaches them through bk_to_host and bk_from_host.
  */
 #ifndef FSDRT_INTERNAL_H
 #define FSDRT_INTERNAL_H
@@ -199,6 +201,15 @@ typedef struct WLayout {
 bool hf_layout(FsdRun *r, const char *names, WLayout *out);
 void hf_layout_free(WLayout *l);
 
+/* ── optim.c: the update as OpenMP loops over shards in host memory (the
+ * CPU backend's, and the CUDA backend's with `offload = cpu`) ── */
+
+/* Σ g² over every grad shard of this rank. */
+double optim_grad_sumsq(FsdRun *r);
+/* Scales the grad shards by coef, runs the optimizer with learning rate lr
+ * for step t (from 1), then zeroes the grad shards. */
+void optim_step(FsdRun *r, double lr, double coef, int64_t t);
+
 /* ── ckpt.c: sharded checkpoints (docs/checkpoint.md) ── */
 
 /* --resume: finds the checkpoint, checks it whole (model hash, format,
@@ -242,15 +253,15 @@ bool bk_gather_bytes(FsdRun *r, const char *buf, int64_t n, char **out, int64_t 
 /* Shard-sized and unsharded buffers, counted. */
 void *bk_alloc(FsdRun *r, int64_t bytes);      /* zeroed */
 void bk_free(FsdRun *r, void *p, int64_t bytes);
+/* Shard state (Group's master, grad, m, v), zeroed: bk_alloc's memory, or
+ * with `offload = cpu` host memory that is not counted (the plan keeps it
+ * off the device: on CUDA pinned host memory, on the CPU plain memory). */
+void *bk_alloc_shard(FsdRun *r, int64_t bytes);
+void bk_free_shard(FsdRun *r, void *p, int64_t bytes);
 /* A pooled buffer of at least `bytes`, counted as `count` while out. */
 void *bk_pool_get(FsdRun *r, int64_t bytes, int64_t count);
 void bk_pool_put(FsdRun *r, void *p, int64_t count);
 
-/* Σ g² over every grad shard of this rank. */
-double bk_grad_sumsq(FsdRun *r);
-/* Scales the grad shards by coef, runs the optimizer with learning rate lr
- * for step t (from 1), then zeroes the grad shards. */
-void bk_optimizer(FsdRun *r, double lr, double coef, int64_t t);
 /* Collective state left over at the end of a step is a schedule bug. */
 void bk_check_idle(FsdRun *r);
 
@@ -258,9 +269,10 @@ void bk_check_idle(FsdRun *r);
  *
  * Shard state (Group's master, grad, m, v), unsharded buffers and the
  * arena are backend memory: host memory on the CPU backend, device memory
- * on CUDA. Code outside the backend never dereferences them: it copies
- * through bk_to_host / bk_from_host (weights.c writes host images of the
- * master shards and copies them in). */
+ * on CUDA (shard state pinned host memory there with `offload = cpu`).
+ * Code outside the backend never dereferences them: it copies through
+ * bk_to_host / bk_from_host (weights.c writes host images of the master
+ * shards and copies them in). */
 
 /* Start-up work once the run is sized (after the shards and the arena are
  * allocated): on CUDA, the input buffers, the segment tables and the
@@ -277,7 +289,9 @@ void bk_inputs(FsdRun *r, int micro);
  * what fsdrt_add_loss_tensor added) and Σ g² over its grad shards, summed
  * over ranks into v[0] and v[1]; clipping to cfg.grad_clip (clip_coef);
  * the optimizer with learning rate lr for step t (from 1); grad shards
- * zeroed. On CUDA nothing in it waits for the GPU but the read of v. */
+ * zeroed. On CUDA nothing in it waits for the GPU but the read of v (with
+ * `offload = cpu`: one wait for the step first, then the update on the
+ * host, optim.c). */
 void bk_update(FsdRun *r, double lr, int64_t t, double v[2]);
 
 /* torch.nn.utils.clip_grad_norm_: gradients are scaled by clip / (‖g‖ +

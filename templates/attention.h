@@ -10,14 +10,21 @@
  *   lse[b,h,t] = log Σ_s exp(z_s),  p_s = exp(z_s − lse)
  *   out[b,t,h,:] = Σ_s p_s · v[b,s,g,:]
  *
- * A straightforward version, not FlashAttention: one work item per query
- * row in the forward (an online softmax over the keys, accumulating in the
- * output row itself, so no scratch memory), lanes strided over the head
- * dimension. The backward recomputes p from q, k and lse, in two passes
- * that each own what they write: dq by query row, dk and dv by key row
- * (b, g, s), so nothing is accumulated by two workers and the result is
- * deterministic. This is the GPU's kernel (and the one the warp emulation
- * tests).
+ * Three versions, one per kind of machine:
+ *
+ * The portable row kernels: one work item per query row in the forward (an
+ * online softmax over the keys, accumulating in the output row itself, so
+ * no scratch memory), lanes strided over the head dimension. The backward
+ * recomputes p from q, k and lse, in two passes that each own what they
+ * write: dq by query row, dk and dv by key row (b, g, s), so nothing is
+ * accumulated by two workers and the result is deterministic. The GPU runs
+ * them for head dims past FSD_ATTN_HD_MAX only.
+ *
+ * The GPU's tiled kernels (FlashAttention-style, below the row kernels):
+ * blocks of 128 threads on tiles of queries and keys staged in shared
+ * memory, an online softmax, fp32 FMAs; the backward in two deterministic
+ * kernels (dk and dv by key tile, dq by query tile), no atomics. The warp
+ * emulation of the tests runs them on the CPU (tests/kernels).
  *
  * The CPU build uses a blocked version instead (FSD_ATTENTION_BLAS, below):
  * one scalar lane per query row leaves a CPU core's vector units idle and,
@@ -26,13 +33,20 @@
  * fsdrt_gemm calls too) as small matrix products: S = scale·Q·Kᵀ over the
  * keys the block sees, the softmax row by row, O = P·V; the backward
  * recomputes P once per block and forms dP = dO·Vᵀ, dS = P∘(dP − D),
- * dQ = scale·dS·K, dK += scale·dSᵀ·Q, dV += Pᵀ·dO. Work items are
- * (b, query block, h) in the forward and (b, kv head g) in the backward,
- * where one worker walks every query head of g and every query block in a
- * fixed order, so dK and dV are summed in one order whatever the thread
- * count: deterministic, no atomics. Scratch: FSD_ATTN_QB·T reals (two
- * such in the backward) per thread, malloc'd per launch. Define
- * FSD_ATTENTION_PORTABLE to run the portable kernel on the CPU instead.
+ * dQ = scale·dS·K, dK += scale·dSᵀ·Q, dV += Pᵀ·dO. The operands of a
+ * head are first copied to contiguous rows, K and V also transposed, so
+ * that Q·Kᵀ and dO·Vᵀ are plain products (BLAS's small-matrix kernels are
+ * slower on rows H·hd apart, and on the transposed form). Work items are
+ * (b, h) in the forward (split into ranges of query blocks when there are
+ * fewer than two per thread) and (b, kv head g) in the backward, where one
+ * worker walks every query head of g and every query block in a fixed
+ * order, summing dK and dV in its scratch, so they are summed in one order
+ * whatever the thread count: deterministic, no atomics. Scratch per
+ * thread, malloc'd per launch, with t = T rounded up to an odd number of
+ * cache lines: (T + FSD_ATTN_QB)·hd + (hd + FSD_ATTN_QB)·t reals in the
+ * forward, (3·T + 2·FSD_ATTN_QB)·hd + 2·(hd + FSD_ATTN_QB)·t in the
+ * backward. Define FSD_ATTENTION_PORTABLE to run the portable kernel on
+ * the CPU instead.
  */
 #ifndef FSD_PORTABLE_H
 #include "portable.h"
@@ -89,21 +103,358 @@ FSD_ROW_KERNEL(attention_fwd,
                 int64_t H, int64_t KV, int64_t hd, bool causal),
                (out, lse, q, k, v, T, H, KV, hd, causal))
 
+#if defined(__CUDACC__) || defined(FSD_BLOCK_EMULATION)
+/* ── the GPU path: tiles in shared memory, FlashAttention-style ──
+ *
+ * Block kernels (portable.h): one block of FSD_BLOCK = 128 threads per
+ * tile, its operands staged in shared memory, plain fp32 FMAs (no tensor
+ * cores, no mma). Head dims up to FSD_ATTN_HD_MAX; the launchers run the
+ * row kernels above for larger ones.
+ *
+ * Forward: a block per (b, h, tile of 32 query rows), 8 rows per warp. It
+ * walks the key tiles of 32 keys, up to the diagonal when causal (tiles
+ * wholly above it are skipped), one key per lane: S = scale·Q·Kᵀ for the
+ * tile from Q and K in shared memory, the mask, an online softmax (the row
+ * max by fsd_warp_max; running max m, per-lane partial sums of
+ * exp(z − m), the output accumulator rescaled when m grows), P through
+ * shared memory, then O += P·V with each lane owning head-dim elements
+ * lane + 32j in registers. K and V take turns in one buffer (both would
+ * not fit 48 KiB at hd 128). out and lse are written as the row kernel
+ * writes them.
+ *
+ * Backward, deterministic without atomics (FlashAttention-2 adds dq with
+ * atomics): two kernels on tiles of 16 queries × 16 keys, P recomputed
+ * from q, k and lse, D = dO·O recomputed per query tile (a 1/64 share of
+ * the tile's work, and no buffer for it):
+ *   dk, dv  a block per (b, kv head g, 16 keys): every query head of g and
+ *           every query tile that sees the keys, in that order, summing
+ *           dK += dSᵀ·Q and dV += Pᵀ·dO in registers (warp w owns keys
+ *           4w..4w+3, lane the head-dim elements lane + 32j);
+ *   dq      a block per (b, h, 16 queries): every key tile up to the
+ *           diagonal, dQ += dS·K in registers.
+ * with dS = P∘(dP − D), dP = dO·Vᵀ, scale applied once at the end. Each
+ * output element is summed by one thread in a fixed order, then stored
+ * once (fsd_store: acc adds the finished sum). Shared memory and registers
+ * only: no workspace (compiler/memplan.c).
+ */
+#ifndef FSD_ATTN_HD_MAX
+#if defined(__CUDACC__) && defined(FSD_FLOAT64)
+#define FSD_ATTN_HD_MAX 64    /* doubles: hd 128 tiles would pass 48 KiB of shared memory */
+#else
+#define FSD_ATTN_HD_MAX 128
+#endif
+#endif
+#define FSD_ATTN_NJ (FSD_ATTN_HD_MAX / 32)    /* head-dim elements per lane */
+#define FSD_ATTN_LD (FSD_ATTN_HD_MAX + 1)     /* tile row stride: a lane per row, no bank conflicts */
+#define FSD_ATTN_WARPS (FSD_BLOCK / 32)
+#define FSD_ATTN_BR 32                        /* forward: query rows per block */
+#define FSD_ATTN_BC 32                        /* forward: keys per tile, one per lane */
+#define FSD_ATTN_RW (FSD_ATTN_BR / FSD_ATTN_WARPS)   /* forward: rows per warp */
+#define FSD_ATTN_BT 16                        /* backward: queries and keys per tile */
+#define FSD_ATTN_KW (FSD_ATTN_BT / FSD_ATTN_WARPS)   /* backward: rows (or keys) per warp */
+#define FSD_ATTN_PL (FSD_ATTN_BT + 1)         /* backward: row stride of P and dS */
+#define FSD_ATTN_FWD_SMEM \
+    ((FSD_ATTN_BR + FSD_ATTN_BC) * FSD_ATTN_LD + FSD_ATTN_BR * (FSD_ATTN_BC + 1))
+#define FSD_ATTN_BWD_SMEM \
+    (4 * FSD_ATTN_BT * FSD_ATTN_LD + 2 * FSD_ATTN_BT * FSD_ATTN_PL + 2 * FSD_ATTN_BT)
+
+/* Rows [r0, r0 + n) of a matrix with row stride ld (hd columns) into a
+ * shared tile, zeros for rows past T; all threads of the block, coalesced. */
+DEVICE void attn_load_tile(real *dst, const real *src, int64_t ld, int64_t r0, int n, int64_t T,
+                           int64_t hd, int tid)
+{
+    const int w = (int)hd;
+    for (int i = tid; i < n * w; i += FSD_BLOCK) {
+        int r = i / w, d = i % w;
+        dst[r * FSD_ATTN_LD + d] = r0 + r < T ? src[(r0 + r) * ld + d] : 0;
+    }
+}
+
+/* Forward of tile blk = (b·H + h)·⌈T/32⌉ + query tile. */
+DEVICE void attention_fwd_tiled_block(int64_t blk, int tid, real *smem, real *out, real *lse,
+                                      const real *q, const real *k, const real *v, int64_t T,
+                                      int64_t H, int64_t KV, int64_t hd, bool causal)
+{
+    const int64_t nqt = (T + FSD_ATTN_BR - 1) / FSD_ATTN_BR;
+    const int64_t q0 = blk % nqt * FSD_ATTN_BR, h = blk / nqt % H, b = blk / (nqt * H);
+    const int64_t g = h * KV / H, ldq = H * hd, ldk = KV * hd;
+    const int lane = tid % 32, w = tid / 32;
+    real *sQ = smem, *sKV = smem + FSD_ATTN_BR * FSD_ATTN_LD;
+    real *sP = sKV + FSD_ATTN_BC * FSD_ATTN_LD;   /* [BR][BC + 1] */
+    const real *K = k + b * T * ldk + g * hd, *V = v + b * T * ldk + g * hd;
+    const real scale = 1 / fsd_sqrt((real)hd);
+    real m[FSD_ATTN_RW], lp[FSD_ATTN_RW], acc[FSD_ATTN_RW][FSD_ATTN_NJ];
+    for (int r = 0; r < FSD_ATTN_RW; r++) {
+        m[r] = -INFINITY, lp[r] = 0;
+        for (int j = 0; j < FSD_ATTN_NJ; j++)
+            acc[r][j] = 0;
+    }
+    attn_load_tile(sQ, q + b * T * ldq + h * hd, ldq, q0, FSD_ATTN_BR, T, hd, tid);
+    /* every tile walked has a key each row sees (its first), so m is
+     * finite after the first tile, rows past T included */
+    const int64_t kend = causal && q0 + FSD_ATTN_BR < T ? q0 + FSD_ATTN_BR : T;
+    for (int64_t k0 = 0; k0 < kend; k0 += FSD_ATTN_BC) {
+        fsd_block_sync();   /* Q is in; the last tile's V has been read */
+        attn_load_tile(sKV, K, ldk, k0, FSD_ATTN_BC, T, hd, tid);
+        fsd_block_sync();
+        real z[FSD_ATTN_RW];
+        for (int r = 0; r < FSD_ATTN_RW; r++)
+            z[r] = 0;
+        for (int d = 0; d < (int)hd; d++) {
+            const real kd = sKV[lane * FSD_ATTN_LD + d];
+            for (int r = 0; r < FSD_ATTN_RW; r++)
+                z[r] += sQ[(w * FSD_ATTN_RW + r) * FSD_ATTN_LD + d] * kd;
+        }
+        const int64_t s = k0 + lane;
+        for (int r = 0; r < FSD_ATTN_RW; r++) {
+            const int64_t t = q0 + w * FSD_ATTN_RW + r;
+            const real zr = s < T && (!causal || s <= t) ? z[r] * scale : -INFINITY;
+            /* every lane gets the same max: m, corr agree across the warp */
+            const real mnew = fsd_fmax(m[r], fsd_warp_max(zr));
+            const real corr = fsd_exp(m[r] - mnew), p = fsd_exp(zr - mnew);   /* 0 when masked */
+            m[r] = mnew;
+            lp[r] = lp[r] * corr + p;
+            for (int j = 0; j < FSD_ATTN_NJ; j++)
+                acc[r][j] *= corr;
+            sP[(w * FSD_ATTN_RW + r) * (FSD_ATTN_BC + 1) + lane] = p;
+        }
+        fsd_block_sync();   /* every warp is done with K: V takes its place */
+        attn_load_tile(sKV, V, ldk, k0, FSD_ATTN_BC, T, hd, tid);
+        fsd_block_sync();
+        const int nc = T - k0 < FSD_ATTN_BC ? (int)(T - k0) : FSD_ATTN_BC;
+        for (int c = 0; c < nc; c++) {
+            real vj[FSD_ATTN_NJ];
+            for (int j = 0; j < FSD_ATTN_NJ; j++)
+                vj[j] = lane + 32 * j < hd ? sKV[c * FSD_ATTN_LD + lane + 32 * j] : 0;
+            for (int r = 0; r < FSD_ATTN_RW; r++) {
+                const real p = sP[(w * FSD_ATTN_RW + r) * (FSD_ATTN_BC + 1) + c];
+                for (int j = 0; j < FSD_ATTN_NJ; j++)
+                    acc[r][j] += p * vj[j];
+            }
+        }
+    }
+    for (int r = 0; r < FSD_ATTN_RW; r++) {
+        const real l = fsd_warp_sum(lp[r]);
+        const int64_t t = q0 + w * FSD_ATTN_RW + r;
+        if (t < T) {
+            real *o = out + (b * T + t) * ldq + h * hd;
+            for (int j = 0; j < FSD_ATTN_NJ; j++)
+                if (lane + 32 * j < hd)
+                    o[lane + 32 * j] = acc[r][j] / l;
+            if (lane == 0)
+                lse[(b * H + h) * T + t] = m[r] + fsd_log(l);
+        }
+    }
+}
+FSD_BLOCK_KERNEL(attention_fwd_tiled, FSD_ATTN_FWD_SMEM,
+                 (real *out, real *lse, const real *q, const real *k, const real *v, int64_t T,
+                  int64_t H, int64_t KV, int64_t hd, bool causal),
+                 (out, lse, q, k, v, T, H, KV, hd, causal))
+
+/* The backward's shared memory: Q, dO, K, V tiles [BT][LD], P and dS
+ * [BT][BT + 1], lse and D of the query rows. */
+typedef struct AttnBwdTiles {
+    real *Q, *dO, *K, *V, *P, *dS, *L, *D;
+} AttnBwdTiles;
+
+DEVICE AttnBwdTiles attn_bwd_tiles(real *smem)
+{
+    AttnBwdTiles s;
+    s.Q = smem;
+    s.dO = s.Q + FSD_ATTN_BT * FSD_ATTN_LD;
+    s.K = s.dO + FSD_ATTN_BT * FSD_ATTN_LD;
+    s.V = s.K + FSD_ATTN_BT * FSD_ATTN_LD;
+    s.P = s.V + FSD_ATTN_BT * FSD_ATTN_LD;
+    s.dS = s.P + FSD_ATTN_BT * FSD_ATTN_PL;
+    s.L = s.dS + FSD_ATTN_BT * FSD_ATTN_PL;
+    s.D = s.L + FSD_ATTN_BT;
+    return s;
+}
+
+/* Loads the Q and dO tiles of query rows [q0, q0 + BT) of head h, then
+ * their lse and D = dO·O (0 past T): warp w takes rows w, w + 4, ... */
+DEVICE void attn_bwd_load_queries(AttnBwdTiles s, int tid, const real *dout, const real *q,
+                                  const real *out, const real *lse, int64_t b, int64_t h,
+                                  int64_t q0, int64_t T, int64_t H, int64_t hd)
+{
+    const int64_t ldq = H * hd, at = b * T * ldq + h * hd;
+    const int lane = tid % 32;
+    attn_load_tile(s.Q, q + at, ldq, q0, FSD_ATTN_BT, T, hd, tid);
+    attn_load_tile(s.dO, dout + at, ldq, q0, FSD_ATTN_BT, T, hd, tid);
+    fsd_block_sync();
+    for (int i = tid / 32; i < FSD_ATTN_BT; i += FSD_ATTN_WARPS) {
+        const int64_t t = q0 + i;
+        real D = 0;
+        if (t < T)
+            for (int d = lane; d < (int)hd; d += 32)
+                D += s.dO[i * FSD_ATTN_LD + d] * out[at + t * ldq + d];
+        D = fsd_warp_sum(D);
+        if (lane == 0) {
+            s.D[i] = D;
+            s.L[i] = t < T ? lse[(b * H + h) * T + t] : 0;
+        }
+    }
+}
+
+/* P and dS = P∘(dO·V − D) of the tile, queries [q0, q0 + BT) × keys
+ * [k0, k0 + BT): two pairs per thread, each a full dot product from the
+ * shared tiles; 0 where masked or past T. */
+DEVICE void attn_bwd_tile_ds(AttnBwdTiles s, int tid, int64_t q0, int64_t k0, int64_t T,
+                             int64_t hd, bool causal, real scale)
+{
+    for (int e = 0; e < FSD_ATTN_BT * FSD_ATTN_BT / FSD_BLOCK; e++) {
+        const int i = tid / FSD_ATTN_BT + e * (FSD_BLOCK / FSD_ATTN_BT), c = tid % FSD_ATTN_BT;
+        const int64_t t = q0 + i, key = k0 + c;
+        real zq = 0, zd = 0;
+        for (int d = 0; d < (int)hd; d++) {
+            zq += s.Q[i * FSD_ATTN_LD + d] * s.K[c * FSD_ATTN_LD + d];
+            zd += s.dO[i * FSD_ATTN_LD + d] * s.V[c * FSD_ATTN_LD + d];
+        }
+        const real p = t < T && key < T && (!causal || key <= t) ? fsd_exp(zq * scale - s.L[i]) : 0;
+        s.P[i * FSD_ATTN_PL + c] = p;
+        s.dS[i * FSD_ATTN_PL + c] = p * (zd - s.D[i]);
+    }
+}
+
+/* dk and dv of tile blk = (b·KV + g)·⌈T/16⌉ + key tile. */
+DEVICE void attention_bwd_dkv_tiled_block(int64_t blk, int tid, real *smem, real *dk, bool acc_k,
+                                          real *dv, bool acc_v, const real *dout, const real *q,
+                                          const real *k, const real *v, const real *out,
+                                          const real *lse, int64_t T, int64_t H, int64_t KV,
+                                          int64_t hd, bool causal)
+{
+    const int64_t nt = (T + FSD_ATTN_BT - 1) / FSD_ATTN_BT;
+    const int64_t k0 = blk % nt * FSD_ATTN_BT, g = blk / nt % KV, b = blk / (nt * KV);
+    const int64_t ldk = KV * hd, per = H / KV;
+    const int lane = tid % 32, w = tid / 32;
+    const real scale = 1 / fsd_sqrt((real)hd);
+    AttnBwdTiles s = attn_bwd_tiles(smem);
+    attn_load_tile(s.K, k + b * T * ldk + g * hd, ldk, k0, FSD_ATTN_BT, T, hd, tid);
+    attn_load_tile(s.V, v + b * T * ldk + g * hd, ldk, k0, FSD_ATTN_BT, T, hd, tid);
+    real ak[FSD_ATTN_KW][FSD_ATTN_NJ], av[FSD_ATTN_KW][FSD_ATTN_NJ];
+    for (int r = 0; r < FSD_ATTN_KW; r++)
+        for (int j = 0; j < FSD_ATTN_NJ; j++)
+            ak[r][j] = av[r][j] = 0;
+    for (int64_t h = g * per; h < (g + 1) * per; h++)   /* the heads with h·KV/H = g */
+        for (int64_t q0 = causal ? k0 : 0; q0 < T; q0 += FSD_ATTN_BT) {
+            fsd_block_sync();   /* the last tile's Q, dO, P, dS have been read */
+            attn_bwd_load_queries(s, tid, dout, q, out, lse, b, h, q0, T, H, hd);
+            fsd_block_sync();
+            attn_bwd_tile_ds(s, tid, q0, k0, T, hd, causal, scale);
+            fsd_block_sync();
+            for (int i = 0; i < FSD_ATTN_BT; i++) {
+                real qj[FSD_ATTN_NJ], oj[FSD_ATTN_NJ];
+                for (int j = 0; j < FSD_ATTN_NJ; j++) {
+                    const int d = lane + 32 * j;
+                    qj[j] = d < hd ? s.Q[i * FSD_ATTN_LD + d] : 0;
+                    oj[j] = d < hd ? s.dO[i * FSD_ATTN_LD + d] : 0;
+                }
+                for (int r = 0; r < FSD_ATTN_KW; r++) {
+                    const int c = w * FSD_ATTN_KW + r;
+                    const real p = s.P[i * FSD_ATTN_PL + c], ds = s.dS[i * FSD_ATTN_PL + c];
+                    for (int j = 0; j < FSD_ATTN_NJ; j++) {
+                        av[r][j] += p * oj[j];
+                        ak[r][j] += ds * qj[j];
+                    }
+                }
+            }
+        }
+    for (int r = 0; r < FSD_ATTN_KW; r++) {
+        const int64_t key = k0 + w * FSD_ATTN_KW + r;
+        if (key < T)
+            for (int j = 0; j < FSD_ATTN_NJ; j++)
+                if (lane + 32 * j < hd) {
+                    const int64_t at = (b * T + key) * ldk + g * hd + lane + 32 * j;
+                    fsd_store(dk + at, ak[r][j] * scale, acc_k);
+                    fsd_store(dv + at, av[r][j], acc_v);
+                }
+    }
+}
+FSD_BLOCK_KERNEL(attention_bwd_dkv_tiled, FSD_ATTN_BWD_SMEM,
+                 (real *dk, bool acc_k, real *dv, bool acc_v, const real *dout, const real *q,
+                  const real *k, const real *v, const real *out, const real *lse, int64_t T,
+                  int64_t H, int64_t KV, int64_t hd, bool causal),
+                 (dk, acc_k, dv, acc_v, dout, q, k, v, out, lse, T, H, KV, hd, causal))
+
+/* dq of tile blk = (b·H + h)·⌈T/16⌉ + query tile. */
+DEVICE void attention_bwd_dq_tiled_block(int64_t blk, int tid, real *smem, real *dq, bool acc,
+                                         const real *dout, const real *q, const real *k,
+                                         const real *v, const real *out, const real *lse,
+                                         int64_t T, int64_t H, int64_t KV, int64_t hd,
+                                         bool causal)
+{
+    const int64_t nt = (T + FSD_ATTN_BT - 1) / FSD_ATTN_BT;
+    const int64_t q0 = blk % nt * FSD_ATTN_BT, h = blk / nt % H, b = blk / (nt * H);
+    const int64_t g = h * KV / H, ldq = H * hd, ldk = KV * hd;
+    const int lane = tid % 32, w = tid / 32;
+    const real scale = 1 / fsd_sqrt((real)hd);
+    AttnBwdTiles s = attn_bwd_tiles(smem);
+    real aq[FSD_ATTN_KW][FSD_ATTN_NJ];
+    for (int r = 0; r < FSD_ATTN_KW; r++)
+        for (int j = 0; j < FSD_ATTN_NJ; j++)
+            aq[r][j] = 0;
+    attn_bwd_load_queries(s, tid, dout, q, out, lse, b, h, q0, T, H, hd);
+    const int64_t kend = causal && q0 + FSD_ATTN_BT < T ? q0 + FSD_ATTN_BT : T;
+    for (int64_t k0 = 0; k0 < kend; k0 += FSD_ATTN_BT) {
+        fsd_block_sync();   /* lse and D are in; the last tile's K and dS have been read */
+        attn_load_tile(s.K, k + b * T * ldk + g * hd, ldk, k0, FSD_ATTN_BT, T, hd, tid);
+        attn_load_tile(s.V, v + b * T * ldk + g * hd, ldk, k0, FSD_ATTN_BT, T, hd, tid);
+        fsd_block_sync();
+        attn_bwd_tile_ds(s, tid, q0, k0, T, hd, causal, scale);
+        fsd_block_sync();
+        for (int c = 0; c < FSD_ATTN_BT; c++) {
+            real kj[FSD_ATTN_NJ];
+            for (int j = 0; j < FSD_ATTN_NJ; j++)
+                kj[j] = lane + 32 * j < hd ? s.K[c * FSD_ATTN_LD + lane + 32 * j] : 0;
+            for (int r = 0; r < FSD_ATTN_KW; r++) {
+                const real ds = s.dS[(w * FSD_ATTN_KW + r) * FSD_ATTN_PL + c];
+                for (int j = 0; j < FSD_ATTN_NJ; j++)
+                    aq[r][j] += ds * kj[j];
+            }
+        }
+    }
+    for (int r = 0; r < FSD_ATTN_KW; r++) {
+        const int64_t t = q0 + w * FSD_ATTN_KW + r;
+        if (t < T)
+            for (int j = 0; j < FSD_ATTN_NJ; j++)
+                if (lane + 32 * j < hd)
+                    fsd_store(dq + (b * T + t) * ldq + h * hd + lane + 32 * j, aq[r][j] * scale,
+                              acc);
+    }
+}
+FSD_BLOCK_KERNEL(attention_bwd_dq_tiled, FSD_ATTN_BWD_SMEM,
+                 (real *dq, bool acc, const real *dout, const real *q, const real *k,
+                  const real *v, const real *out, const real *lse, int64_t T, int64_t H,
+                  int64_t KV, int64_t hd, bool causal),
+                 (dq, acc, dout, q, k, v, out, lse, T, H, KV, hd, causal))
+#endif
+
 #if !defined(__CUDACC__) && !defined(FSD_WARP_EMULATION) && !defined(FSD_ATTENTION_PORTABLE)
 /* ── the CPU path: query blocks through BLAS ── */
 #define FSD_ATTENTION_BLAS 1
 #include <cblas.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #ifndef FSD_ATTN_QB
 #define FSD_ATTN_QB 64   /* query rows per block: products big enough for BLAS */
 #endif
 
+/* The helpers below are inlined into attention_fwd_blas / attention_bwd_blas,
+ * which are compiled like the launchers, once per instruction set (portable.h's
+ * LAUNCHER): an out-of-line helper, or an OpenMP region outlined from a plain
+ * function, would be compiled once, for SSE2, and the softmax loops would run
+ * at a quarter of the vector width. */
+#define FSD_ATTN_INLINE static inline __attribute__((always_inline, unused))
+#define FSD_ATTN_CLONED LAUNCHER   /* not a launcher: the kernel's OpenMP region */
+
 /* C[M, N] = alpha·op(A)·op(B) + beta·C, row-major, one single-threaded
  * call from this worker (beta 0 never reads C) */
-static inline void fsd_attn_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, real alpha,
-                                 const real *A, int64_t lda, const real *B, int64_t ldb,
-                                 real beta, real *C, int64_t ldc)
+FSD_ATTN_INLINE void fsd_attn_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, real alpha,
+                                   const real *A, int64_t lda, const real *B, int64_t ldb,
+                                   real beta, real *C, int64_t ldc)
 {
 #ifdef FSD_FLOAT64
     cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
@@ -114,6 +465,46 @@ static inline void fsd_attn_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t
 #endif
 }
 
+/* The products below run by slabs of at most FSD_ATTN_KC keys: OpenBLAS
+ * (0.3.21, SkylakeX) takes small products through its small-matrix kernels
+ * (64·128·64 multiply-adds did, 64·256·64 did not) and larger ones through
+ * its general path, which copies its operands first and ran these shapes
+ * ~1.4x slower. */
+#ifndef FSD_ATTN_KC
+#define FSD_ATTN_KC 128
+#endif
+
+/* S [m, nk] = alpha·A [m, hd] · BT [hd, nk] (BT's rows ldb apart) */
+FSD_ATTN_INLINE void fsd_attn_scores(int64_t m, int64_t nk, int64_t hd, real alpha, const real *A,
+                                     const real *BT, int64_t ldb, real *S, int64_t lds)
+{
+    for (int64_t k0 = 0; k0 < nk; k0 += FSD_ATTN_KC) {
+        int64_t kc = nk - k0 < FSD_ATTN_KC ? nk - k0 : FSD_ATTN_KC;
+        fsd_attn_gemm(false, false, m, kc, hd, alpha, A, hd, BT + k0, ldb, 0, S + k0, lds);
+    }
+}
+
+/* C [m, hd] (+)= P [m, nk] · X [nk, hd], the slabs summed in key order */
+FSD_ATTN_INLINE void fsd_attn_apply(int64_t m, int64_t nk, int64_t hd, const real *P, int64_t ldp,
+                                    const real *X, bool acc, real *C, int64_t ldc)
+{
+    for (int64_t k0 = 0; k0 < nk; k0 += FSD_ATTN_KC) {
+        int64_t kc = nk - k0 < FSD_ATTN_KC ? nk - k0 : FSD_ATTN_KC;
+        fsd_attn_gemm(false, false, m, hd, kc, 1, P + k0, ldp, X + k0 * hd, hd,
+                      acc || k0 > 0 ? 1 : 0, C, ldc);
+    }
+}
+
+/* C [nk, hd] += Pᵀ · X, P [m, nk], X [m, hd] */
+FSD_ATTN_INLINE void fsd_attn_apply_t(int64_t m, int64_t nk, int64_t hd, const real *P,
+                                      int64_t ldp, const real *X, real *C)
+{
+    for (int64_t k0 = 0; k0 < nk; k0 += FSD_ATTN_KC) {
+        int64_t kc = nk - k0 < FSD_ATTN_KC ? nk - k0 : FSD_ATTN_KC;
+        fsd_attn_gemm(true, false, kc, hd, m, 1, P + k0, ldp, X, hd, 1, C + k0 * hd, hd);
+    }
+}
+
 static inline real *fsd_attn_scratch(int64_t n)
 {
     real *p = (real *)malloc(sizeof(real) * (size_t)n);
@@ -122,12 +513,44 @@ static inline real *fsd_attn_scratch(int64_t n)
     return p;
 }
 
+/* rows [n, hd] of a head, ld apart in q/k/v's layout, into dst [n, hd]:
+ * BLAS's small-matrix kernels run the products of one head about 1.5x
+ * faster on contiguous operands than on rows H·hd apart */
+FSD_ATTN_INLINE void fsd_attn_pack(real *dst, const real *src, int64_t n, int64_t ld, int64_t hd)
+{
+    for (int64_t r = 0; r < n; r++)
+        memcpy(dst + r * hd, src + r * ld, sizeof(real) * (size_t)hd);
+}
+
+/* The same rows transposed, dst [hd, ldt]: Q·Kᵀ as Q times a copied Kᵀ is
+ * a plain (NN) product, which OpenBLAS's small-matrix kernels run about
+ * 1.5x faster than the NT one. */
+FSD_ATTN_INLINE void fsd_attn_pack_t(real *dst, int64_t ldt, const real *src, int64_t n,
+                                     int64_t ld, int64_t hd)
+{
+    for (int64_t r0 = 0; r0 < n; r0 += 16) {
+        int64_t r1 = r0 + 16 < n ? r0 + 16 : n;
+        for (int64_t d = 0; d < hd; d++)
+            for (int64_t r = r0; r < r1; r++)
+                dst[d * ldt + r] = src[r * ld + d];
+    }
+}
+
+/* A row stride of at least n reals and an odd number of cache lines, so
+ * that the rows of a block fall in different cache sets (a power-of-two
+ * stride such as T = 256 puts them all in a few) */
+FSD_ATTN_INLINE int64_t fsd_attn_ld(int64_t n)
+{
+    const int64_t line = 64 / (int64_t)sizeof(real);
+    return ((n + line - 1) / line | 1) * line;
+}
+
 /* Max, sum and dot product of a row, with 8 partial results combined in a
  * fixed order: 8 independent chains instead of one keep the core busy (a
  * single running sum waits on each add), and the order depends on n alone,
  * not on the thread count or the vector width. */
 #define FSD_ATTN_ACC 8
-static inline real fsd_attn_max(const real *z, int64_t n)
+FSD_ATTN_INLINE real fsd_attn_max(const real *z, int64_t n)
 {
     real p[FSD_ATTN_ACC];
     int64_t s = 0;
@@ -144,7 +567,7 @@ static inline real fsd_attn_max(const real *z, int64_t n)
     return m;
 }
 
-static inline real fsd_attn_sum(const real *a, int64_t n)
+FSD_ATTN_INLINE real fsd_attn_sum(const real *a, int64_t n)
 {
     real p[FSD_ATTN_ACC] = {0};
     int64_t s = 0;
@@ -156,7 +579,7 @@ static inline real fsd_attn_sum(const real *a, int64_t n)
     return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
 }
 
-static inline real fsd_attn_dot(const real *a, const real *b, int64_t n)
+FSD_ATTN_INLINE real fsd_attn_dot(const real *a, const real *b, int64_t n)
 {
     real p[FSD_ATTN_ACC] = {0};
     int64_t s = 0;
@@ -168,91 +591,128 @@ static inline real fsd_attn_dot(const real *a, const real *b, int64_t n)
     return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
 }
 
-/* Forward of query rows [q0, q0 + nq) of head h of sequence b; S is
- * scratch of nq·nk reals. Row t sees keys [0, t] (causal) or all T. */
-static inline void attention_fwd_block(real *S, real *out, real *lse, const real *q,
-                                       const real *k, const real *v, int64_t b, int64_t h,
-                                       int64_t q0, int64_t T, int64_t H, int64_t KV, int64_t hd,
-                                       bool causal)
+/* Scratch of one forward worker: Kᵀ of a head [hd, ldt], V [T, hd], Q of
+ * a block [FSD_ATTN_QB, hd], scores S [FSD_ATTN_QB, ldt]; ldt = fsd_attn_ld(T). */
+#define FSD_ATTN_FWD_SCRATCH(T, hd, ldt) \
+    ((hd) * (ldt) + ((T) + FSD_ATTN_QB) * (hd) + FSD_ATTN_QB * (ldt))
+
+/* Forward of query blocks [qb0, qb1) of head h of sequence b, one block at
+ * a time. Row t sees keys [0, t] (causal) or all T; a block of rows
+ * [q0, q0 + nq) sees keys [0, q0 + nq), so only the diagonal tile computes
+ * scores it masks. */
+FSD_ATTN_INLINE void attention_fwd_head(real *ws, real *out, real *lse, const real *q,
+                                        const real *k, const real *v, int64_t b, int64_t h,
+                                        int64_t qb0, int64_t qb1, int64_t T, int64_t H, int64_t KV,
+                                        int64_t hd, bool causal)
 {
     int64_t g = h * KV / H, ldq = H * hd, ldk = KV * hd;
-    int64_t nq = T - q0 < FSD_ATTN_QB ? T - q0 : FSD_ATTN_QB, nk = causal ? q0 + nq : T;
-    const real *Q = q + (b * T + q0) * ldq + h * hd;
-    const real *K = k + b * T * ldk + g * hd, *V = v + b * T * ldk + g * hd;
+    int64_t ldt = fsd_attn_ld(T), q1 = qb1 * FSD_ATTN_QB < T ? qb1 * FSD_ATTN_QB : T;
+    int64_t keys = causal ? q1 : T;   /* the keys these blocks see */
+    real *KT = ws, *Vc = KT + hd * ldt, *Qc = Vc + T * hd, *S = Qc + FSD_ATTN_QB * hd;
     real scale = 1 / fsd_sqrt((real)hd);
-    real inv[FSD_ATTN_QB];
-    fsd_attn_gemm(false, true, nq, nk, hd, scale, Q, ldq, K, ldk, 0, S, nk);
-    for (int64_t i = 0; i < nq; i++) {
-        real *z = S + i * nk;
-        int64_t t = q0 + i, n = causal ? t + 1 : T;
-        real m = fsd_attn_max(z, n);
-        FSD_SIMD
-        for (int64_t s = 0; s < n; s++)
-            z[s] = fsd_exp(z[s] - m);
-        for (int64_t s = n; s < nk; s++)
-            z[s] = 0;
-        real l = fsd_attn_sum(z, n);
-        inv[i] = 1 / l;
-        lse[(b * H + h) * T + t] = m + fsd_log(l);
+    fsd_attn_pack_t(KT, ldt, k + b * T * ldk + g * hd, keys, ldk, hd);
+    fsd_attn_pack(Vc, v + b * T * ldk + g * hd, keys, ldk, hd);
+    for (int64_t q0 = qb0 * FSD_ATTN_QB; q0 < q1; q0 += FSD_ATTN_QB) {
+        int64_t nq = T - q0 < FSD_ATTN_QB ? T - q0 : FSD_ATTN_QB, nk = causal ? q0 + nq : T;
+        int64_t lds = fsd_attn_ld(nk);
+        real inv[FSD_ATTN_QB];
+        fsd_attn_pack(Qc, q + (b * T + q0) * ldq + h * hd, nq, ldq, hd);
+        fsd_attn_scores(nq, nk, hd, scale, Qc, KT, ldt, S, lds);
+        for (int64_t i = 0; i < nq; i++) {
+            real *z = S + i * lds;
+            int64_t t = q0 + i, n = causal ? t + 1 : T;
+            real m = fsd_attn_max(z, n);
+            FSD_SIMD
+            for (int64_t s = 0; s < n; s++)
+                z[s] = fsd_exp(z[s] - m);
+            for (int64_t s = n; s < nk; s++)
+                z[s] = 0;
+            real l = fsd_attn_sum(z, n);
+            inv[i] = 1 / l;
+            lse[(b * H + h) * T + t] = m + fsd_log(l);
+        }
+        /* O = P·V with P unnormalised, then each row divided by its sum, as
+         * the portable kernel does: nq·hd multiplications rather than nq·nk */
+        real *O = out + (b * T + q0) * ldq + h * hd;
+        fsd_attn_apply(nq, nk, hd, S, lds, Vc, false, O, ldq);
+        for (int64_t i = 0; i < nq; i++)
+            FSD_SIMD
+            for (int64_t d = 0; d < hd; d++)
+                O[i * ldq + d] *= inv[i];
     }
-    /* O = P·V with P unnormalised, then each row divided by its sum, as the
-     * portable kernel does: nq·hd multiplications rather than nq·nk */
-    real *O = out + (b * T + q0) * ldq + h * hd;
-    fsd_attn_gemm(false, false, nq, hd, nk, 1, S, nk, V, ldk, 0, O, ldq);
-    for (int64_t i = 0; i < nq; i++)
-        FSD_SIMD
-        for (int64_t d = 0; d < hd; d++)
-            O[i * ldq + d] *= inv[i];
 }
 
-static inline void attention_fwd_blas(real *out, real *lse, const real *q, const real *k,
-                                      const real *v, int64_t B, int64_t T, int64_t H,
-                                      int64_t KV, int64_t hd, bool causal)
+FSD_ATTN_CLONED void attention_fwd_blas(real *out, real *lse, const real *q, const real *k,
+                                        const real *v, int64_t B, int64_t T, int64_t H, int64_t KV,
+                                        int64_t hd, bool causal)
 {
-    const int64_t nb = (T + FSD_ATTN_QB - 1) / FSD_ATTN_QB, items = B * nb * H;
+    /* item = (b, h, a range of query blocks), each writing rows only it
+     * owns: whole heads (K and V copied once per head) when there are
+     * enough of them to keep the threads busy, else each head split into
+     * up to nb ranges; later blocks see more keys, so items are handed out
+     * dynamically */
+    const int64_t nb = (T + FSD_ATTN_QB - 1) / FSD_ATTN_QB;
+    int64_t per = nb;
+#ifdef _OPENMP
+    const int64_t want = 2 * (int64_t)omp_get_max_threads();
+    if (B * H < want) {
+        int64_t parts = (want + B * H - 1) / (B * H);
+        per = (nb + parts - 1) / parts;
+    }
+#endif
+    const int64_t parts = (nb + per - 1) / per;
 #pragma omp parallel
     {
-        real *S = fsd_attn_scratch(FSD_ATTN_QB * T);
-        /* item = (b, query block, h): later blocks see more keys, so they
-         * are handed out dynamically; each writes rows only it owns */
+        real *ws = fsd_attn_scratch(FSD_ATTN_FWD_SCRATCH(T, hd, fsd_attn_ld(T)));
 #pragma omp for schedule(dynamic)
-        for (int64_t it = 0; it < items; it++)
-            attention_fwd_block(S, out, lse, q, k, v, it / (nb * H), it % H,
-                                (it / H) % nb * FSD_ATTN_QB, T, H, KV, hd, causal);
-        free(S);
+        for (int64_t it = 0; it < B * H * parts; it++) {
+            int64_t p = it % parts, qb1 = (p + 1) * per < nb ? (p + 1) * per : nb;
+            attention_fwd_head(ws, out, lse, q, k, v, it / (H * parts), it / parts % H, p * per,
+                               qb1, T, H, KV, hd, causal);
+        }
+        free(ws);
     }
 }
 
+/* Scratch of one backward worker: Kᵀ and Vᵀ of a kv head [hd, ldt] each,
+ * K, dK, dV [T, hd] each, Q and dO of a block [FSD_ATTN_QB, hd], P and dS
+ * [FSD_ATTN_QB, ldt]; ldt = fsd_attn_ld(T). */
+#define FSD_ATTN_BWD_SCRATCH(T, hd, ldt) \
+    (2 * (hd) * (ldt) + (3 * (T) + 2 * FSD_ATTN_QB) * (hd) + 2 * FSD_ATTN_QB * (ldt))
+
 /* Backward of kv head g of sequence b: every query head h of g, every
- * query block, in order; S and dP are scratch of FSD_ATTN_QB·T reals. */
-static inline void attention_bwd_group(real *S, real *dP, real *dq, bool acc_q, real *dk,
-                                       bool acc_k, real *dv, bool acc_v, const real *dout,
-                                       const real *q, const real *k, const real *v,
-                                       const real *out, const real *lse, int64_t b, int64_t g,
-                                       int64_t T, int64_t H, int64_t KV, int64_t hd, bool causal)
+ * query block, in order, summing dK and dV in contiguous scratch that is
+ * added to (or stored into) dk and dv once at the end. */
+FSD_ATTN_INLINE void attention_bwd_group(real *ws, real *dq, bool acc_q, real *dk, bool acc_k,
+                                         real *dv, bool acc_v, const real *dout, const real *q,
+                                         const real *k, const real *v, const real *out,
+                                         const real *lse, int64_t b, int64_t g, int64_t T,
+                                         int64_t H, int64_t KV, int64_t hd, bool causal)
 {
     int64_t ldq = H * hd, ldk = KV * hd, per = H / KV;
-    const real *K = k + b * T * ldk + g * hd, *V = v + b * T * ldk + g * hd;
-    real *dK = dk + b * T * ldk + g * hd, *dV = dv + b * T * ldk + g * hd;
+    int64_t ldt = fsd_attn_ld(T);
+    real *KT = ws, *VT = KT + hd * ldt, *Kc = VT + hd * ldt, *dKc = Kc + T * hd;
+    real *dVc = dKc + T * hd, *Qc = dVc + T * hd, *dOc = Qc + FSD_ATTN_QB * hd;
+    real *S = dOc + FSD_ATTN_QB * hd, *dP = S + FSD_ATTN_QB * ldt;
     real scale = 1 / fsd_sqrt((real)hd);
-    for (int64_t s = 0; s < T; s++) {
-        if (!acc_k)
-            memset(dK + s * ldk, 0, sizeof(real) * (size_t)hd);
-        if (!acc_v)
-            memset(dV + s * ldk, 0, sizeof(real) * (size_t)hd);
-    }
+    fsd_attn_pack_t(KT, ldt, k + b * T * ldk + g * hd, T, ldk, hd);
+    fsd_attn_pack_t(VT, ldt, v + b * T * ldk + g * hd, T, ldk, hd);
+    fsd_attn_pack(Kc, k + b * T * ldk + g * hd, T, ldk, hd);
+    memset(dKc, 0, sizeof(real) * (size_t)(2 * T * hd));   /* dKc and dVc */
     for (int64_t h = g * per; h < (g + 1) * per; h++)   /* the heads with h·KV/H = g */
         for (int64_t q0 = 0; q0 < T; q0 += FSD_ATTN_QB) {
             int64_t nq = T - q0 < FSD_ATTN_QB ? T - q0 : FSD_ATTN_QB, nk = causal ? q0 + nq : T;
-            int64_t at = (b * T + q0) * ldq + h * hd;
-            const real *Q = q + at, *dO = dout + at, *O = out + at;
+            int64_t at = (b * T + q0) * ldq + h * hd, lds = fsd_attn_ld(nk);
+            fsd_attn_pack(Qc, q + at, nq, ldq, hd);
+            fsd_attn_pack(dOc, dout + at, nq, ldq, hd);
             /* P = exp(scale·Q·Kᵀ − lse), 0 where masked */
-            fsd_attn_gemm(false, true, nq, nk, hd, scale, Q, ldq, K, ldk, 0, S, nk);
-            fsd_attn_gemm(false, true, nq, nk, hd, 1, dO, ldq, V, ldk, 0, dP, nk);
+            fsd_attn_scores(nq, nk, hd, scale, Qc, KT, ldt, S, lds);
+            fsd_attn_scores(nq, nk, hd, 1, dOc, VT, ldt, dP, lds);
             for (int64_t i = 0; i < nq; i++) {
                 int64_t t = q0 + i, n = causal ? t + 1 : T;
-                real L = lse[(b * H + h) * T + t], D = fsd_attn_dot(dO + i * ldq, O + i * ldq, hd);
-                real *p = S + i * nk, *ds = dP + i * nk;
+                real L = lse[(b * H + h) * T + t];
+                real D = fsd_attn_dot(dOc + i * hd, out + at + i * ldq, hd);
+                real *p = S + i * lds, *ds = dP + i * lds;
                 FSD_SIMD
                 for (int64_t s = 0; s < n; s++) {
                     p[s] = fsd_exp(p[s] - L);
@@ -261,26 +721,33 @@ static inline void attention_bwd_group(real *S, real *dP, real *dq, bool acc_q, 
                 for (int64_t s = n; s < nk; s++)
                     p[s] = ds[s] = 0;
             }
-            fsd_attn_gemm(false, false, nq, hd, nk, 1, dP, nk, K, ldk, acc_q ? 1 : 0, dq + at,
-                          ldq);
-            fsd_attn_gemm(true, false, nk, hd, nq, 1, dP, nk, Q, ldq, 1, dK, ldk);
-            fsd_attn_gemm(true, false, nk, hd, nq, 1, S, nk, dO, ldq, 1, dV, ldk);
+            fsd_attn_apply(nq, nk, hd, dP, lds, Kc, acc_q, dq + at, ldq);
+            fsd_attn_apply_t(nq, nk, hd, dP, lds, Qc, dKc);
+            fsd_attn_apply_t(nq, nk, hd, S, lds, dOc, dVc);
         }
+    real *dK = dk + b * T * ldk + g * hd, *dV = dv + b * T * ldk + g * hd;
+    for (int64_t s = 0; s < T; s++) {
+        FSD_SIMD
+        for (int64_t d = 0; d < hd; d++) {
+            fsd_store(&dK[s * ldk + d], dKc[s * hd + d], acc_k);
+            fsd_store(&dV[s * ldk + d], dVc[s * hd + d], acc_v);
+        }
+    }
 }
 
-static inline void attention_bwd_blas(real *dq, bool acc_q, real *dk, bool acc_k, real *dv,
-                                      bool acc_v, const real *dout, const real *q, const real *k,
-                                      const real *v, const real *out, const real *lse, int64_t B,
-                                      int64_t T, int64_t H, int64_t KV, int64_t hd, bool causal)
+FSD_ATTN_CLONED void attention_bwd_blas(real *dq, bool acc_q, real *dk, bool acc_k, real *dv,
+                                        bool acc_v, const real *dout, const real *q, const real *k,
+                                        const real *v, const real *out, const real *lse, int64_t B,
+                                        int64_t T, int64_t H, int64_t KV, int64_t hd, bool causal)
 {
 #pragma omp parallel
     {
-        real *S = fsd_attn_scratch(2 * FSD_ATTN_QB * T);
+        real *ws = fsd_attn_scratch(FSD_ATTN_BWD_SCRATCH(T, hd, fsd_attn_ld(T)));
 #pragma omp for schedule(static)
         for (int64_t it = 0; it < B * KV; it++)
-            attention_bwd_group(S, S + FSD_ATTN_QB * T, dq, acc_q, dk, acc_k, dv, acc_v, dout, q,
-                                k, v, out, lse, it / KV, it % KV, T, H, KV, hd, causal);
-        free(S);
+            attention_bwd_group(ws, dq, acc_q, dk, acc_k, dv, acc_v, dout, q, k, v, out, lse,
+                                it / KV, it % KV, T, H, KV, hd, causal);
+        free(ws);
     }
 }
 #endif
@@ -303,6 +770,14 @@ LAUNCHER void attention_fwd(real *out, real *lse, const real *q, const real *k,
 #ifdef FSD_ATTENTION_BLAS
     attention_fwd_blas(out, lse, q, k, v, B, T, H, KV, hd, causal);
 #else
+#ifdef FSD_ATTN_HD_MAX
+    if (hd <= FSD_ATTN_HD_MAX) {
+        FSD_RUN_BLOCKS(attention_fwd_tiled, B * H * ((T + FSD_ATTN_BR - 1) / FSD_ATTN_BR),
+                       (out, lse, q, k, v, T, H, KV, hd, causal));
+        return;
+    }
+#endif
+    /* the CPU with FSD_ATTENTION_PORTABLE; the GPU past FSD_ATTN_HD_MAX */
     FSD_RUN_ROWS(attention_fwd, B * H * T, (out, lse, q, k, v, T, H, KV, hd, causal));
 #endif
 }
@@ -388,8 +863,9 @@ FSD_ROW_KERNEL(attention_bwd_dkv,
  *   dq [B, T, H·hd],  dk, dv [B, T, KV·hd]
  * with p_s = exp(z_s − lse), ds_s = p_s · (dout·v_s − dout·out):
  *   dq = scale · Σ_s ds_s k_s,  dk_s = scale · Σ ds_s q,  dv_s = Σ p_s dout.
- * With acc, contributions are added to the existing values one key (or
- * query) at a time rather than summed first: equal up to rounding. */
+ * With acc, the row kernels add contributions to the existing values one
+ * key (or query) at a time, the tiled kernels add each finished sum once:
+ * equal up to rounding. */
 LAUNCHER void attention_bwd(real *dq, bool acc_q, real *dk, bool acc_k, real *dv,
                             bool acc_v, const real *dout, const real *q, const real *k,
                             const real *v, const real *out, const real *lse, int64_t B,
@@ -401,6 +877,17 @@ LAUNCHER void attention_bwd(real *dq, bool acc_q, real *dk, bool acc_k, real *dv
     attention_bwd_blas(dq, acc_q, dk, acc_k, dv, acc_v, dout, q, k, v, out, lse, B, T, H, KV, hd,
                        causal);
 #else
+#ifdef FSD_ATTN_HD_MAX
+    if (hd <= FSD_ATTN_HD_MAX) {
+        const int64_t nt = (T + FSD_ATTN_BT - 1) / FSD_ATTN_BT;
+        FSD_RUN_BLOCKS(attention_bwd_dq_tiled, B * H * nt,
+                       (dq, acc_q, dout, q, k, v, out, lse, T, H, KV, hd, causal));
+        FSD_RUN_BLOCKS(attention_bwd_dkv_tiled, B * KV * nt,
+                       (dk, acc_k, dv, acc_v, dout, q, k, v, out, lse, T, H, KV, hd, causal));
+        return;
+    }
+#endif
+    /* the CPU with FSD_ATTENTION_PORTABLE; the GPU past FSD_ATTN_HD_MAX */
     FSD_RUN_ROWS(attention_bwd_dq, B * H * T,
                  (dq, acc_q, dout, q, k, v, out, lse, T, H, KV, hd, causal));
     FSD_RUN_ROWS(attention_bwd_dkv, B * KV * T,

@@ -96,14 +96,87 @@ FSD_COL_KERNEL(layernorm_bwd_params,
                 const real *rstd, int64_t rows, int64_t C),
                (dw, db, dy, x, mean, rstd, rows, C))
 
+#if !defined(__CUDACC__) && !defined(FSD_WARP_EMULATION)
+/* The CPU's backward in one pass over dy and x instead of two (the rows,
+ * then the column sums): chunks of FSD_NORM_CHUNK rows, each summing its
+ * rows' dw and db contributions in row order into its own partial row of
+ * `part` [chunks, 2C] while the rows are in cache, then each column sums the
+ * partials in chunk order. The chunks depend on rows alone, so the result
+ * does not depend on the thread count. */
+#define FSD_NORM_CHUNK 64
+
+static inline real *fsd_norm_scratch(const char *kernel, int64_t n)
+{
+    real *p = (real *)malloc(sizeof(real) * (size_t)n);
+    if (!p)
+        fsd_kernel_fail(kernel, "out of memory for the column partials");
+    return p;
+}
+
+DEVICE void layernorm_bwd_chunk(int64_t c, real *part, real *dx, bool acc, const real *dy,
+                                const real *x, const real *w, const real *mean, const real *rstd,
+                                int64_t rows, int64_t C)
+{
+    real *pw = part + c * 2 * C, *pb = pw + C;
+    int64_t r1 = (c + 1) * FSD_NORM_CHUNK < rows ? (c + 1) * FSD_NORM_CHUNK : rows;
+    FSD_SIMD
+    for (int64_t j = 0; j < C; j++)
+        pw[j] = pb[j] = 0;
+    for (int64_t r = c * FSD_NORM_CHUNK; r < r1; r++) {
+        const real *dyr = dy + r * C, *xr = x + r * C;
+        real m = mean[r], rs = rstd[r];
+        FSD_SIMD
+        for (int64_t j = 0; j < C; j++) {
+            pw[j] += dyr[j] * (xr[j] - m) * rs;
+            pb[j] += dyr[j];
+        }
+        layernorm_bwd_row(r, 0, 1, dx, acc, dy, x, w, mean, rstd, C);
+    }
+}
+
+/* dst[j] += Σ_c part[c·ld + j] for j in [j0, j1), over the chunks in order */
+DEVICE void fsd_norm_sum_partials(int64_t j0, int64_t j1, real *dst, const real *part,
+                                  int64_t chunks, int64_t ld)
+{
+    real s[FSD_COL_TILE];
+    for (int64_t j = j0; j < j1; j++)
+        s[j - j0] = 0;
+    for (int64_t c = 0; c < chunks; c++)
+        FSD_SIMD
+        for (int64_t j = j0; j < j1; j++)
+            s[j - j0] += part[c * ld + j];
+    for (int64_t j = j0; j < j1; j++)
+        dst[j] += s[j - j0];
+}
+#endif
+
 LAUNCHER void layernorm_bwd(real *dx, bool acc, real *dw, real *db, const real *dy,
                             const real *x, const real *w, const real *mean, const real *rstd,
                             int64_t rows, int64_t C)
 {
     FSD_REQUIRE("layernorm_bwd", dx && dw && db && dy && x && w && mean && rstd);
     FSD_REQUIRE("layernorm_bwd", rows > 0 && C > 0);
+#ifdef FSD_NORM_CHUNK
+    const int64_t chunks = (rows + FSD_NORM_CHUNK - 1) / FSD_NORM_CHUNK;
+    const int64_t tiles = (C + FSD_COL_TILE - 1) / FSD_COL_TILE;
+    real *part = fsd_norm_scratch("layernorm_bwd", chunks * 2 * C);
+#pragma omp parallel
+    {
+#pragma omp for schedule(static)
+        for (int64_t c = 0; c < chunks; c++)
+            layernorm_bwd_chunk(c, part, dx, acc, dy, x, w, mean, rstd, rows, C);
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < tiles; t++) {
+            int64_t j0 = t * FSD_COL_TILE, j1 = j0 + FSD_COL_TILE < C ? j0 + FSD_COL_TILE : C;
+            fsd_norm_sum_partials(j0, j1, dw, part, chunks, 2 * C);
+            fsd_norm_sum_partials(j0, j1, db, part + C, chunks, 2 * C);
+        }
+    }
+    free(part);
+#else
     FSD_RUN_ROWS(layernorm_bwd, rows, (dx, acc, dy, x, w, mean, rstd, C));
     FSD_RUN_COLS(layernorm_bwd_params, C, (dw, db, dy, x, mean, rstd, rows, C));
+#endif
 }
 
 /* ── RMSNorm ── */
@@ -175,11 +248,51 @@ FSD_COL_KERNEL(rmsnorm_bwd_params,
                 int64_t C),
                (dw, dy, x, rstd, rows, C))
 
+#ifdef FSD_NORM_CHUNK
+/* the CPU's one pass, as layernorm_bwd_chunk: part [chunks, C] */
+DEVICE void rmsnorm_bwd_chunk(int64_t c, real *part, real *dx, bool acc, const real *dy,
+                              const real *x, const real *w, const real *rstd, int64_t rows,
+                              int64_t C)
+{
+    real *pw = part + c * C;
+    int64_t r1 = (c + 1) * FSD_NORM_CHUNK < rows ? (c + 1) * FSD_NORM_CHUNK : rows;
+    FSD_SIMD
+    for (int64_t j = 0; j < C; j++)
+        pw[j] = 0;
+    for (int64_t r = c * FSD_NORM_CHUNK; r < r1; r++) {
+        const real *dyr = dy + r * C, *xr = x + r * C;
+        real rs = rstd[r];
+        FSD_SIMD
+        for (int64_t j = 0; j < C; j++)
+            pw[j] += dyr[j] * xr[j] * rs;
+        rmsnorm_bwd_row(r, 0, 1, dx, acc, dy, x, w, rstd, C);
+    }
+}
+#endif
+
 LAUNCHER void rmsnorm_bwd(real *dx, bool acc, real *dw, const real *dy, const real *x,
                           const real *w, const real *rstd, int64_t rows, int64_t C)
 {
     FSD_REQUIRE("rmsnorm_bwd", dx && dw && dy && x && w && rstd);
     FSD_REQUIRE("rmsnorm_bwd", rows > 0 && C > 0);
+#ifdef FSD_NORM_CHUNK
+    const int64_t chunks = (rows + FSD_NORM_CHUNK - 1) / FSD_NORM_CHUNK;
+    const int64_t tiles = (C + FSD_COL_TILE - 1) / FSD_COL_TILE;
+    real *part = fsd_norm_scratch("rmsnorm_bwd", chunks * C);
+#pragma omp parallel
+    {
+#pragma omp for schedule(static)
+        for (int64_t c = 0; c < chunks; c++)
+            rmsnorm_bwd_chunk(c, part, dx, acc, dy, x, w, rstd, rows, C);
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < tiles; t++) {
+            int64_t j0 = t * FSD_COL_TILE, j1 = j0 + FSD_COL_TILE < C ? j0 + FSD_COL_TILE : C;
+            fsd_norm_sum_partials(j0, j1, dw, part, chunks, C);
+        }
+    }
+    free(part);
+#else
     FSD_RUN_ROWS(rmsnorm_bwd, rows, (dx, acc, dy, x, w, rstd, C));
     FSD_RUN_COLS(rmsnorm_bwd_params, C, (dw, dy, x, rstd, rows, C));
+#endif
 }

@@ -22,6 +22,15 @@
  *           result does not depend on the thread count, and no atomics are
  *           needed.
  *
+ * A fourth shape is the GPU's alone (and its emulation in the tests, with
+ * FSD_BLOCK_EMULATION): the CPU build has none, so a family that uses it
+ * keeps a CPU path of its own (attention.h):
+ *
+ *   block   NAME_block(blk, tid, smem, ...): tile blk, done together by
+ *           the FSD_BLOCK threads of a block, which share `smem` (static
+ *           __shared__ memory) and meet at fsd_block_sync();
+ *           FSD_BLOCK_KERNEL + FSD_RUN_BLOCKS.
+ *
  * FSD_ROW_KERNEL / FSD_ELEM_KERNEL / FSD_COL_KERNEL write the __global__
  * wrapper of a body under CUDA (nothing on the CPU); FSD_RUN_ROWS /
  * FSD_RUN_ELEMS / FSD_RUN_COLS, used in the launchers, start it: a launch
@@ -192,6 +201,34 @@ static inline void fsd_launch_check(const char *kernel)
         fsd_launch_check(#name);                                                       \
     } while (0)
 
+/* Block kernels: NAME_block(blk, tid, smem, ...) is one tile of work done
+ * together by the FSD_BLOCK threads of a block (tid in [0, FSD_BLOCK)),
+ * which share `smem`, SMEM reals of static __shared__ memory, and meet at
+ * fsd_block_sync(). Warp w = tid / 32 of the block still combines its
+ * lanes (tid % 32) with fsd_warp_sum / fsd_warp_max. The grid strides over
+ * the blocks; the wrapper syncs between two, so a body may leave its
+ * shared memory in any state. Every thread must reach every fsd_block_sync
+ * (and, for the emulation, every warp reduction). */
+#define FSD_BLOCK 128
+DEVICE void fsd_block_sync(void) { __syncthreads(); }
+#define FSD_BLOCK_KERNEL(name, smem_reals, params, args)                             \
+    static __global__ void __launch_bounds__(FSD_BLOCK)                               \
+        name##_kernel(int64_t fsd_nblk_, FSD_UNPAREN params)                          \
+    {                                                                                \
+        __shared__ real fsd_smem_[smem_reals];                                       \
+        for (int64_t fsd_blk_ = blockIdx.x; fsd_blk_ < fsd_nblk_; fsd_blk_ += gridDim.x) { \
+            name##_block(fsd_blk_, (int)threadIdx.x, fsd_smem_, FSD_UNPAREN args);    \
+            __syncthreads();                                                         \
+        }                                                                            \
+    }
+#define FSD_RUN_BLOCKS(name, blocks, args)                                             \
+    do {                                                                               \
+        const int64_t fsd_nblk_ = (blocks);                                            \
+        name##_kernel<<<fsd_blocks(fsd_nblk_, 1), FSD_BLOCK, 0, FSD_STREAM>>>(         \
+            fsd_nblk_, FSD_UNPAREN args);                                              \
+        fsd_launch_check(#name);                                                       \
+    } while (0)
+
 #ifdef __CUDACC_RTC__
 /* fsdpc --verify compiles the kernels alone with NVRTC (compiler/verify.c):
  * device code only, where -default-device makes the launchers device
@@ -200,20 +237,25 @@ static inline void fsd_launch_check(const char *kernel)
 #undef FSD_RUN_ROWS
 #undef FSD_RUN_ELEMS
 #undef FSD_RUN_COLS
+#undef FSD_RUN_BLOCKS
 #define FSD_RUN_ROWS(name, rows, args) ((void)(rows))
 #define FSD_RUN_ELEMS(name, n, args) ((void)(n))
 #define FSD_RUN_COLS(name, cols, args) ((void)(cols))
+#define FSD_RUN_BLOCKS(name, blocks, args) ((void)(blocks))
 #endif
 
 #elif defined(FSD_WARP_EMULATION)
-/* Tests only: the CPU runs row kernels as 32 lanes in lockstep, to check
- * the GPU's lane logic without a GPU (tests/kernels/warp_emulation.h). */
+/* Tests only: the CPU runs row kernels as 32 lanes in lockstep and block
+ * kernels as teams of FSD_BLOCK threads, to check the GPU's lane and block
+ * logic without a GPU (tests/kernels/warp_emulation.h). */
 #include "warp_emulation.h"
 
 #else
 /* ═══════════════════════ CPU (OpenMP) ═══════════════════════ */
 
-#define DEVICE static inline
+/* always_inline: a body is compiled into each of the launcher's versions
+ * (LAUNCHER below); left out of line, GCC compiles it once, for SSE2 */
+#define DEVICE static inline __attribute__((always_inline))
 #define FSD_WARP 1
 #define FSD_COL_TILE 64       /* columns per work item: unit-stride inner loops */
 

@@ -76,6 +76,21 @@ for w in 8 64; do
     fi
 done
 
+# ── fully_shard auto with a tied head that has a bias: matmul_bias reads the
+# tied weight (pinned to the root) and the bias in one op, and the schedule
+# gathers one group per op, so the bias must follow the weight to the root ──
+sed 's/Linear(dim, vocab, bias = false, tie = tok)/Linear(dim, vocab, bias = true, tie = tok)/' \
+    tests/plan/gpt2_auto.fsd >"$TMP/tied_bias.fsd"
+if ! grep -q 'bias = true, tie = tok' "$TMP/tied_bias.fsd"; then
+    bad "auto buckets, tied head with a bias: tests/plan/gpt2_auto.fsd no longer has the tied head this test edits"
+elif "$FSDPC" "$TMP/tied_bias.fsd" --world 8 --dump-plan >"$TMP/tied" 2>&1 &&
+     awk '/^  group [0-9]+ / { g = $3 } NF >= 3 && $(NF-2) == "head.bias" { print g }' \
+         "$TMP/tied" | grep -qx 'root:'; then
+    ok "auto buckets, tied head with a bias: head.bias goes to the root with the tied weight"
+else
+    bad "auto buckets, tied head with a bias: head.bias is not in the root group" "$TMP/tied"
+fi
+
 # ── the error catalogue: exact diagnostics, exit status, no output ──
 # A case is NAME.fsd (or NAME.gen, a script that writes the input to stdout)
 # with NAME.expected holding stderr exactly. A first line `# exit: N` in the

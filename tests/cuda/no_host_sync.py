@@ -38,9 +38,27 @@ What it reads, and so what it proves:
      through bk_check_idle, which must be clean, and bk_update, whose first
      host wait comes after its last optimizer launch (cu_adamw / cu_sgd).
 
-What it cannot see: synchronisation inside NCCL, cuBLAS or the CUDA
-runtime themselves (NCCL collectives and cublasGemmEx on a stream are
-asynchronous by their documentation), and calls through function pointers
+  5. `offload = cpu` (docs/cuda.md): the optimizer runs on the host, so the
+     update must wait for the step once. That wait is allowed only behind
+     bk_update's first statement, `if (r->m->offload_cpu) { F(r, ...);
+     return; }`, and F must hold exactly one host wait of its own, first:
+     before it F only queues work (CUDA_CHECK'd cudaMemcpyAsync,
+     cudaMemsetAsync, cudaEventRecord), the event it waits for is recorded
+     on the compute stream (so it covers everything the step queued), and
+     the host optimizer (optim_step) comes after it. What F reaches after
+     the wait holds no synchronising CUDA call; the only host wait there is
+     the small NCCL all-reduce's (allreduce_small, for jobs MPI does not
+     run), on a device that has finished the step. The rest of bk_update
+     is held to 4. On the step's path, a host side of a copy may also be a
+     shard (->master, ->grad) when bk_alloc_shard allocates shards with
+     cudaHostAlloc and common.c allocates master and grad with it.
+
+What it cannot see: synchronisation inside NCCL, cuBLASLt or the CUDA
+runtime themselves (NCCL collectives and cublasLtMatmul on a stream are
+asynchronous by their documentation; cuBLASLt's descriptors, layouts,
+preferences and cublasLtMatmulAlgoGetHeuristic, which a product's first
+call makes, are host-side set-up that queues nothing and waits for
+nothing), and calls through function pointers
 (the runtime has none on this path). Comments and strings are removed
 before anything is read, so a call in a comment does not count.
 """
@@ -184,20 +202,79 @@ def check_clean(fns, where, names, why):
                 fail(f"runtime/{where[f]}: {f} ({why}) calls {m.group(0).rstrip('(').strip()}: {what}")
 
 
+def shards_pinned(fns):
+    """bk_alloc_shard allocates pinned host memory (offload), and common.c's
+    allocate gets the master and grad shards from it"""
+    alloc = fns.get("bk_alloc_shard", ("", False))[0]
+    allocate = fns.get("allocate", ("", False))[0]
+    return (re.search(r"\bcudaHostAlloc\s*\(", alloc) is not None and
+            all(re.search(r"->" + f + r"\s*=\s*bk_alloc_shard\s*\(", allocate) for f in ("master", "grad")))
+
+
 def check_pinned(fns, where, names):
     all_text = "".join(b for b, _ in fns.values())
+    shards = shards_pinned(fns)
     for f in sorted(names):
         for m in re.finditer(r"cudaMemcpyAsync\s*\(([^;]*?)(cudaMemcpy\w+)", fns[f][0], re.S):
             args, kind = m.group(1), m.group(2)
             if kind == "cudaMemcpyDeviceToDevice":
                 continue
             fields = re.findall(r"\bbk->(h_\w+)", args)
+            if not fields and shards and re.search(r"->(master|grad)\b", args):
+                continue
             if not fields:
                 fail(f"runtime/{where[f]}: {f}: a {kind} copy on the step's path whose host side is "
                      f"not a pinned h_* buffer")
             for h in fields:
                 if not re.search(r"cudaMallocHost\s*\(\s*\(void\s*\*\*\)\s*&bk->" + h + r"\b", all_text):
                     fail(f"runtime/{where[f]}: bk->{h} is not allocated with cudaMallocHost")
+
+
+OFFLOAD_BRANCH = re.compile(r"\{\s*if\s*\(\s*r->m->offload_cpu\s*\)\s*\{\s*(\w+)\s*\(\s*r\s*,[^;{}]*\)\s*;"
+                            r"\s*return\s*;\s*\}")
+OFFLOAD_ON = re.compile(r"\btrue,\s*/\*\s*offload_cpu\s*\*/")
+QUEUE = {"CUDA_CHECK", "cudaMemcpyAsync", "cudaMemsetAsync", "cudaEventRecord"}
+AFTER_WAIT_OK = {"allreduce_small"}
+WAITS = {"host_wait", "stream_wait_host"}   # flagged where they are called
+
+
+def check_offload(fns, where, name):
+    """5: the offload update's one host wait, first, on a compute-stream event"""
+    if name not in fns:
+        fail(f"bk_update's offload branch calls {name}, which no CUDA runtime source defines")
+        return
+    body = fns[name][0]
+    waits = list(HOST_WAIT.finditer(body))
+    if len(waits) != 1:
+        fail(f"runtime/{where[name]}: {name} (the offload update) holds {len(waits)} host waits; "
+             f"it may hold exactly one")
+        if not waits:
+            return
+    w = waits[0]
+    before, after = body[:w.start()], body[w.start():]
+    for c in sorted(calls(before) - QUEUE):
+        fail(f"runtime/{where[name]}: {name} calls {c} before its host wait; only queueing "
+             f"({', '.join(sorted(QUEUE))}) may come first")
+    for m in SYNC.finditer(before):
+        fail(f"runtime/{where[name]}: {name} calls {m.group(1)} before its host wait")
+    ev = re.search(r"\b(?:host_wait|stream_wait_host)\s*\(\s*r\s*,\s*([^,]+?)\s*,", after)
+    recorded = re.findall(r"cudaEventRecord\s*\(\s*([^,]+?)\s*,\s*bk->compute\s*\)", before)
+    if not ev or ev.group(1) not in recorded:
+        fail(f"runtime/{where[name]}: {name}'s host wait is not on an event recorded on the compute "
+             f"stream just before it")
+    if "optim_step" not in calls(after):
+        fail(f"runtime/{where[name]}: {name} runs no host optimizer (optim_step) after its wait")
+    later = set()
+    for c in calls(after[w.end() - w.start():]):
+        if c in fns and c not in COLD and not fns[c][1]:
+            later |= reach(fns, {c})
+    for f in sorted(later - WAITS):
+        for m in SYNC.finditer(fns[f][0]):
+            fail(f"runtime/{where[f]}: {f} (after the offload update's wait) calls {m.group(1)}")
+        if f not in AFTER_WAIT_OK:
+            for m in HOST_WAIT.finditer(fns[f][0]):
+                fail(f"runtime/{where[f]}: {f} (after the offload update's wait) calls "
+                     f"{m.group(1)}: a second host wait")
 
 
 def main(paths):
@@ -214,11 +291,17 @@ def main(paths):
 
     # the step's end: fsdrt_end_step reaches the backend through bk_check_idle and bk_update
     end = fns.get("fsdrt_end_step")
+    offload = None
     if not end or "bk_update" not in fns:
         fail("fsdrt_end_step or bk_update not found")
     else:
         check_clean(fns, where, reach(fns, {"bk_check_idle"}), "before the optimizer")
         body = fns["bk_update"][0]
+        branch = OFFLOAD_BRANCH.match(body)
+        if branch:   # 5: the offload update, on its own; the device path as before
+            offload = branch.group(1)
+            check_offload(fns, where, offload)
+            body = "{" + body[branch.end():]
         opt = [m.end() for m in re.finditer(r"\bcu_(adamw|sgd)\s*\(", body)]
         waits = [m.start() for m in HOST_WAIT.finditer(body)]
         if not opt:
@@ -236,9 +319,14 @@ def main(paths):
         for f in failures:
             print(f)
         return 1
+    off = ""
+    if offload:
+        n = sum(1 for p in paths if OFFLOAD_ON.search(open(p).read()))
+        off = (f"; offload = cpu ({n} program(s)): one host wait, first in {offload}, before "
+               f"the host optimizer")
     print(f"no host synchronisation: {len(paths)} emitted program(s), {len(step_path)} runtime "
           f"functions on the step's path from {len(roots)} entry points, and bk_update up to the "
-          f"optimizer")
+          f"optimizer{off}")
     return 0
 
 

@@ -5,7 +5,7 @@
 #      sm_80 and sm_90, the host half with mpicc) without a warning;
 #   2. every example's train.cu compiles with nvcc for sm_80 and sm_90 in one
 #      fatbinary (make trainer BACKEND=cuda) without a warning, links against
-#      NCCL, cuBLAS/cuBLASLt, the CUDA runtime and MPI, and holds code for
+#      NCCL, cuBLASLt, the CUDA runtime and MPI, and holds code for
 #      both architectures (cuobjdump);
 #   3. the same train.cu still builds with the C compiler against the CPU
 #      runtime (the CPU suites run it);
@@ -14,7 +14,11 @@
 #      clearly when NVRTC cannot be loaded; fsdpc does not link NVRTC;
 #   5. no_host_sync.py: no host synchronisation between a step's first
 #      all-gather and the optimizer, in every emitted program and the CUDA
-#      runtime's step path, and it catches one planted there;
+#      runtime's step path, and it catches one planted there; with
+#      `offload = cpu` (tests/cuda/tiny_offload.fsd, built and checked like
+#      the examples in 2-4) exactly one host wait, first in the offload
+#      update, and it catches a second one, a sync on the copy-out path and
+#      the offload update reached without the model's offload setting;
 #   6. without a GPU, the CUDA trainer stops with a clear message.
 #
 # Without nvcc (a machine without the CUDA toolkit) it prints a skip line
@@ -38,7 +42,7 @@ bad() { fail=$((fail + 1)); echo "FAIL $1"; [ -n "${2:-}" ] && sed 's/^/     /' 
 warned() { grep -qiE '(^|[^a-z_])warning' "$1"; }
 
 if ! command -v "$NVCC" >/dev/null 2>&1; then
-    echo "skip cuda: $NVCC not found: the CUDA build checks need the CUDA toolkit (nvcc, NCCL, cuBLAS)"
+    echo "skip cuda: $NVCC not found: the CUDA build checks need the CUDA toolkit (nvcc, NCCL, cuBLASLt)"
     echo "0 passed, 0 failed"
     exit 0
 fi
@@ -49,7 +53,8 @@ if ! printf '#include <nccl.h>\n' | "$NVCC" -x cu -E - -o /dev/null >/dev/null 2
     exit 0
 fi
 ARCH=sm_80,sm_90
-examples=(examples/*.fsd)
+# the examples, and tiny with `offload = cpu` (the CUDA backend's offload path)
+examples=(examples/*.fsd tests/cuda/tiny_offload.fsd)
 
 # ── 1. the runtime library (and fsdpc, before the parallel builds below) ──
 if $MAKE --no-print-directory build/fsdpc >"$TMP/fsdpc.log" 2>&1 &&
@@ -139,20 +144,20 @@ for fsd in "${examples[@]}"; do
     model=$(basename "$fsd" .fsd)
     dir=build/$model/cuda
     if [ "$(cat "$TMP/$model.nvcc.st")" != 0 ]; then
-        bad "cuda: $model: nvcc -x cu train.cu for $ARCH, linked with NCCL, cuBLAS, cudart, MPI" "$TMP/$model.nvcc.log"
+        bad "cuda: $model: nvcc -x cu train.cu for $ARCH, linked with NCCL, cuBLASLt, cudart, MPI" "$TMP/$model.nvcc.log"
     elif warned "$TMP/$model.nvcc.log"; then
         bad "cuda: $model: nvcc compiles train.cu, but with warnings" "$TMP/$model.nvcc.log"
     else
         ok "cuda: $model: train.cu compiles with nvcc for $ARCH without warnings and links"
         missing=""
-        for lib in libnccl libcublasLt libcublas libcudart libmpi; do
+        for lib in libnccl libcublasLt libcudart libmpi; do
             grep -q "$lib\.so" "$TMP/$model.elf.log" || missing="$missing $lib"
         done
         for a in sm_80 sm_90; do
             grep -q "$a" "$TMP/$model.elf.log" || missing="$missing code-for-$a"
         done
         if [ -z "$missing" ]; then
-            ok "cuda: $model: the trainer holds sm_80 and sm_90 code and loads NCCL, cuBLASLt, cuBLAS, cudart, MPI"
+            ok "cuda: $model: the trainer holds sm_80 and sm_90 code and loads NCCL, cuBLASLt, cudart, MPI"
         else
             bad "cuda: $model: the trainer lacks:$missing" "$TMP/$model.elf.log"
         fi
@@ -215,7 +220,8 @@ for fsd in "${examples[@]}"; do
     f=build/$(basename "$fsd" .fsd)/cuda/train.cu
     [ -f "$f" ] && trains+=("$f")
 done
-if python3 tests/cuda/no_host_sync.py "${trains[@]}" >"$TMP/sync.log" 2>&1; then
+if python3 tests/cuda/no_host_sync.py "${trains[@]}" >"$TMP/sync.log" 2>&1 &&
+        grep -q 'offload = cpu (1 program(s)): one host wait' "$TMP/sync.log"; then
     ok "cuda: $(tail -n 1 "$TMP/sync.log")"
 else
     bad "cuda: host synchronisation in the step (tests/cuda/no_host_sync.py)" "$TMP/sync.log"
@@ -240,6 +246,38 @@ if [ $st = 1 ] && grep -q 'fsdrt_wait_gather .*cudaStreamSynchronize' "$TMP/plan
     ok "cuda: no_host_sync.py catches a planted cudaStreamSynchronize and an early host wait"
 else
     bad "cuda: no_host_sync.py missed a planted synchronisation (status $st)" "$TMP/planted.log"
+fi
+
+# ... and, with offload, a second host wait in the offload update and a sync
+# on the copy-out path; then the offload update reached without its guard
+off_train=build/tiny_offload/cuda/train.cu
+rm -rf "$TMP/rt"
+cp -r runtime "$TMP/rt"
+cp -r runtime "$TMP/rt_unguarded"
+python3 - "$TMP/rt/cuda.c" "$TMP/rt_unguarded/cuda.c" <<'EOF'
+import sys
+s = open(sys.argv[1]).read()
+a = "    CUDA_CHECK(r, cudaMemcpyAsync(bk->h_stats + 3, bk->d_stats + 3, sizeof(double),\n"
+b = ("        CUDA_CHECK(r, cudaMemcpyAsync(G->grad, from, (size_t)G->shard * sizeof(real),\n"
+     "                                      cudaMemcpyDeviceToHost, bk->d2h));\n")
+c = "    if (r->m->offload_cpu) {\n        host_update(r, lr, t, v);\n"
+assert s.count(a) == 1 and s.count(b) == 1 and s.count(c) == 1, "anchors moved: update tests/cuda/run.sh"
+planted = s.replace(a, "    stream_wait_host(r, bk->compute, \"planted\");\n" + a)
+planted = planted.replace(b, b + "        CUDA_CHECK(r, cudaStreamSynchronize(bk->d2h));\n")
+open(sys.argv[1], "w").write(planted)
+open(sys.argv[2], "w").write(s.replace(c, c.replace("r->m->offload_cpu", "r->m->offload_cpu || r->world > 0")))
+EOF
+python3 tests/cuda/no_host_sync.py --runtime "$TMP/rt" "$off_train" >"$TMP/planted_off.log" 2>&1
+st=$?
+python3 tests/cuda/no_host_sync.py --runtime "$TMP/rt_unguarded" "$off_train" >"$TMP/unguarded.log" 2>&1
+st2=$?
+if [ $st = 1 ] && grep -q 'host_update (the offload update) holds 2 host waits' "$TMP/planted_off.log" &&
+        grep -q 'fsdrt_reduce_scatter .*cudaStreamSynchronize' "$TMP/planted_off.log" &&
+        [ $st2 = 1 ] && grep -q 'host_update (bk_update, before the optimizer) calls host_wait' "$TMP/unguarded.log"; then
+    ok "cuda: no_host_sync.py with offload catches a second host wait, a sync on the copy out, and an unguarded offload update"
+else
+    cat "$TMP/planted_off.log" "$TMP/unguarded.log" >"$TMP/off_both.log" 2>/dev/null
+    bad "cuda: no_host_sync.py missed a planted offload synchronisation (status $st, $st2)" "$TMP/off_both.log"
 fi
 
 # ── 6. no GPU here: a clear message, not a crash ──

@@ -60,6 +60,7 @@ variant tiny_unsharded_keep examples/tiny.fsd "$(shard_set 'accumulate = unshard
 variant tiny_bf16 examples/tiny.fsd "$(shard_set 'mixed_precision(param = bf16, reduce = bf16)')"
 variant tiny_bf16_fp32 examples/tiny.fsd "$(shard_set 'mixed_precision(param = bf16, reduce = fp32)')"
 variant tiny_reduce_bf16 examples/tiny.fsd "$(shard_set 'mixed_precision(param = fp32, reduce = bf16)')"
+variant tiny_offload examples/tiny.fsd "$(shard_set 'offload = cpu')"
 # a shard group of 2 parameters: too small for 3 ranks
 cat >"$OUT/small_group.fsd" <<'EOF'
 model small_group {
@@ -89,6 +90,7 @@ TRAINERS=(
     "tiny_bf16 $OUT/tiny_bf16.fsd cpu"
     "tiny_bf16_fp32 $OUT/tiny_bf16_fp32.fsd cpu"
     "small_group $OUT/small_group.fsd cpu"
+    "tiny_offload $OUT/tiny_offload.fsd cpu"
     "tiny64 examples/tiny.fsd cpu64"
     "tiny_llama64 examples/tiny_llama.fsd cpu64"
     "mlp64 examples/mlp.fsd cpu64"
@@ -177,7 +179,7 @@ else bad "grad check across ReLU kinks: status $st, expected 1" "$TMP/gc.relu"; 
 # same model. Each run is held to fsdpc's plan for the same W, B and
 # grad_accum ($OUT/NAME.wW.fsd: the variant with that train section).
 BK=("" "6 2" "3 2" "2 2" "1 3")   # by W: micro-batch, grad_accum
-for v in tiny tiny_sharded_keep tiny_unsharded tiny_unsharded_keep; do
+for v in tiny tiny_sharded_keep tiny_unsharded tiny_unsharded_keep tiny_offload; do
     src=$OUT/$v.fsd
     [ $v = tiny ] && src=examples/tiny.fsd
     for w in 1 2 3 4; do
@@ -208,6 +210,15 @@ for v in tiny tiny_sharded_keep tiny_unsharded tiny_unsharded_keep; do
             ok "plan order $v, $w rank(s): $res"
         else bad "plan order $v, $w rank(s): $res"; fi
     done
+done
+
+# offload = cpu on the CPU backend: the same numbers as without it, bit for
+# bit (every buffer is host memory already), and a peak without the
+# resident shards, the plan's offload figure (checked above)
+for w in 1 2; do
+    if res=$($CHECK losses "$TMP/tiny.w$w.log" "$TMP/tiny_offload.w$w.log" 0); then
+        ok "offload = cpu on the CPU backend, $w rank(s): the same losses as tiny ($res)"
+    else bad "offload = cpu on the CPU backend, $w rank(s): losses differ from tiny's: $res"; fi
 done
 
 # ── 3. mixed precision ──

@@ -27,7 +27,19 @@
 #      every loss finite, the counted peak within [0.9, 1.3] of the plan
 #      (this version holds unsharded parameters in fp32: docs/cuda.md);
 #   5. no run printed the pool's "did not foresee" note (a cudaMalloc
-#      inside a step).
+#      inside a step);
+#   6. `offload = cpu` (tests/cuda/tiny_offload.fsd: tiny with its shards,
+#      gradients and optimizer state in pinned host memory, the optimizer on
+#      the host): 50 steps against the CPU build at the same seed, held to
+#      2's fp32 tolerances (loss, grad norm, bytes moved); the counted peak
+#      lower than tiny's without offload, and equal to the CPU build's plus
+#      the device gradient accumulators (grad_accum 2: one gradient shard,
+#      the plan's "sharded gradients"); a checkpoint after 10 steps resumed
+#      to 20 equal to 20 straight, exported weights byte for byte (shards
+#      already on the host through bk_to_host / bk_from_host);
+#   7. tests/kernels/test_kernels.c built with nvcc for this GPU and run:
+#      every kernel (the tiled attention included) against its float64
+#      references and finite differences, on the device.
 #
 # Prints one line per check and exits non-zero on any failure. Outputs
 # (logs, data) stay in build/gpu-test for a look afterwards.
@@ -67,6 +79,8 @@ build all
 build trainer FSD=examples/tiny.fsd BACKEND=cuda ARCH=$ARCH
 build trainer FSD=examples/gpt2.fsd BACKEND=cuda ARCH=$ARCH
 build trainer FSD=examples/tiny.fsd BACKEND=cpu
+build trainer FSD=tests/cuda/tiny_offload.fsd BACKEND=cuda ARCH=$ARCH
+build trainer FSD=tests/cuda/tiny_offload.fsd BACKEND=cpu
 build/fsdata synth "$OUT/tiny.bin" --tokens 200000 --seed 1 --vocab 256 >/dev/null
 build/fsdata synth "$OUT/gpt2.bin" --tokens $((GPT2_STEPS * 32 * 1025 + 200000)) --seed 1 --vocab 50257 >/dev/null
 
@@ -201,6 +215,65 @@ EOF
     else
         bad "gpt2: $GPT2_STEPS steps: a loss, or the memory peak against the plan, is off" "$OUT/gpt2.log"
     fi
+fi
+
+# ── 6. offload = cpu: tiny with its shards on the host ──
+off=(--steps 50 --seed 1337 --data "$OUT/tiny.bin" --quiet)
+run tiny_offload_cpu build/tiny_offload/cpu/train "${off[@]}" --log "$OUT/tiny_offload_cpu.jsonl"
+run tiny_offload_gpu env FSD_TF32=0 "${MPIRUN[@]}" -x FSD_TF32 build/tiny_offload/cuda/train "${off[@]}" \
+    --log "$OUT/tiny_offload_gpu.jsonl"
+if [ -s "$OUT/tiny_offload_cpu.jsonl" ] && [ -s "$OUT/tiny_offload_gpu.jsonl" ]; then
+    for spec in "loss 1e-3 1e-5" "grad_norm 1e-2" "comm_bytes 0"; do
+        set -- $spec
+        if msg=$(compare "$OUT/tiny_offload_cpu.jsonl" "$OUT/tiny_offload_gpu.jsonl" "$@"); then
+            ok "tiny, offload = cpu, CPU vs GPU (fp32 products): $msg"
+        else
+            bad "tiny, offload = cpu, CPU vs GPU (fp32 products): $msg"
+        fi
+    done
+    build/fsdpc tests/cuda/tiny_offload.fsd --dump-memory --world 1 >"$OUT/tiny_offload.memory" 2>&1
+    acc=$(awk '/^  sharded gradients/ {gsub(",", "", $4); print $4; exit}' "$OUT/tiny_offload.memory")
+    peak() { python3 -c "import json,sys; print(max(json.loads(l)['mem_peak_bytes'] for l in open(sys.argv[1])))" "$1"; }
+    p_gpu=$(peak "$OUT/tiny_offload_gpu.jsonl")
+    p_cpu=$(peak "$OUT/tiny_offload_cpu.jsonl")
+    p_dev=$( [ -s "$OUT/tiny_gpu_fp32.jsonl" ] && peak "$OUT/tiny_gpu_fp32.jsonl" || echo 0)
+    if [ -n "$acc" ] && [ "$p_gpu" = $((p_cpu + acc)) ] && [ "$p_gpu" -lt "$p_dev" ]; then
+        ok "tiny, offload = cpu: counted device peak $p_gpu bytes = the CPU build's $p_cpu + accumulators $acc, below $p_dev without offload"
+    else
+        bad "tiny, offload = cpu: counted device peak $p_gpu bytes; want the CPU build's $p_cpu + accumulators ${acc:-?}, below $p_dev without offload"
+    fi
+fi
+rm -rf "$OUT/ckpt_off" "$OUT/ckpt_off_resumed"
+if run tiny_offload_straight build/tiny_offload/cuda/train "${ck[@]}" --steps 20 \
+        --log "$OUT/off_straight.jsonl" --export "$OUT/off_straight.safetensors" &&
+    run tiny_offload_first10 build/tiny_offload/cuda/train "${ck[@]}" --steps 20 --ckpt-every 10 \
+        --ckpt-dir "$OUT/ckpt_off" --log "$OUT/off_first.jsonl" &&
+    run tiny_offload_resumed build/tiny_offload/cuda/train "${ck[@]}" --steps 20 \
+        --resume "$OUT/ckpt_off/step_000010" --ckpt-dir "$OUT/ckpt_off_resumed" \
+        --log "$OUT/off_resumed.jsonl" --export "$OUT/off_resumed.safetensors"; then
+    tail -n 10 "$OUT/off_straight.jsonl" >"$OUT/off_straight_last10.jsonl"
+    if msg=$(compare "$OUT/off_straight_last10.jsonl" "$OUT/off_resumed.jsonl" loss 1e-6) &&
+            cmp -s "$OUT/off_straight.safetensors" "$OUT/off_resumed.safetensors"; then
+        ok "tiny, offload = cpu: 10 steps, checkpoint, resume, 10 steps = 20 straight ($msg; exported weights identical)"
+    else
+        bad "tiny, offload = cpu: resume from step 10 differs from 20 straight steps: $msg"
+    fi
+fi
+
+# ── 7. the kernel tests on this GPU ──
+# tests/kernels/test_kernels.c built with nvcc runs every launcher on the
+# device (managed memory) against its float64 references and finite
+# differences: the tiled attention kernels included, which the CPU checks
+# only through the block emulation.
+if nvcc -x cu -O2 -arch="$ARCH" -Iruntime -Itemplates tests/kernels/test_kernels.c \
+        -o "$OUT/test_kernels_cuda" >"$OUT/kernels_build.log" 2>&1; then
+    if timeout 300 "$OUT/test_kernels_cuda" >"$OUT/kernels.log" 2>&1; then
+        ok "kernel tests on the GPU: $(tail -n 1 "$OUT/kernels.log")"
+    else
+        bad "kernel tests on the GPU (status $?)" "$OUT/kernels.log"
+    fi
+else
+    bad "nvcc tests/kernels/test_kernels.c for $ARCH" "$OUT/kernels_build.log"
 fi
 
 # ── 5. no step allocated ──

@@ -7,7 +7,9 @@
 #   2. the same under AddressSanitizer and UBSan;
 #   3. float32 build: the same minus finite differences, float tolerances;
 #   4. float64 again with the GPU's 32-lane warps emulated by OpenMP teams,
-#      so the lane logic the CPU's one-lane warps skip is tested too;
+#      so the lane logic the CPU's one-lane warps skip is tested too, and
+#      its block kernels (the tiled attention) as teams of 128 threads; then
+#      float32 the same way: the tiled attention at the GPU's precision;
 #   5. templates/README.md lists every launcher with its exact signature;
 #      the templates pasted one after another, as fsdpc emits them into
 #      train.cu, compile as C on their own;
@@ -111,9 +113,14 @@ build test_f32 && suite "kernels f32: " "$B/test_f32"
 # The GPU's lane logic (strided loops, warp reductions, lane-0 stores) on a
 # machine without a GPU: tests/kernels/warp_emulation.h. A body that skips a
 # reduction on some lanes hangs there, hence the timeout.
+# Block kernels run as teams of 128 threads the same way (a block barrier
+# is an OpenMP barrier): the GPU's tiled attention, against float64
+# formulas and finite differences, and in float32 against the formulas.
 if [ "$OMP" = -fopenmp ]; then
     build test_warp32 -DFSD_FLOAT64 -DFSD_WARP_EMULATION -Itests/kernels &&
         suite "kernels warp32: " env OMP_WAIT_POLICY=passive timeout 120 "$B/test_warp32"
+    build test_warp32_f32 -DFSD_WARP_EMULATION -Itests/kernels &&
+        suite "kernels warp32 f32: " env OMP_WAIT_POLICY=passive timeout 120 "$B/test_warp32_f32"
 else
     echo "skip kernels warp32: warp emulation needs OpenMP, which $CC lacks"
 fi

@@ -12,7 +12,10 @@
  * reads the output; acc true and parameter gradients add to it), that
  * column reductions and the loss do not depend on the thread count, and
  * that launchers refuse bad arguments. With -DFSD_WARP_EMULATION the row
- * kernels run with 32 lanes, as on the GPU (warp_emulation.h). The same file compiles with nvcc
+ * kernels run with 32 lanes, as on the GPU, and the block kernels (the
+ * GPU's tiled attention) as teams of 128 threads (warp_emulation.h); the
+ * tiled attention is then checked against float64 formulas at ragged tile
+ * shapes, and through finite differences. The same file compiles with nvcc
  * (managed memory, a sync after every launch), so a GPU machine can run it
  * too; run.sh uses that as the CUDA compile check.
  *
@@ -566,8 +569,10 @@ static void backward_checks(void)
     case_embed(40, 11, 130);   /* columns past one CPU tile */
     case_layernorm(3, 5);
     case_layernorm(7, 130);
+    case_layernorm(150, 9);   /* the CPU's several row chunks, a ragged last */
     case_rmsnorm(3, 5);
     case_rmsnorm(7, 130);
+    case_rmsnorm(150, 9);
     case_rope(2, 5, 4, 6, 10000);
     case_rope(1, 9, 2, 8, 500000);
     case_attention(2, 5, 4, 2, 6, true);    /* GQA */
@@ -578,6 +583,14 @@ static void backward_checks(void)
 #ifdef FSD_ATTENTION_BLAS
     case_attention(1, 150, 2, 1, 4, true);  /* several query blocks, a ragged last */
     case_attention(2, 70, 4, 2, 3, false);
+#endif
+#ifdef FSD_BLOCK_EMULATION
+    /* the tiled kernels: tiles of 32 (forward) and 16 (backward) rows,
+     * ragged, at head dims a lane holds 1, 3 and 4 elements of */
+    case_attention(1, 20, 2, 1, 16, true);
+    case_attention(1, 35, 4, 2, 80, false);
+    case_attention(1, 17, 2, 2, 128, true);
+    case_attention(1, 3, 2, 1, FSD_ATTN_HD_MAX + 2, true);   /* past the tiles: the row kernels */
 #endif
     case_unary("gelu", 15, gelu_case_fwd, gelu_case_bwd);
     case_unary("relu", 15, relu_case_fwd, relu_case_bwd);
@@ -733,6 +746,143 @@ static void ref_attention(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t h
     check_err(fmax(err_vs(out, ro, nq), err_vs(lse, rl, B * H * T)), REF_TOL, "reference", name);
 }
 
+#ifdef FSD_ATTN_HD_MAX
+/* dq, dk, dv of attention in float64 from the formulas (attention.h), for
+ * the loss Σ dout·out, D from the exact output; overwritten. */
+static void ref_attention_bwd(double *dq, double *dk, double *dv, const real *dout, const real *q,
+                              const real *k, const real *v, int64_t B, int64_t T, int64_t H,
+                              int64_t KV, int64_t hd, bool causal)
+{
+    double scale = 1 / sqrt((double)hd), *p = new_double(T), *o = new_double(hd);
+    memset(dq, 0, sizeof(double) * (size_t)(B * T * H * hd));
+    memset(dk, 0, sizeof(double) * (size_t)(B * T * KV * hd));
+    memset(dv, 0, sizeof(double) * (size_t)(B * T * KV * hd));
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t t = 0; t < T; t++) {
+                int64_t g = h * KV / H, n = causal ? t + 1 : T;
+                const real *qr = q + ((b * T + t) * H + h) * hd, *dor = dout + ((b * T + t) * H + h) * hd;
+                double m = -INFINITY, sum = 0, D = 0;
+                for (int64_t s = 0; s < n; s++) {
+                    double z = 0;
+                    for (int64_t d = 0; d < hd; d++)
+                        z += (double)qr[d] * k[((b * T + s) * KV + g) * hd + d];
+                    p[s] = z * scale;
+                    m = fmax(m, p[s]);
+                }
+                for (int64_t s = 0; s < n; s++)
+                    sum += p[s] = exp(p[s] - m);
+                memset(o, 0, sizeof(double) * (size_t)hd);
+                for (int64_t s = 0; s < n; s++) {
+                    p[s] /= sum;
+                    for (int64_t d = 0; d < hd; d++)
+                        o[d] += p[s] * v[((b * T + s) * KV + g) * hd + d];
+                }
+                for (int64_t d = 0; d < hd; d++)
+                    D += dor[d] * o[d];
+                for (int64_t s = 0; s < n; s++) {
+                    const real *kr = k + ((b * T + s) * KV + g) * hd, *vr = v + ((b * T + s) * KV + g) * hd;
+                    double dp = 0;
+                    for (int64_t d = 0; d < hd; d++)
+                        dp += (double)dor[d] * vr[d];
+                    double ds = p[s] * (dp - D) * scale;
+                    for (int64_t d = 0; d < hd; d++) {
+                        dq[((b * T + t) * H + h) * hd + d] += ds * kr[d];
+                        dk[((b * T + s) * KV + g) * hd + d] += ds * qr[d];
+                        dv[((b * T + s) * KV + g) * hd + d] += p[s] * dor[d];
+                    }
+                }
+            }
+}
+
+/* The GPU's tiled kernels (what the launchers run for hd up to
+ * FSD_ATTN_HD_MAX): out and lse against the naive float64 formulas; dq,
+ * dk, dv against ref_attention_bwd, with acc false (over NaN) and acc true
+ * (over random values); with `rows`, also against the row kernels they
+ * replace, started directly (slow in the warp emulation: small shapes). */
+static void tiled_vs_ref(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, bool causal,
+                         bool rows)
+{
+    char name[320];
+    int64_t nq = B * T * H * hd, nk = B * T * KV * hd, nl = B * H * T;
+    real *q = rand_real(nq, -1.5, 1.5), *k = rand_real(nk, -1.5, 1.5), *v = rand_real(nk, -1, 1);
+    real *dout = rand_real(nq, -1, 1), *out = new_real(nq), *lse = new_real(nl);
+    double *ro = new_double(nq), *rl = new_double(nl), *S = new_double(T);
+    attention_fwd(out, lse, q, k, v, B, T, H, KV, hd, causal);
+    SYNC();
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t t = 0; t < T; t++) {
+                int64_t g = h * KV / H, n = causal ? t + 1 : T;
+                double m = -INFINITY, sum = 0;
+                for (int64_t s = 0; s < n; s++) {
+                    double z = 0;
+                    for (int64_t d = 0; d < hd; d++)
+                        z += (double)q[((b * T + t) * H + h) * hd + d] * k[((b * T + s) * KV + g) * hd + d];
+                    m = fmax(m, S[s] = z / sqrt((double)hd));
+                }
+                for (int64_t s = 0; s < n; s++)
+                    sum += S[s] = exp(S[s] - m);
+                rl[(b * H + h) * T + t] = m + log(sum);
+                for (int64_t d = 0; d < hd; d++) {
+                    double o = 0;
+                    for (int64_t s = 0; s < n; s++)
+                        o += S[s] / sum * v[((b * T + s) * KV + g) * hd + d];
+                    ro[((b * T + t) * H + h) * hd + d] = o;
+                }
+            }
+    double ef = fmax(err_vs(out, ro, nq), err_vs(lse, rl, nl)), eb = 0, er = 0;
+
+    int64_t n[3] = {nq, nk, nk};
+    real *gt[3], *gr[3];
+    double *ref[3], *old[3];
+    for (int i = 0; i < 3; i++) {
+        gt[i] = new_real(n[i]), gr[i] = new_real(n[i]);
+        ref[i] = new_double(n[i]), old[i] = new_double(n[i]);
+    }
+    ref_attention_bwd(ref[0], ref[1], ref[2], dout, q, k, v, B, T, H, KV, hd, causal);
+    for (int pass = 0; pass < 2; pass++) {
+        bool acc = pass == 1;
+        for (int i = 0; i < 3; i++)
+            for (int64_t j = 0; j < n[i]; j++) {
+                old[i][j] = acc ? uniform(-1, 1) : 0;
+                gt[i][j] = gr[i][j] = acc ? (real)old[i][j] : (real)NAN;
+            }
+        attention_bwd(gt[0], acc, gt[1], acc, gt[2], acc, dout, q, k, v, out, lse, B, T, H, KV,
+                      hd, causal);
+        if (rows) {
+            FSD_RUN_ROWS(attention_bwd_dq, B * H * T,
+                         (gr[0], acc, dout, q, k, v, out, lse, T, H, KV, hd, causal));
+            FSD_RUN_ROWS(attention_bwd_dkv, B * KV * T,
+                         (gr[1], acc, gr[2], acc, dout, q, k, v, out, lse, T, H, KV, hd, causal));
+        }
+        SYNC();
+        /* relative to the largest of the three: at T = 1, dq and dk are 0
+         * up to rounding (p = 1, dp = D) */
+        double num = 0, den = 1e-300, rnum = 0, rden = 1e-300;
+        for (int i = 0; i < 3; i++)
+            for (int64_t j = 0; j < n[i]; j++) {
+                double want = old[i][j] + ref[i][j], d = fabs((double)gt[i][j] - want);
+                num = d <= num ? num : d == d ? d : INFINITY;   /* NaN counts as infinitely wrong */
+                den = fmax(den, fabs(want));
+                if (rows) {
+                    d = fabs((double)gt[i][j] - (double)gr[i][j]);
+                    rnum = d <= rnum ? rnum : d == d ? d : INFINITY;
+                    rden = fmax(rden, fabs((double)gr[i][j]));
+                }
+            }
+        eb = fmax(eb, num / den);
+        er = fmax(er, rnum / rden);
+    }
+    snprintf(name, sizeof name,
+             "attention B=%ld T=%ld H=%ld KV=%ld hd=%ld %s: tiled kernels vs float64 formulas "
+             "(out, lse %.1e; dq, dk, dv with acc false and true %.1e)%s",
+             (long)B, (long)T, (long)H, (long)KV, (long)hd, causal ? "causal" : "non-causal", ef,
+             eb, rows ? " and vs the row kernels" : "");
+    check_err(fmax(fmax(ef, eb), er), REF_TOL, "tiled", name);
+}
+#endif
+
 static double gelu_tanh(double x)
 {
     return 0.5 * x * (1 + tanh(0.7978845608028654 /* √(2/π) */ * (x + 0.044715 * x * x * x)));
@@ -860,6 +1010,20 @@ static void forward_checks(void)
 #ifdef FSD_ATTENTION_BLAS
     ref_attention(2, 150, 4, 2, 8, true);   /* several query blocks, a ragged last */
     ref_attention(1, 130, 2, 2, 16, false);
+#endif
+#ifdef FSD_BLOCK_EMULATION
+    ref_attention(1, 9, 2, 1, FSD_ATTN_HD_MAX + 2, true);   /* past the tiles: the row kernels */
+#endif
+#ifdef FSD_ATTN_HD_MAX
+    /* ragged tiles (32 forward, 16 backward), head dims of 1 to 4 elements a lane */
+    tiled_vs_ref(1, 1, 2, 1, 16, true, true);
+    tiled_vs_ref(2, 7, 4, 2, 32, false, true);
+    tiled_vs_ref(1, 33, 2, 1, 16, false, true);
+    tiled_vs_ref(2, 64, 2, 1, 16, true, false);    /* whole tiles */
+    tiled_vs_ref(1, 70, 4, 2, 64, true, false);    /* GQA */
+    tiled_vs_ref(1, 130, 2, 1, 80, true, false);   /* multi-query */
+    tiled_vs_ref(1, 130, 2, 2, 128, false, false);
+    tiled_vs_ref(1, 70, 3, 3, 128, true, false);
 #endif
     ref_activations();
     ref_elementwise();

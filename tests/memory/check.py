@@ -231,6 +231,16 @@ def check_odd(world):
     expect(f"{tag} largest unsharded gradients", rows.get("largest unsharded gradients"),
            sum(pads) * 4, "every group, fp32")
     expect(f"{tag} largest workspace", rows.get("largest workspace"), 0, "no attention")
+    # The arena holds the activations and their gradients (parameters,
+    # inputs and parameter gradients live elsewhere). Forward: emb.out,
+    # fc1.out, relu, fc2.out, out.out, loss, logits.lse = 7; backward:
+    # d.out.out, d.fc2.out, d.relu, d.fc1.out, d.emb.out = 5; 7 + 5 = 12. A
+    # Linear with a bias is one matmul_bias writing its output directly: the
+    # unbiased x·Wᵀ of fc1, fc2 and out is no tensor (with a separate bias
+    # add it would be, 12 + 3 = 15).
+    m = re.search(r"activation arena, as placed .*?(\d+) tensors", out)
+    expect(f"{tag} arena tensors", int(m.group(1)) if m else None, 12,
+           "7 forward + 5 gradients; no x·Wᵀ tensor for fc1, fc2, out")
 
 
 # ── memory_budget ──

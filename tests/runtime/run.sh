@@ -2,7 +2,8 @@
 # run.sh — the CPU runtime's tests: a hand-written trainer (trainer.c) on
 # 1 to 4 MPI ranks, checked for world-size invariance, counters, the
 # initialisation formula, safetensors round trips, the data order, every
-# user error, traces; the arena placement's unit test; and fsdata.
+# user error, traces; unit tests of the arena placement, the 16-bit
+# conversions and the BLAS products (fsdrt_gemm, fsdrt_gemm_bias); fsdata.
 #
 # It builds what it needs (`make runtime-tests`). Every test prints one
 # line; the last line is "N passed, N failed". Ranks share the cores
@@ -42,8 +43,8 @@ MPIRUN=(mpirun --oversubscribe)
 # mp W CMD...: CMD on W ranks, with a time limit so a hang is a failure
 mp() { local w=$1; shift; timeout 60 "${MPIRUN[@]}" -np "$w" "$@"; }
 
-# ── unit tests: the arena placement, 16-bit float conversions ──
-for unit in test_arena test_half; do
+# ── unit tests: the arena placement, 16-bit float conversions, the products ──
+for unit in test_arena test_half test_gemm; do
     build/runtime/$unit >"$TMP/unit" 2>&1
     st=$?
     while read -r line; do
