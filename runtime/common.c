@@ -1,7 +1,8 @@
 /*
  * common.c — the runtime's backend-independent half: start-up and the
  * trainer's flags, the step loop (learning-rate schedule, clipping, the log
- * line), the trace, counters, and shutdown.
+ * line), the collectives' entry points (the schedule's rules, then the
+ * backend's bk_* hook), the trace, counters, and shutdown.
  *
  * fsdrt_init turns the emitted program's tables and its command line into a
  * running FsdRun: flags override the .fsd train section, shard groups are
@@ -744,6 +745,114 @@ real *fsdrt_grad(FsdRun *r, int param)
 /* fsdrt_idx, fsdrt_targets and fsdrt_positions are the backend's: the
  * kernels read them, so on CUDA they are device copies (bk_inputs). */
 
+/* ── collectives: the schedule's rules ──
+ *
+ * The emitted program's collective calls are checked here, once for every
+ * backend: a call the schedule could not have made (a wait without its
+ * collective, a reshard of a group not gathered, ...) is a bug in the
+ * program, reported with its call site. This file keeps the group's state
+ * (params, grads, gathering, reducing), the byte counters and the trace's
+ * slices; the bk_* hooks do only the backend's work, with the state already
+ * checked. */
+
+void fsdrt_all_gather(FsdRun *r, int g)
+{
+    if (g < 0 || g >= r->m->ngroups)
+        RT_BUG(r, "fsdrt_all_gather: no group %d", g);
+    Group *G = &r->groups[g];
+    const FsdDtype dt = r->m->param_dtype;
+    if (G->gathering)
+        RT_BUG(r, "all-gather of group %s issued again before its wait", r->m->groups[g].name);
+    /* a group gathered again without a reshard reuses its buffer */
+    if (!G->params)
+        G->params = bk_pool_get(r, G->padded * (int64_t)sizeof(real),
+                                bk_unsharded_count(r, G->padded, dt));
+    bk_all_gather(r, g);
+    G->gathering = true;
+    G->gather_t0 = rt_now();
+    r->counters.gather_bytes += (G->padded - G->shard) * dtype_bytes(dt);
+}
+
+void fsdrt_wait_gather(FsdRun *r, int g)
+{
+    if (g < 0 || g >= r->m->ngroups || !r->groups[g].gathering)
+        RT_BUG(r, "fsdrt_wait_gather(%d) without an all-gather in flight", g);
+    Group *G = &r->groups[g];
+    bk_wait_gather(r, g);
+    G->gathering = false;
+    /* host times: from the issue to the wait's return (on CUDA, to the
+     * compute stream's wait being queued) */
+    rt_trace(r, r->m->groups[g].name, "all_gather", 1, G->gather_t0, rt_now(),
+             (G->padded - G->shard) * dtype_bytes(r->m->param_dtype));
+}
+
+void fsdrt_reshard(FsdRun *r, int g)
+{
+    if (g < 0 || g >= r->m->ngroups || !r->groups[g].params || r->groups[g].gathering)
+        RT_BUG(r, "fsdrt_reshard(%d) of a group that is not gathered (or still gathering)", g);
+    Group *G = &r->groups[g];
+    bk_pool_put(r, G->params, bk_unsharded_count(r, G->padded, r->m->param_dtype));
+    G->params = NULL;
+}
+
+void fsdrt_alloc_grads(FsdRun *r, int g)
+{
+    if (g < 0 || g >= r->m->ngroups || r->groups[g].grads)
+        RT_BUG(r, "fsdrt_alloc_grads(%d) of a group whose gradients are already allocated", g);
+    Group *G = &r->groups[g];
+    G->grads = bk_pool_get(r, G->padded * (int64_t)sizeof(real),
+                           bk_unsharded_count(r, G->padded, r->m->reduce_dtype));
+    bk_alloc_grads(r, g);
+}
+
+void fsdrt_reduce_scatter(FsdRun *r, int g)
+{
+    if (g < 0 || g >= r->m->ngroups || !r->groups[g].grads || r->groups[g].reducing)
+        RT_BUG(r, "fsdrt_reduce_scatter(%d) without gradients, or with one in flight", g);
+    Group *G = &r->groups[g];
+    bk_reduce_scatter(r, g);
+    G->reducing = true;
+    G->reduce_t0 = rt_now();
+    r->counters.reduce_bytes += (G->padded - G->shard) * dtype_bytes(r->m->reduce_dtype);
+}
+
+void fsdrt_wait_reduce(FsdRun *r, int g)
+{
+    if (g < 0 || g >= r->m->ngroups || !r->groups[g].reducing)
+        RT_BUG(r, "fsdrt_wait_reduce(%d) without a reduce-scatter in flight", g);
+    Group *G = &r->groups[g];
+    bk_wait_reduce(r, g);
+    G->reducing = false;
+    rt_trace(r, r->m->groups[g].name, "reduce_scatter", 2, G->reduce_t0, rt_now(),
+             (G->padded - G->shard) * dtype_bytes(r->m->reduce_dtype));
+}
+
+void fsdrt_free_grads(FsdRun *r, int g)
+{
+    if (g < 0 || g >= r->m->ngroups || !r->groups[g].grads || r->groups[g].reducing)
+        RT_BUG(r, "fsdrt_free_grads(%d) of gradients not allocated, or still reducing", g);
+    Group *G = &r->groups[g];
+    bk_pool_put(r, G->grads, bk_unsharded_count(r, G->padded, r->m->reduce_dtype));
+    G->grads = NULL;
+}
+
+/* Collective state left over at the end of a step is a schedule bug. */
+static void check_idle(FsdRun *r)
+{
+    for (int g = 0; g < r->m->ngroups; g++) {
+        const Group *G = &r->groups[g];
+        const char *what = G->gathering  ? "an all-gather in flight"
+                           : G->reducing ? "a reduce-scatter in flight"
+                           : G->grads    ? "unsharded gradients allocated"
+                           : G->params   ? "unsharded parameters gathered"
+                                         : NULL;
+        if (what)
+            RT_BUG(r, "fsdrt_end_step: group %s still has %s; the optimizer would update "
+                      "shards the step has not finished with",
+                   r->m->groups[g].name, what);
+    }
+}
+
 /* ── --grad-check ── */
 
 /* Forward and backward of step r->step's batch with the master shards as
@@ -755,7 +864,7 @@ static double check_step(FsdRun *r, FsdStepFn step)
     r->in_step = true;
     r->loss_sum = 0;
     step(r);
-    bk_check_idle(r);
+    check_idle(r);
     r->in_step = false;
     double loss = r->loss_sum;
     bk_allreduce_sum(r, &loss, 1);
@@ -947,7 +1056,7 @@ void fsdrt_end_step(FsdRun *r)
 {
     if (!r->in_step)
         RT_BUG(r, "fsdrt_end_step outside a step");
-    bk_check_idle(r);
+    check_idle(r);
     const FsdTrainConfig *c = &r->cfg;
 
     /* the step's loss (mean over every micro-batch of every rank) and the

@@ -43,12 +43,10 @@ typedef struct Pooled {
     bool out;
 } Pooled;
 
-/* Collective state of one group. */
+/* A group's collectives in flight (common.c keeps which are). */
 typedef struct GroupComm {
     MPI_Request gather, reduce;
-    bool gathering, reducing;
     uint16_t *wire;          /* 2-byte all-gather buffer while gathering */
-    double gather_t0, reduce_t0;
 } GroupComm;
 
 struct Backend {
@@ -458,26 +456,22 @@ static void round_to(FsdDtype dt, real *x, int64_t n)
 
 /* ── parameters: all-gather ── */
 
-void fsdrt_all_gather(FsdRun *r, int g)
+/* The 2-byte buffer is what a GPU would hold; the fp32 copy the kernels
+ * read is the emulation's, so an unsharded buffer counts as its dtype. */
+int64_t bk_unsharded_count(FsdRun *r, int64_t n, FsdDtype dt) { return n * dtype_bytes(dt); }
+
+void bk_all_gather(FsdRun *r, int g)
 {
-    if (g < 0 || g >= r->m->ngroups)
-        RT_BUG(r, "fsdrt_all_gather: no group %d", g);
     Group *G = &r->groups[g];
     GroupComm *c = &r->bk->gc[g];
     FsdDtype dt = r->m->param_dtype;
-    if (c->gathering)
-        RT_BUG(r, "all-gather of group %s issued again before its wait", r->m->groups[g].name);
-    /* a group gathered again without a reshard reuses its buffer */
-    if (!G->params)
-        G->params = bk_pool_get(r, G->padded * (int64_t)sizeof(real), G->padded * dtype_bytes(dt));
     int n = count_of(r, G->shard, "a shard");
     if (dt == FSD_FP32) {
         memcpy(G->params + G->lo, G->master, (size_t)G->shard * sizeof(real));
         MPI_CHECK(r, MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, G->params, n, MPI_REAL_T,
                                     r->bk->comm, &c->gather));
     } else {
-        /* the 2-byte buffer is what a GPU would hold; the fp32 copy the
-         * kernels read is the emulation's, so only the first is counted */
+        /* the wire buffer is not counted: the fp32 one stands for it */
         c->wire = bk_pool_get(r, G->padded * 2, 0);
         uint16_t *own = c->wire + G->lo;
 #pragma omp parallel for schedule(static)
@@ -486,15 +480,10 @@ void fsdrt_all_gather(FsdRun *r, int g)
         MPI_CHECK(r, MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, c->wire, n, MPI_UINT16_T,
                                     r->bk->comm, &c->gather));
     }
-    c->gathering = true;
-    c->gather_t0 = rt_now();
-    r->counters.gather_bytes += (G->padded - G->shard) * dtype_bytes(dt);
 }
 
-void fsdrt_wait_gather(FsdRun *r, int g)
+void bk_wait_gather(FsdRun *r, int g)
 {
-    if (g < 0 || g >= r->m->ngroups || !r->bk->gc[g].gathering)
-        RT_BUG(r, "fsdrt_wait_gather(%d) without an all-gather in flight", g);
     Group *G = &r->groups[g];
     GroupComm *c = &r->bk->gc[g];
     MPI_CHECK(r, MPI_Wait(&c->gather, MPI_STATUS_IGNORE));
@@ -506,93 +495,41 @@ void fsdrt_wait_gather(FsdRun *r, int g)
         bk_pool_put(r, c->wire, 0);
         c->wire = NULL;
     }
-    c->gathering = false;
-    rt_trace(r, r->m->groups[g].name, "all_gather", 1, c->gather_t0, rt_now(),
-             (G->padded - G->shard) * dtype_bytes(r->m->param_dtype));
-}
-
-void fsdrt_reshard(FsdRun *r, int g)
-{
-    if (g < 0 || g >= r->m->ngroups || !r->groups[g].params || r->bk->gc[g].gathering)
-        RT_BUG(r, "fsdrt_reshard(%d) of a group that is not gathered (or still gathering)", g);
-    Group *G = &r->groups[g];
-    bk_pool_put(r, G->params, G->padded * dtype_bytes(r->m->param_dtype));
-    G->params = NULL;
 }
 
 /* ── gradients: reduce-scatter ── */
 
-void fsdrt_alloc_grads(FsdRun *r, int g)
+void bk_alloc_grads(FsdRun *r, int g)
 {
-    if (g < 0 || g >= r->m->ngroups || r->groups[g].grads)
-        RT_BUG(r, "fsdrt_alloc_grads(%d) of a group whose gradients are already allocated", g);
     Group *G = &r->groups[g];
-    G->grads = bk_pool_get(r, G->padded * (int64_t)sizeof(real),
-                           G->padded * dtype_bytes(r->m->reduce_dtype));
     memset(G->grads, 0, (size_t)G->padded * sizeof(real));
 }
 
-void fsdrt_reduce_scatter(FsdRun *r, int g)
+void bk_reduce_scatter(FsdRun *r, int g)
 {
-    if (g < 0 || g >= r->m->ngroups || !r->groups[g].grads || r->bk->gc[g].reducing)
-        RT_BUG(r, "fsdrt_reduce_scatter(%d) without gradients, or with one in flight", g);
     Group *G = &r->groups[g];
     GroupComm *c = &r->bk->gc[g];
-    FsdDtype dt = r->m->reduce_dtype;
     /* bf16/fp16 reduction, emulated: every rank's values are rounded to the
      * dtype, summed in fp32 (MPI has no 16-bit float sum) and the sum
      * rounded again in the wait; a GPU ring rounds after every hop, so the
      * two agree to the dtype's precision, not bit for bit */
-    round_to(dt, G->grads, G->padded);
+    round_to(r->m->reduce_dtype, G->grads, G->padded);
     MPI_CHECK(r, MPI_Ireduce_scatter_block(MPI_IN_PLACE, G->grads, count_of(r, G->shard, "a shard"),
                                            MPI_REAL_T, MPI_SUM, r->bk->comm, &c->reduce));
-    c->reducing = true;
-    c->reduce_t0 = rt_now();
-    r->counters.reduce_bytes += (G->padded - G->shard) * dtype_bytes(dt);
 }
 
-void fsdrt_wait_reduce(FsdRun *r, int g)
+void bk_wait_reduce(FsdRun *r, int g)
 {
-    if (g < 0 || g >= r->m->ngroups || !r->bk->gc[g].reducing)
-        RT_BUG(r, "fsdrt_wait_reduce(%d) without a reduce-scatter in flight", g);
     Group *G = &r->groups[g];
     GroupComm *c = &r->bk->gc[g];
     MPI_CHECK(r, MPI_Wait(&c->reduce, MPI_STATUS_IGNORE));
-    c->reducing = false;
-    FsdDtype dt = r->m->reduce_dtype;
-    round_to(dt, G->grads, G->shard);
+    round_to(r->m->reduce_dtype, G->grads, G->shard);
     /* averaged over ranks, accumulated over micro-batches */
     const real world = (real)r->world;
     real *sum = G->grads, *shard = G->grad;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < G->shard; i++)
         shard[i] += sum[i] / world;
-    rt_trace(r, r->m->groups[g].name, "reduce_scatter", 2, c->reduce_t0, rt_now(),
-             (G->padded - G->shard) * dtype_bytes(dt));
-}
-
-void fsdrt_free_grads(FsdRun *r, int g)
-{
-    if (g < 0 || g >= r->m->ngroups || !r->groups[g].grads || r->bk->gc[g].reducing)
-        RT_BUG(r, "fsdrt_free_grads(%d) of gradients not allocated, or still reducing", g);
-    Group *G = &r->groups[g];
-    bk_pool_put(r, G->grads, G->padded * dtype_bytes(r->m->reduce_dtype));
-    G->grads = NULL;
-}
-
-void bk_check_idle(FsdRun *r)
-{
-    for (int g = 0; g < r->m->ngroups; g++) {
-        const char *what = r->bk->gc[g].gathering  ? "an all-gather in flight"
-                           : r->bk->gc[g].reducing ? "a reduce-scatter in flight"
-                           : r->groups[g].grads    ? "unsharded gradients allocated"
-                           : r->groups[g].params   ? "unsharded parameters gathered"
-                                                   : NULL;
-        if (what)
-            RT_BUG(r, "fsdrt_end_step: group %s still has %s; the optimizer would update "
-                      "shards the step has not finished with",
-                   r->m->groups[g].name, what);
-    }
 }
 
 /* ── compute ── */

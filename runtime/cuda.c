@@ -109,11 +109,9 @@ typedef struct Pooled {
     bool out;
 } Pooled;
 
-/* Collective state of one group. */
+/* A group's collectives in flight (common.c keeps which are). */
 typedef struct GroupComm {
     cudaEvent_t gathered, reduced;   /* recorded after the collective and its cast */
-    bool gathering, reducing;
-    double gather_t0, reduce_t0;
     /* offload = cpu: the master shard's copy in (h2d), the reduce-scatter's
      * end (the copy out waits on it), the reduce-scatters of this step, and
      * the device accumulator of the gradient (grad_accum > 1 only) */
@@ -1256,20 +1254,19 @@ void fsdrt_add_loss_tensor(FsdRun *r, const real *loss)
 
 static ncclDataType_t wire_type(FsdDtype dt) { return dt == FSD_BF16 ? ncclBfloat16 : ncclFloat16; }
 
-void fsdrt_all_gather(FsdRun *r, int g)
+/* Unsharded buffers are fp32 on the device whatever the wire's dtype (the
+ * 16-bit wire buffers are bk_ready's, counted there). */
+int64_t bk_unsharded_count(FsdRun *r, int64_t n, FsdDtype dt)
 {
-    if (g < 0 || g >= r->m->ngroups)
-        RT_BUG(r, "fsdrt_all_gather: no group %d", g);
+    return n * (int64_t)sizeof(real);
+}
+
+void bk_all_gather(FsdRun *r, int g)
+{
     Backend *bk = r->bk;
     Group *G = &r->groups[g];
     GroupComm *c = &bk->gc[g];
     const FsdDtype dt = r->m->param_dtype;
-    if (c->gathering)
-        RT_BUG(r, "all-gather of group %s issued again before its wait", r->m->groups[g].name);
-    /* a group gathered again without a reshard reuses its buffer */
-    const int64_t bytes = G->padded * (int64_t)sizeof(real);
-    if (!G->params)
-        G->params = bk_pool_get(r, bytes, bytes);
     const real *own = G->master;
     if (bk->offload) {
         /* the host's master shard comes in on its own stream, into this
@@ -1297,50 +1294,25 @@ void fsdrt_all_gather(FsdRun *r, int g)
         CUDA_CHECK(r, cu_widen(G->params, bk->wire_ag, G->padded, bf16, bk->gather));
     }
     CUDA_CHECK(r, cudaEventRecord(c->gathered, bk->gather));
-    c->gathering = true;
-    c->gather_t0 = rt_now();
-    r->counters.gather_bytes += (G->padded - G->shard) * dtype_bytes(dt);
 }
 
-void fsdrt_wait_gather(FsdRun *r, int g)
+void bk_wait_gather(FsdRun *r, int g)
 {
-    if (g < 0 || g >= r->m->ngroups || !r->bk->gc[g].gathering)
-        RT_BUG(r, "fsdrt_wait_gather(%d) without an all-gather in flight", g);
     Backend *bk = r->bk;
-    Group *G = &r->groups[g];
     GroupComm *c = &bk->gc[g];
     CUDA_CHECK(r, cudaStreamWaitEvent(bk->compute, c->gathered, 0));
-    c->gathering = false;
-    /* host times: from the issue to the compute stream's wait being queued */
-    rt_trace(r, r->m->groups[g].name, "all_gather", 1, c->gather_t0, rt_now(),
-             (G->padded - G->shard) * dtype_bytes(r->m->param_dtype));
-}
-
-void fsdrt_reshard(FsdRun *r, int g)
-{
-    if (g < 0 || g >= r->m->ngroups || !r->groups[g].params || r->bk->gc[g].gathering)
-        RT_BUG(r, "fsdrt_reshard(%d) of a group that is not gathered (or still gathering)", g);
-    Group *G = &r->groups[g];
-    bk_pool_put(r, G->params, G->padded * (int64_t)sizeof(real));
-    G->params = NULL;
 }
 
 /* ── gradients: reduce-scatter ── */
 
-void fsdrt_alloc_grads(FsdRun *r, int g)
+void bk_alloc_grads(FsdRun *r, int g)
 {
-    if (g < 0 || g >= r->m->ngroups || r->groups[g].grads)
-        RT_BUG(r, "fsdrt_alloc_grads(%d) of a group whose gradients are already allocated", g);
     Group *G = &r->groups[g];
-    const int64_t bytes = G->padded * (int64_t)sizeof(real);
-    G->grads = bk_pool_get(r, bytes, bytes);
-    CUDA_CHECK(r, cudaMemsetAsync(G->grads, 0, (size_t)bytes, r->bk->compute));
+    CUDA_CHECK(r, cudaMemsetAsync(G->grads, 0, (size_t)G->padded * sizeof(real), r->bk->compute));
 }
 
-void fsdrt_reduce_scatter(FsdRun *r, int g)
+void bk_reduce_scatter(FsdRun *r, int g)
 {
-    if (g < 0 || g >= r->m->ngroups || !r->groups[g].grads || r->bk->gc[g].reducing)
-        RT_BUG(r, "fsdrt_reduce_scatter(%d) without gradients, or with one in flight", g);
     Backend *bk = r->bk;
     Group *G = &r->groups[g];
     GroupComm *c = &bk->gc[g];
@@ -1380,46 +1352,13 @@ void fsdrt_reduce_scatter(FsdRun *r, int g)
         CUDA_CHECK(r, cudaEventRecord(c->reduced, bk->d2h));
     } else
         CUDA_CHECK(r, cudaEventRecord(c->reduced, bk->reduce));
-    c->reducing = true;
-    c->reduce_t0 = rt_now();
-    r->counters.reduce_bytes += (G->padded - G->shard) * dtype_bytes(dt);
 }
 
-void fsdrt_wait_reduce(FsdRun *r, int g)
+void bk_wait_reduce(FsdRun *r, int g)
 {
-    if (g < 0 || g >= r->m->ngroups || !r->bk->gc[g].reducing)
-        RT_BUG(r, "fsdrt_wait_reduce(%d) without a reduce-scatter in flight", g);
     Backend *bk = r->bk;
-    Group *G = &r->groups[g];
     GroupComm *c = &bk->gc[g];
     CUDA_CHECK(r, cudaStreamWaitEvent(bk->compute, c->reduced, 0));
-    c->reducing = false;
-    rt_trace(r, r->m->groups[g].name, "reduce_scatter", 2, c->reduce_t0, rt_now(),
-             (G->padded - G->shard) * dtype_bytes(r->m->reduce_dtype));
-}
-
-void fsdrt_free_grads(FsdRun *r, int g)
-{
-    if (g < 0 || g >= r->m->ngroups || !r->groups[g].grads || r->bk->gc[g].reducing)
-        RT_BUG(r, "fsdrt_free_grads(%d) of gradients not allocated, or still reducing", g);
-    Group *G = &r->groups[g];
-    bk_pool_put(r, G->grads, G->padded * (int64_t)sizeof(real));
-    G->grads = NULL;
-}
-
-void bk_check_idle(FsdRun *r)
-{
-    for (int g = 0; g < r->m->ngroups; g++) {
-        const char *what = r->bk->gc[g].gathering  ? "an all-gather in flight"
-                           : r->bk->gc[g].reducing ? "a reduce-scatter in flight"
-                           : r->groups[g].grads    ? "unsharded gradients allocated"
-                           : r->groups[g].params   ? "unsharded parameters gathered"
-                                                   : NULL;
-        if (what)
-            RT_BUG(r, "fsdrt_end_step: group %s still has %s; the optimizer would update "
-                      "shards the step has not finished with",
-                   r->m->groups[g].name, what);
-    }
 }
 
 /* ── compute ── */

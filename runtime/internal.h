@@ -6,10 +6,12 @@
  *
  * common.c holds everything that is the same on every backend: flags, the
  * data loader, initialisation, the learning-rate schedule, logging,
- * safetensors, the trace, counters. The backend owns communication, the
- * unsharded buffers and every loop over a shard's elements (the optimizer,
- * the gradient norm), because on the GPU those are kernels; optim.c holds
- * the host version both backends use when the shards are host memory.
+ * safetensors, the trace, counters, and the collectives' entry points
+ * (their checks against the schedule, the group's state). The backend owns
+ * communication, the unsharded buffers and every loop over a shard's
+ * elements (the optimizer, the gradient norm), because on the GPU those are
+ * kernels; optim.c holds the host version both backends use when the
+ * shards are host memory.
  * Shards are host memory on the CPU backend and device memory on CUDA
  * (pinned host memory with `offload = cpu`); code outside the backend
  * reaches them through bk_to_host and bk_from_host.
@@ -41,6 +43,10 @@ typedef struct Group {
     int nseg;
     real *params;            /* unsharded parameters while gathered, else NULL */
     real *grads;             /* unsharded gradients while allocated, else NULL */
+    /* a collective issued and not yet waited for, and when it was issued
+     * (the trace's slice); common.c keeps them, the backend its handles */
+    bool gathering, reducing;
+    double gather_t0, reduce_t0;
 } Group;
 
 /* A token file (llm.c's format), mapped read-only. */
@@ -262,8 +268,26 @@ void bk_free_shard(FsdRun *r, void *p, int64_t bytes);
 void *bk_pool_get(FsdRun *r, int64_t bytes, int64_t count);
 void bk_pool_put(FsdRun *r, void *p, int64_t count);
 
-/* Collective state left over at the end of a step is a schedule bug. */
-void bk_check_idle(FsdRun *r);
+/* The collectives behind fsdrt_all_gather ... fsdrt_free_grads: common.c
+ * checks each call against the schedule's rules, keeps the group's state,
+ * the byte counters and the trace, and calls these for the backend's work
+ * alone, the state already checked. */
+/* What an unsharded buffer of n elements in dtype dt counts while it is out
+ * of the pool (bk_pool_get's count). */
+int64_t bk_unsharded_count(FsdRun *r, int64_t n, FsdDtype dt);
+/* G->params (from the pool, or still gathered) is the destination: start
+ * group g's all-gather of its master shards. */
+void bk_all_gather(FsdRun *r, int g);
+/* After it, compute may read G->params. */
+void bk_wait_gather(FsdRun *r, int g);
+/* G->grads is fresh from the pool: zero it. */
+void bk_alloc_grads(FsdRun *r, int g);
+/* Starts the reduce-scatter of G->grads. */
+void bk_reduce_scatter(FsdRun *r, int g);
+/* After it, the result is averaged over ranks and added into the grad shard
+ * (on CUDA: for what the compute stream runs next), and G->grads may go
+ * back to the pool. */
+void bk_wait_reduce(FsdRun *r, int g);
 
 /* ── the backend, for common.c: what a GPU needs besides ──
  *

@@ -17,15 +17,7 @@
 DEVICE void reduce_to_cols(int64_t j0, int64_t j1, real *dst, bool acc, const real *src,
                            int64_t rows, int64_t C)
 {
-    real s[FSD_COL_TILE];
-    for (int64_t j = j0; j < j1; j++)
-        s[j - j0] = 0;
-    for (int64_t r = 0; r < rows; r++)
-        FSD_SIMD
-        for (int64_t j = j0; j < j1; j++)
-            s[j - j0] += src[r * C + j];
-    for (int64_t j = j0; j < j1; j++)
-        fsd_store(&dst[j], s[j - j0], acc);
+    fsd_col_sum(j0, j1, dst, acc, src, rows, C);
 }
 FSD_COL_KERNEL(reduce_to, (real *dst, bool acc, const real *src, int64_t rows, int64_t C),
                (dst, acc, src, rows, C))

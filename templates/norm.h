@@ -134,20 +134,6 @@ DEVICE void layernorm_bwd_chunk(int64_t c, real *part, real *dx, bool acc, const
     }
 }
 
-/* dst[j] += Σ_c part[c·ld + j] for j in [j0, j1), over the chunks in order */
-DEVICE void fsd_norm_sum_partials(int64_t j0, int64_t j1, real *dst, const real *part,
-                                  int64_t chunks, int64_t ld)
-{
-    real s[FSD_COL_TILE];
-    for (int64_t j = j0; j < j1; j++)
-        s[j - j0] = 0;
-    for (int64_t c = 0; c < chunks; c++)
-        FSD_SIMD
-        for (int64_t j = j0; j < j1; j++)
-            s[j - j0] += part[c * ld + j];
-    for (int64_t j = j0; j < j1; j++)
-        dst[j] += s[j - j0];
-}
 #endif
 
 LAUNCHER void layernorm_bwd(real *dx, bool acc, real *dw, real *db, const real *dy,
@@ -168,8 +154,8 @@ LAUNCHER void layernorm_bwd(real *dx, bool acc, real *dw, real *db, const real *
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < tiles; t++) {
             int64_t j0 = t * FSD_COL_TILE, j1 = j0 + FSD_COL_TILE < C ? j0 + FSD_COL_TILE : C;
-            fsd_norm_sum_partials(j0, j1, dw, part, chunks, 2 * C);
-            fsd_norm_sum_partials(j0, j1, db, part + C, chunks, 2 * C);
+            fsd_col_sum(j0, j1, dw, true, part, chunks, 2 * C);
+            fsd_col_sum(j0, j1, db, true, part + C, chunks, 2 * C);
         }
     }
     free(part);
@@ -287,7 +273,7 @@ LAUNCHER void rmsnorm_bwd(real *dx, bool acc, real *dw, const real *dy, const re
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < tiles; t++) {
             int64_t j0 = t * FSD_COL_TILE, j1 = j0 + FSD_COL_TILE < C ? j0 + FSD_COL_TILE : C;
-            fsd_norm_sum_partials(j0, j1, dw, part, chunks, C);
+            fsd_col_sum(j0, j1, dw, true, part, chunks, C);
         }
     }
     free(part);

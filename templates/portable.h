@@ -449,6 +449,23 @@ DEVICE void fsd_store(real *p, real v, bool acc)
 DEVICE void fsd_store(real *p, real v, bool acc) { *p = acc ? *p + v : v; }
 #endif
 
+/* dst[j] (+)= Σ_r src[r·ld + j] for j in [j0, j1) (a column kernel's tile),
+ * rows summed in order: the column sum of reduce_to and bias_bwd, and of
+ * the norms' per-chunk partial rows. */
+DEVICE void fsd_col_sum(int64_t j0, int64_t j1, real *dst, bool acc, const real *src, int64_t rows,
+                        int64_t ld)
+{
+    real s[FSD_COL_TILE];
+    for (int64_t j = j0; j < j1; j++)
+        s[j - j0] = 0;
+    for (int64_t r = 0; r < rows; r++)
+        FSD_SIMD
+        for (int64_t j = j0; j < j1; j++)
+            s[j - j0] += src[r * ld + j];
+    for (int64_t j = j0; j < j1; j++)
+        fsd_store(&dst[j], s[j - j0], acc);
+}
+
 /* Host-side check that every index in idx[0, n) lies in [0, bound): token
  * ids and targets. The GPU cannot read device memory here; its kernels
  * trap instead. */

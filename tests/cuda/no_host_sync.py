@@ -17,16 +17,18 @@ What it reads, and so what it proves:
      functions (`step` and every `micro_*`) call only the kernel launchers
      defined in the file and fsdrt_* functions: those are the roots of 2.
 
-  2. The CUDA runtime (runtime/*.c of the CUDA library, cuda.c in
-     particular): every function reachable from those roots through calls to
-     functions defined in these files holds none of the calls above, no
+  2. The CUDA runtime (runtime/*.c of the CUDA library: common.c holds the
+     collectives' entry points, which call cuda.c's bk_* hooks): every
+     function reachable from those roots through calls to functions defined
+     in these files holds none of the calls above, no
      MPI call, and neither of the runtime's own host waits (host_wait,
      stream_wait_host). Functions that never return (the error exits:
      bk_abort, failed, rt_bug, ...) are not followed: they end the process.
      One cold path is allowed and named here: pool_grow, which a step
      reaches only when the start-up replay of the schedule's buffer events
      missed a buffer, and which then prints a note (tests/gpu/run.sh fails
-     on that note).
+     on that note). A finding names the path from the step's entry point
+     (fsdrt_wait_gather → bk_wait_gather).
 
   3. Host buffers of asynchronous copies on that path are pinned: every
      cudaMemcpyAsync reachable from the step names its host side as a
@@ -34,9 +36,10 @@ What it reads, and so what it proves:
      with cudaMallocHost somewhere (a copy from pageable memory may
      synchronise).
 
-  4. The step's end: fsdrt_end_step (common.c) reaches the backend only
-     through bk_check_idle, which must be clean, and bk_update, whose first
-     host wait comes after its last optimizer launch (cu_adamw / cu_sgd).
+  4. The step's end: what fsdrt_end_step (common.c) calls before bk_update
+     (the check that no collective is left in flight) must be clean, and
+     bk_update's first host wait comes after its last optimizer launch
+     (cu_adamw / cu_sgd).
 
   5. `offload = cpu` (docs/cuda.md): the optimizer runs on the host, so the
      update must wait for the step once. That wait is allowed only behind
@@ -180,26 +183,37 @@ def runtime_sources():
 
 
 def reach(fns, roots):
-    seen, todo = set(), [r for r in roots if r in fns]
+    """The functions reachable from roots, each mapped to the one it was
+    first reached from (None for a root)."""
+    seen, todo = {}, [(r, None) for r in sorted(roots) if r in fns]
     while todo:
-        f = todo.pop()
+        f, parent = todo.pop(0)
         if f in seen:
             continue
-        seen.add(f)
+        seen[f] = parent
         body, noreturn = fns[f]
-        for c in calls(body):
+        for c in sorted(calls(body)):
             if c in fns and c not in seen and c not in COLD and not fns[c][1]:
-                todo.append(c)
+                todo.append((c, f))
     return seen
+
+
+def path_to(seen, f):
+    """root → ... → f, through the functions reach found them from"""
+    path = [f]
+    while seen[path[-1]] is not None:
+        path.append(seen[path[-1]])
+    return " → ".join(reversed(path))
 
 
 def check_clean(fns, where, names, why):
     for f in sorted(names):
         body = fns[f][0]
+        via = why if names[f] is None else f"{why}: {path_to(names, f)}"
         for pat, what in ((SYNC, "a synchronising CUDA call"), (HOST_WAIT, "a host wait"),
                           (MPI, "an MPI call")):
             for m in pat.finditer(body):
-                fail(f"runtime/{where[f]}: {f} ({why}) calls {m.group(0).rstrip('(').strip()}: {what}")
+                fail(f"runtime/{where[f]}: {f} ({via}) calls {m.group(0).rstrip('(').strip()}: {what}")
 
 
 def shards_pinned(fns):
@@ -267,7 +281,7 @@ def check_offload(fns, where, name):
     later = set()
     for c in calls(after[w.end() - w.start():]):
         if c in fns and c not in COLD and not fns[c][1]:
-            later |= reach(fns, {c})
+            later |= set(reach(fns, {c}))
     for f in sorted(later - WAITS):
         for m in SYNC.finditer(fns[f][0]):
             fail(f"runtime/{where[f]}: {f} (after the offload update's wait) calls {m.group(1)}")
@@ -289,13 +303,15 @@ def main(paths):
     check_clean(fns, where, step_path, "on the step's path")
     check_pinned(fns, where, step_path)
 
-    # the step's end: fsdrt_end_step reaches the backend through bk_check_idle and bk_update
+    # the step's end: what fsdrt_end_step calls before bk_update, then bk_update
     end = fns.get("fsdrt_end_step")
     offload = None
-    if not end or "bk_update" not in fns:
-        fail("fsdrt_end_step or bk_update not found")
+    if not end or "bk_update" not in fns or not re.search(r"\bbk_update\s*\(", end[0]):
+        fail("fsdrt_end_step, or its call of bk_update, not found")
     else:
-        check_clean(fns, where, reach(fns, {"bk_check_idle"}), "before the optimizer")
+        before_update = end[0][:re.search(r"\bbk_update\s*\(", end[0]).start()]
+        first = {c for c in calls(before_update) if c in fns and c not in COLD and not fns[c][1]}
+        check_clean(fns, where, reach(fns, first), "fsdrt_end_step, before the optimizer")
         body = fns["bk_update"][0]
         branch = OFFLOAD_BRANCH.match(body)
         if branch:   # 5: the offload update, on its own; the device path as before

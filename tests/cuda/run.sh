@@ -226,24 +226,30 @@ if python3 tests/cuda/no_host_sync.py "${trains[@]}" >"$TMP/sync.log" 2>&1 &&
 else
     bad "cuda: host synchronisation in the step (tests/cuda/no_host_sync.py)" "$TMP/sync.log"
 fi
-# ... and it sees one planted in fsdrt_wait_gather, and a host wait before the optimizer
+# ... and it sees one planted behind fsdrt_wait_gather (common.c) in its
+# backend hook, an MPI call in fsdrt_end_step's idle check, and a host wait
+# before the optimizer
 cp -r runtime "$TMP/rt"
-python3 - "$TMP/rt/cuda.c" <<'EOF'
+python3 - "$TMP/rt/cuda.c" "$TMP/rt/common.c" <<'EOF'
 import sys
-p = sys.argv[1]
-s = open(p).read()
+p, q = sys.argv[1], sys.argv[2]
+s, t = open(p).read(), open(q).read()
 a = "    CUDA_CHECK(r, cudaStreamWaitEvent(bk->compute, c->gathered, 0));\n"
 b = "    const double *coef = bk->d_stats + 2;\n"
-assert s.count(a) == 1 and s.count(b) == 1, "anchors moved: update tests/cuda/run.sh"
+c = "        const Group *G = &r->groups[g];\n        const char *what = "
+assert s.count(a) == 1 and s.count(b) == 1 and t.count(c) == 1, "anchors moved: update tests/cuda/run.sh"
 s = s.replace(a, a + "    CUDA_CHECK(r, cudaStreamSynchronize(bk->compute));\n")
 s = s.replace(b, b + "    stream_wait_host(r, s, \"planted\");\n")
+t = t.replace(c, "        MPI_Barrier(MPI_COMM_WORLD);\n" + c)
 open(p, "w").write(s)
+open(q, "w").write(t)
 EOF
 python3 tests/cuda/no_host_sync.py --runtime "$TMP/rt" "${trains[0]}" >"$TMP/planted.log" 2>&1
 st=$?
-if [ $st = 1 ] && grep -q 'fsdrt_wait_gather .*cudaStreamSynchronize' "$TMP/planted.log" &&
+if [ $st = 1 ] && grep -q 'fsdrt_wait_gather → bk_wait_gather) calls cudaStreamSynchronize' "$TMP/planted.log" &&
+        grep -q 'check_idle (fsdrt_end_step, before the optimizer) calls MPI_Barrier' "$TMP/planted.log" &&
         grep -q 'bk_update waits on the host before its optimizer' "$TMP/planted.log"; then
-    ok "cuda: no_host_sync.py catches a planted cudaStreamSynchronize and an early host wait"
+    ok "cuda: no_host_sync.py catches a planted cudaStreamSynchronize behind fsdrt_wait_gather, an MPI call in the end-of-step check and an early host wait"
 else
     bad "cuda: no_host_sync.py missed a planted synchronisation (status $st)" "$TMP/planted.log"
 fi
@@ -272,7 +278,7 @@ st=$?
 python3 tests/cuda/no_host_sync.py --runtime "$TMP/rt_unguarded" "$off_train" >"$TMP/unguarded.log" 2>&1
 st2=$?
 if [ $st = 1 ] && grep -q 'host_update (the offload update) holds 2 host waits' "$TMP/planted_off.log" &&
-        grep -q 'fsdrt_reduce_scatter .*cudaStreamSynchronize' "$TMP/planted_off.log" &&
+        grep -q 'fsdrt_reduce_scatter → bk_reduce_scatter) calls cudaStreamSynchronize' "$TMP/planted_off.log" &&
         [ $st2 = 1 ] && grep -q 'host_update (bk_update, before the optimizer) calls host_wait' "$TMP/unguarded.log"; then
     ok "cuda: no_host_sync.py with offload catches a second host wait, a sync on the copy out, and an unguarded offload update"
 else

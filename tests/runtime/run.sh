@@ -2,7 +2,7 @@
 # run.sh — the CPU runtime's tests: a hand-written trainer (trainer.c) on
 # 1 to 4 MPI ranks, checked for world-size invariance, counters, the
 # initialisation formula, safetensors round trips, the data order, every
-# user error, traces; unit tests of the arena placement, the 16-bit
+# user error, the schedule bugs the collectives refuse, traces; unit tests of the arena placement, the 16-bit
 # conversions and the BLAS products (fsdrt_gemm, fsdrt_gemm_bias); fsdata.
 #
 # It builds what it needs (`make runtime-tests`). Every test prints one
@@ -269,6 +269,35 @@ err "--init-from wrong dtype" 2 "$TMP/dtype.st: tensor \`scale.weight\` has dtyp
 err "--init-from bad JSON" 3 "$TMP/json.st: bad JSON in the header at byte 31: expected a string key" --steps 0 --init-from "$TMP/json.st"
 err "--init-from bad header length" 2 "$TMP/hlen.st: bad header length 1099511627776" --steps 0 --init-from "$TMP/hlen.st"
 err "--init-from truncated" 2 "$TMP/truncated.st is truncated: tensor \`head.bias\` ends at byte 4352 of the data, which has 4320" --steps 0 --init-from "$TMP/truncated.st"
+
+# ── schedule bugs: a collective call the schedule could not have made ──
+# (FSD_TEST_BUG, trainer.c's break_rule) is refused once for every backend,
+# in common.c, with its call site and the job aborted: no hang, no exit 0.
+# bug KIND MESSAGE
+bug() {
+    FSD_TEST_BUG=$1 mp 2 $TRAIN --data "$D" --quiet >"$TMP/bug.out" 2>&1
+    local st=$?
+    if [ $st = 124 ]; then bad "schedule bug $1: hung (killed after 60 s)" "$TMP/bug.out"
+    elif [ $st != 0 ] && grep -qF -- "runtime/common.c:" "$TMP/bug.out" &&
+            grep -qF -- "internal error: $2" "$TMP/bug.out"; then
+        ok "schedule bug $1: refused, the job aborted"
+    else bad "schedule bug $1 (status $st)" "$TMP/bug.out"; fi
+}
+bug no_group "fsdrt_all_gather: no group 7"
+bug gather_twice "all-gather of group tok issued again before its wait"
+bug wait_gather "fsdrt_wait_gather(0) without an all-gather in flight"
+bug reshard "fsdrt_reshard(0) of a group that is not gathered (or still gathering)"
+bug reshard_gathering "fsdrt_reshard(0) of a group that is not gathered (or still gathering)"
+bug alloc_twice "fsdrt_alloc_grads(1) of a group whose gradients are already allocated"
+bug reduce_no_grads "fsdrt_reduce_scatter(1) without gradients, or with one in flight"
+bug reduce_twice "fsdrt_reduce_scatter(1) without gradients, or with one in flight"
+bug wait_reduce "fsdrt_wait_reduce(1) without a reduce-scatter in flight"
+bug free_reducing "fsdrt_free_grads(1) of gradients not allocated, or still reducing"
+bug free_none "fsdrt_free_grads(1) of gradients not allocated, or still reducing"
+bug end_gathering "fsdrt_end_step: group tok still has an all-gather in flight"
+bug end_reducing "fsdrt_end_step: group root still has a reduce-scatter in flight"
+bug end_grads "fsdrt_end_step: group root still has unsharded gradients allocated"
+bug end_params "fsdrt_end_step: group tok still has unsharded parameters gathered"
 
 mp 2 $TRAIN --help >"$TMP/out" 2>&1
 st=$?

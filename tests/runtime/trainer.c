@@ -19,7 +19,9 @@
  * in bf16), FSD_TEST_UNSHARDED (accumulate unsharded gradients), FSD_TEST_SGD (SGD
  * with Nesterov momentum), FSD_TEST_TINY (an extra two-element group, for
  * the world-size check), FSD_TEST_ORDER=DIR (each rank writes the
- * sequences it loads to DIR/order.RANK, to check the data order).
+ * sequences it loads to DIR/order.RANK, to check the data order),
+ * FSD_TEST_BUG=KIND (step 0 breaks one of the schedule's rules, break_rule:
+ * the runtime must report it as a bug and abort).
  *
  * Every rank checks its counters against the formulas at the end and the
  * arena placement on the first step; a mismatch exits 2.
@@ -119,6 +121,58 @@ static void check_arena(FsdRun *r, int64_t n)
     (void)n;
 }
 
+/* FSD_TEST_BUG: the call sequences an emitted program must never make, each
+ * ending in the call the runtime must refuse. */
+static void break_rule(FsdRun *r, const char *kind)
+{
+    if (!strcmp(kind, "no_group"))
+        fsdrt_all_gather(r, 7);
+    else if (!strcmp(kind, "gather_twice")) {
+        fsdrt_all_gather(r, 0);
+        fsdrt_all_gather(r, 0);
+    } else if (!strcmp(kind, "wait_gather"))
+        fsdrt_wait_gather(r, 0);
+    else if (!strcmp(kind, "reshard"))
+        fsdrt_reshard(r, 0);
+    else if (!strcmp(kind, "reshard_gathering")) {
+        fsdrt_all_gather(r, 0);
+        fsdrt_reshard(r, 0);
+    } else if (!strcmp(kind, "alloc_twice")) {
+        fsdrt_alloc_grads(r, 1);
+        fsdrt_alloc_grads(r, 1);
+    } else if (!strcmp(kind, "reduce_no_grads"))
+        fsdrt_reduce_scatter(r, 1);
+    else if (!strcmp(kind, "reduce_twice")) {
+        fsdrt_alloc_grads(r, 1);
+        fsdrt_reduce_scatter(r, 1);
+        fsdrt_reduce_scatter(r, 1);
+    } else if (!strcmp(kind, "wait_reduce"))
+        fsdrt_wait_reduce(r, 1);
+    else if (!strcmp(kind, "free_reducing")) {
+        fsdrt_alloc_grads(r, 1);
+        fsdrt_reduce_scatter(r, 1);
+        fsdrt_free_grads(r, 1);
+    } else if (!strcmp(kind, "free_none"))
+        fsdrt_free_grads(r, 1);
+    else if (!strcmp(kind, "end_gathering")) {
+        fsdrt_all_gather(r, 0);
+        fsdrt_end_step(r);
+    } else if (!strcmp(kind, "end_reducing")) {
+        fsdrt_alloc_grads(r, 1);
+        fsdrt_reduce_scatter(r, 1);
+        fsdrt_end_step(r);
+    } else if (!strcmp(kind, "end_grads")) {
+        fsdrt_alloc_grads(r, 1);
+        fsdrt_end_step(r);
+    } else if (!strcmp(kind, "end_params")) {
+        fsdrt_all_gather(r, 0);
+        fsdrt_wait_gather(r, 0);
+        fsdrt_end_step(r);
+    }
+    fprintf(stderr, "FSD_TEST_BUG=%s: not a rule break_rule knows, or the runtime accepted it\n", kind);
+    exit(3);
+}
+
 static int64_t padded(int g, int W) { return (groups[g].flat_numel + W - 1) / W * W; }
 
 int main(int argc, char **argv)
@@ -127,6 +181,7 @@ int main(int argc, char **argv)
     const bool reduce_bf16 = env("FSD_TEST_REDUCE_BF16"), unsharded = env("FSD_TEST_UNSHARDED");
     const bool sgd = env("FSD_TEST_SGD"), tiny = env("FSD_TEST_TINY");
     const char *order_dir = getenv("FSD_TEST_ORDER");
+    const char *bug = getenv("FSD_TEST_BUG");
     FsdModel model = {
         .name = "softmax_regression",
         .source = "tests/runtime/trainer.c",
@@ -166,6 +221,8 @@ int main(int argc, char **argv)
     while (fsdrt_begin_step(r)) {
         if (step == 0)
             check_arena(r, n);
+        if (bug && *bug)
+            break_rule(r, bug);
         for (int micro = 0; micro < k; micro++) {
             fsdrt_load_micro_batch(r, micro);
             const int32_t *idx = fsdrt_idx(r), *tgt = fsdrt_targets(r);
