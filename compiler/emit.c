@@ -14,7 +14,8 @@
  *   4. main: the step loop the runtime drives.
  *
  * Micro-batches differ only when gradients accumulate unsharded (the first
- * allocates gradient buffers, the last reduce-scatters them), so the
+ * allocates gradient buffers, the last reduce-scatters them) or parameters
+ * stay gathered between them (reshard_after_backward = false), so the
  * emitter walks verified schedules of one and of three micro-batches and
  * writes each distinct micro-batch once: `only` (a step of one), `first`,
  * `middle` and `last`. Nothing here reorders the schedule.
@@ -572,9 +573,18 @@ void emit_program(FILE *out, Schedule *one, Schedule *three)
         emit_micro(e, one, 0, "any", "every micro-batch of a step runs the same events");
     } else {
         emit_micro(e, one, 0, "only", "a step of one micro-batch");
-        emit_micro(e, three, 0, "first", "the first of several: allocates gradient buffers");
-        emit_micro(e, three, 1, "middle", "neither first nor last: accumulates gradients");
-        emit_micro(e, three, 2, "last", "the last of several: reduce-scatters gradients");
+        /* reshard_after_backward = false: the first gathers what the
+         * others find gathered, the last reshards it */
+        bool keep = !m->shard.reshard_after_backward;
+        emit_micro(e, three, 0, "first",
+                   keep ? "the first of several: gathers parameters and keeps them gathered"
+                        : "the first of several: allocates gradient buffers");
+        emit_micro(e, three, 1, "middle",
+                   keep ? "neither first nor last: finds parameters gathered, keeps them"
+                        : "neither first nor last: accumulates gradients");
+        emit_micro(e, three, 2, "last",
+                   keep ? "the last of several: reshards every group after its last backward"
+                        : "the last of several: reduce-scatters gradients");
     }
 
     P("/* one step: every micro-batch of it, in order */\n");

@@ -363,6 +363,7 @@ typedef struct ShardConfig {
     int prefetch_forward, prefetch_backward;
     bool offload_cpu;
     bool accumulate_unsharded;   /* accumulate = unsharded */
+    bool reshard_after_backward; /* false: keep gathered until the step's last backward */
     int64_t auto_bucket_bytes;   /* fully_shard auto(bucket = N); 0: explicit groups */
     int64_t memory_budget_bytes; /* 0: none */
     Loc memory_budget_loc;       /* the setting, for memplan_fit's error */

@@ -476,6 +476,7 @@ static const SettingSpec shard_settings[] = {
     {"offload", SET_ASSIGN, "offload = none"},
     {"memory_budget", SET_ASSIGN, "memory_budget = 70GiB"},
     {"accumulate", SET_ASSIGN, "accumulate = sharded"},
+    {"reshard_after_backward", SET_ASSIGN, "reshard_after_backward = true"},
     {NULL, 0, NULL},
 };
 
@@ -542,7 +543,7 @@ static void check_shard(Sema *s)
     Scope sc = {s->model_sec->decls, NULL, s->root_type};
     int64_t auto_bucket = c->auto_bucket_bytes;   /* set by plan_groups */
     *c = (ShardConfig){.reshard_after_forward = -1, .prefetch_forward = 1,
-                       .prefetch_backward = 1};
+                       .prefetch_backward = 1, .reshard_after_backward = true};
     c->auto_bucket_bytes = auto_bucket;
     Setting *by[8];
     collect_settings(s, s->shard_sec, shard_settings, by);
@@ -609,6 +610,14 @@ static void check_shard(Sema *s)
         int v;
         if (sema_eval_enum(s, by[5]->value, "`accumulate`", accumulate_choices, &v))
             c->accumulate_unsharded = v == 1;
+    }
+    /* FSDP2's set_reshard_after_backward(False): parameters gathered in a
+     * micro-batch stay gathered until the step's last backward, trading
+     * memory for the all-gathers of the later micro-batches. */
+    if (by[6]) {
+        bool v;
+        if (sema_eval_bool(s, &sc, by[6]->value, "`reshard_after_backward`", &v))
+            c->reshard_after_backward = v;
     }
 }
 
@@ -866,6 +875,9 @@ void model_dump(FILE *out, Model *m)
             c->prefetch_backward);
     fprintf(out, "  offload = %s\n", c->offload_cpu ? "cpu" : "none");
     fprintf(out, "  accumulate = %s\n", c->accumulate_unsharded ? "unsharded" : "sharded");
+    /* shown only when set off its default, so dumps of other models keep their form */
+    if (!c->reshard_after_backward)
+        fputs("  reshard_after_backward = false\n", out);
     if (c->memory_budget_bytes)
         fprintf(out, "  memory_budget = %" PRId64 " bytes\n", c->memory_budget_bytes);
     TrainConfig *t = &m->train;

@@ -238,6 +238,10 @@ void plan_dump(FILE *out, Plan *p, int64_t world)
     fprintf(out, "  mixed precision: all-gather %s, reduce-scatter %s, master weights fp32\n",
             dtype_name(c->param_dtype), dtype_name(c->reduce_dtype));
     fprintf(out, "  offload: %s\n", c->offload_cpu ? "cpu" : "none");
+    /* shown only when off its default, so other plans' dumps keep their form */
+    if (!c->reshard_after_backward)
+        fputs("  reshard after backward: no (groups stay gathered from their first all-gather "
+              "until the last micro-batch's backward)\n", out);
     fprintf(out, "  alignment: every parameter starts at a multiple of %d elements\n",
             PARAM_ALIGN_ELEMS);
     if (p->ntried) {
@@ -258,7 +262,10 @@ void plan_dump(FILE *out, Plan *p, int64_t world)
         fprintf(out, "  %-5d %-24s %14s %14s %14s %12s  %s%s\n", sg->index, sg->name,
                 fmt_count(sg->numel), fmt_count(plan_padded_numel(sg, world)), fmt_count(shard),
                 bytes_str((plan_padded_numel(sg, world) - shard) * dtype_bytes(c->param_dtype)),
-                sg->reshard ? "after forward" : "after backward",
+                sg->reshard ? (c->reshard_after_backward ? "after forward"
+                                                         : "after forward, the last backward")
+                : c->reshard_after_backward ? "after backward"
+                                            : "after the last backward",
                 i >= p->nused ? " (unused in forward: never gathered)" : "");
     }
     fputs("\nlayout (offsets in elements; the same for every world size)\n", out);

@@ -21,6 +21,10 @@
  *             accumulating unsharded). One reduce-scatter stays in flight:
  *             issuing the next waits the previous and frees its buffer, as
  *             FSDP2 does in its next post-backward.
+ *   with reshard_after_backward = false, nothing is resharded at the end of
+ *             a micro-batch but the last: the next one finds its groups
+ *             gathered (forward still reshards the groups that reshard
+ *             after forward, as FSDP2 does).
  * After the last micro-batch: the global gradient norm, then the optimizer
  * on each group's shard.
  */
@@ -129,6 +133,14 @@ static void micro_batch(Builder *b, int micro)
     int G = b->ngroups;
     bool last_micro = micro == b->s->micro_batches - 1;
     bool reduce_now = p->accum == ACCUM_SHARDED || last_micro;
+    /* reshard_after_backward = false (FSDP2's set_reshard_after_backward):
+     * a group's last read of a micro-batch other than the last frees
+     * nothing, so the next micro-batch finds it gathered and issues no
+     * all-gather for it. reshard_after_forward still applies in forward, as
+     * in FSDP2's post-forward: such a group skips only its forward
+     * all-gather of the later micro-batches, the root (kept after forward)
+     * is gathered once per step. */
+    bool keep = !m->shard.reshard_after_backward && !last_micro;
 
     /* each group's last parameter read in forward and in backward, and its
      * last gradient write */
@@ -155,9 +167,10 @@ static void micro_batch(Builder *b, int micro)
             gather(b, PH_FORWARD, micro, op->group, i, g->nfwd, p->prefetch_fwd);
         emit(b->s, EV_COMPUTE, PH_FORWARD, micro, -1, op);
         /* free after the last forward read when the group reshards, or when
-         * backward never reads its parameters (embeddings) */
+         * backward never reads its parameters (embeddings) and the next
+         * micro-batch does not find them gathered */
         if (op->group >= 0 && last_fwd[op->group] == i &&
-            (m->groups[op->group]->reshard || last_read[op->group] < 0)) {
+            (m->groups[op->group]->reshard || (last_read[op->group] < 0 && !keep))) {
             emit(b->s, EV_RESHARD, PH_FORWARD, micro, op->group, NULL);
             b->gathered[op->group] = false;
         }
@@ -174,7 +187,7 @@ static void micro_batch(Builder *b, int micro)
         emit(b->s, EV_COMPUTE, PH_BACKWARD, micro, -1, op);
         if (gi < 0)
             continue;
-        if (last_read[gi] == i) {
+        if (last_read[gi] == i && !keep) {
             emit(b->s, EV_RESHARD, PH_BACKWARD, micro, gi, NULL);
             b->gathered[gi] = false;
         }
@@ -218,6 +231,8 @@ Schedule *schedule_build(Plan *p)
  *   - a reduce-scatter is issued only after every op writing that group's
  *     gradients in this micro-batch has run, once per micro-batch when
  *     accumulating sharded and once per step otherwise;
+ *   - with reshard_after_backward = false, backward reshards nothing
+ *     before the last micro-batch;
  *   - every collective is waited exactly once; every buffer is freed exactly
  *     once and only when it is live; nothing is in flight or live at the end;
  *   - the optimizer runs once per group, after the gradient norm, which runs
@@ -293,6 +308,9 @@ int schedule_verify(Schedule *s, FILE *err)
         case EV_RESHARD:
             if (pstate[gi] != GATHERED)
                 BAD("frees parameters that are not gathered (freed twice, or in flight)");
+            if (!m->shard.reshard_after_backward && e->phase == PH_BACKWARD &&
+                micro != s->micro_batches - 1)
+                BAD("reshards before the last micro-batch with reshard_after_backward = false");
             pstate[gi] = SHARDED;
             break;
         case EV_COMPUTE: {
@@ -436,6 +454,9 @@ void schedule_dump(FILE *out, Schedule *s, int64_t world, MemPlan *mp)
             p->micro_batch);
     fprintf(out, "  per rank per step: all-gather %s bytes, reduce-scatter %s bytes\n",
             fmt_count(total[0]), fmt_count(total[1]));
+    if (!m->shard.reshard_after_backward)
+        fputs("  reshard_after_backward = false: groups stay gathered between micro-batches\n",
+              out);
     fprintf(out, "\n%6s  %-9s %3s  %-8s %-15s %-18s %-40s %14s%s\n", "#", "phase", "mb", "stream",
             "event", "group", "op", "bytes/rank", mp ? "   live bytes" : "");
     for (int i = 0; i < s->nev; i++) {

@@ -6,7 +6,9 @@
 #   1. gradient check: the float64 build's --grad-check on tiny, tiny_llama
 #      and mlp, on 1 and 2 ranks, and cases where it must fail;
 #   2. world-size invariance: the same global batch G on 1-4 ranks gives the
-#      same losses, for both accumulation modes and both reshard policies;
+#      same losses, for both accumulation modes and both reshard policies,
+#      and with parameters kept gathered across micro-batches
+#      (reshard_after_backward = false: the same losses, fewer all-gathers);
 #   3. mixed precision: bf16 all-gathers (and reduce-scatters) stay close to
 #      fp32 over 50 steps and move exactly half the bytes;
 #   4. the plan holds: the bytes every step moves equal fsdpc's schedule,
@@ -57,6 +59,7 @@ shard_set() { echo "s/^shard {/shard {\\n  $1/"; }
 variant tiny_sharded_keep examples/tiny.fsd "$(shard_set 'reshard_after_forward = false')"
 variant tiny_unsharded examples/tiny.fsd "$(shard_set 'accumulate = unsharded')"
 variant tiny_unsharded_keep examples/tiny.fsd "$(shard_set 'accumulate = unsharded\n  reshard_after_forward = false')"
+variant tiny_unsharded_rab examples/tiny.fsd "$(shard_set 'accumulate = unsharded\n  reshard_after_backward = false')"
 variant tiny_bf16 examples/tiny.fsd "$(shard_set 'mixed_precision(param = bf16, reduce = bf16)')"
 variant tiny_bf16_fp32 examples/tiny.fsd "$(shard_set 'mixed_precision(param = bf16, reduce = fp32)')"
 variant tiny_reduce_bf16 examples/tiny.fsd "$(shard_set 'mixed_precision(param = fp32, reduce = bf16)')"
@@ -87,6 +90,7 @@ TRAINERS=(
     "tiny_sharded_keep $OUT/tiny_sharded_keep.fsd cpu"
     "tiny_unsharded $OUT/tiny_unsharded.fsd cpu"
     "tiny_unsharded_keep $OUT/tiny_unsharded_keep.fsd cpu"
+    "tiny_unsharded_rab $OUT/tiny_unsharded_rab.fsd cpu"
     "tiny_bf16 $OUT/tiny_bf16.fsd cpu"
     "tiny_bf16_fp32 $OUT/tiny_bf16_fp32.fsd cpu"
     "small_group $OUT/small_group.fsd cpu"
@@ -179,7 +183,7 @@ else bad "grad check across ReLU kinks: status $st, expected 1" "$TMP/gc.relu"; 
 # same model. Each run is held to fsdpc's plan for the same W, B and
 # grad_accum ($OUT/NAME.wW.fsd: the variant with that train section).
 BK=("" "6 2" "3 2" "2 2" "1 3")   # by W: micro-batch, grad_accum
-for v in tiny tiny_sharded_keep tiny_unsharded tiny_unsharded_keep tiny_offload; do
+for v in tiny tiny_sharded_keep tiny_unsharded tiny_unsharded_keep tiny_unsharded_rab tiny_offload; do
     src=$OUT/$v.fsd
     [ $v = tiny ] && src=examples/tiny.fsd
     for w in 1 2 3 4; do
@@ -212,6 +216,24 @@ for v in tiny tiny_sharded_keep tiny_unsharded tiny_unsharded_keep tiny_offload;
     done
 done
 
+# reshard_after_backward = false against true (both accumulating unsharded,
+# the same W, B and grad_accum): the same arithmetic in the same order, so
+# the same losses bit for bit, and fewer bytes all-gathered every step (the
+# plan's, checked above), since later micro-batches find groups gathered
+bytes_of() { python3 -c "import json,sys; s=json.loads(open(sys.argv[1]).readline()); print(s['gather_bytes'], s['reduce_bytes'])" "$1" 2>/dev/null; }
+for w in 1 2 3 4; do
+    if res=$($CHECK losses "$TMP/tiny_unsharded.w$w.log" "$TMP/tiny_unsharded_rab.w$w.log" 0); then
+        ok "reshard_after_backward = false, $w rank(s): the same losses as true ($res)"
+    else bad "reshard_after_backward = false, $w rank(s): losses differ from true's: $res"; fi
+    read -r gt _ <<<"$(bytes_of "$TMP/tiny_unsharded.w$w.log")"
+    read -r gf _ <<<"$(bytes_of "$TMP/tiny_unsharded_rab.w$w.log")"
+    if [ $w = 1 ] && [ "${gf:-x}" = 0 ] && [ "${gt:-x}" = 0 ]; then
+        ok "reshard_after_backward = false, 1 rank: no all-gather bytes either way"
+    elif [ -n "${gf:-}" ] && [ -n "${gt:-}" ] && [ "$gf" -lt "$gt" ]; then
+        ok "reshard_after_backward = false, $w rank(s): all-gathers $gf bytes a step, fewer than true's $gt"
+    else bad "reshard_after_backward = false, $w rank(s): all-gathers ${gf:-?} bytes a step, true ${gt:-?}"; fi
+done
+
 # offload = cpu on the CPU backend: the same numbers as without it, bit for
 # bit (every buffer is host memory already), and a peak without the
 # resident shards, the plan's offload figure (checked above)
@@ -232,7 +254,6 @@ for v in tiny tiny_bf16 tiny_bf16_fp32; do
     mp 2 $OUT/$v/train --data "$D" --steps 50 --micro-batch 2 --grad-accum 1 --log "$TMP/mp.$v.log" --quiet >"$TMP/mp.$v.out" 2>&1 ||
         bad "mixed precision: $v on 2 ranks" "$TMP/mp.$v.out"
 done
-bytes_of() { python3 -c "import json,sys; s=json.loads(open(sys.argv[1]).readline()); print(s['gather_bytes'], s['reduce_bytes'])" "$1" 2>/dev/null; }
 read -r g32 r32 <<<"$(bytes_of "$TMP/mp.tiny.log")"
 for v in tiny_bf16 tiny_bf16_fp32; do
     if res=$($CHECK losses "$TMP/mp.tiny.log" "$TMP/mp.$v.log" 1e-3 1e-6); then

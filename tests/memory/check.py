@@ -354,6 +354,50 @@ def check_errors():
             bad(f"error {name}: status {st}", f"want:\n{want}\ngot:\n{err}")
 
 
+# ── reshard_after_backward = false: gathered across micro-batches ──
+
+def check_kept_gathered(world):
+    """gpt2 accumulating unsharded over 2 micro-batches, with parameters
+    resharded after each backward and kept gathered until the last one"""
+    mdl = gpt2()
+    tag = f"memory gpt2 reshard_after_backward = false W={world}"
+    src = open(os.path.join(ROOT, mdl["file"])).read()
+    text, n = re.subn(r"(\nshard \{\n)", r"\1  accumulate = unsharded\n", src, count=1)
+    text, k = re.subn(r"grad_accum *= *\d+", "grad_accum = 2", text)
+    assert n == 1 and k == 1
+    keep = text.replace("accumulate = unsharded\n",
+                        "accumulate = unsharded\n  reshard_after_backward = false\n", 1)
+    with tempfile.TemporaryDirectory() as d:
+        rows = {}
+        for name, t in (("after", text), ("kept", keep)):
+            path = os.path.join(d, name + ".fsd")
+            with open(path, "w") as f:
+                f.write(t)
+            rows[name], out = memory(path, world)
+            if rows[name] is None:
+                bad(f"{tag}: fsdpc failed on the {name} variant", out)
+                return
+    root_pad, block_pad = padded(flat(mdl["root"]), world), padded(flat(mdl["block"]), world)
+    L, p = mdl["blocks"], mdl["prefetch"]
+    # the first micro-batch's backward leaves every group gathered, and the
+    # second begins with all of them: the root and every block
+    expect(f"{tag} largest unsharded parameters", rows["kept"].get("largest unsharded parameters"),
+           (root_pad + L * block_pad) * mdl["param_bytes"],
+           f"(root {fmt(root_pad)} + {L} x block {fmt(block_pad)}) x 2 (bf16)")
+    expect(f"{tag}: resharding after backward holds",
+           rows["after"].get("largest unsharded parameters"),
+           (root_pad + (1 + p) * block_pad) * mdl["param_bytes"],
+           f"(root {fmt(root_pad)} + (1 + prefetch {p}) x block {fmt(block_pad)}) x 2 (bf16)")
+    # gpt2's peak stays in backward, where activations dominate: forward
+    # reshards each kept block after its use (reshard_after_forward) before
+    # activations grow, so the peak may not rise, but it may never fall
+    kept, after = rows["kept"].get("peak", 0), rows["after"].get("peak", 0)
+    if kept >= after > 0:
+        ok(f"{tag}: peak {fmt(kept)} >= {fmt(after)} when resharding after backward")
+    else:
+        bad(f"{tag}: peak {fmt(kept)} is below {fmt(after)} (resharding after backward)")
+
+
 # ── golden --dump-memory of every example at W = 8 ──
 
 def check_golden():
@@ -386,6 +430,8 @@ if __name__ == "__main__":
             check_transformer(llama3_8b(), w)
         for w in (3, 8):
             check_odd(w)
+        for w in (8, 7):
+            check_kept_gathered(w)
         check_budget()
     check_errors()
     check_golden()

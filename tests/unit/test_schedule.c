@@ -1,13 +1,16 @@
 /*
  * test_schedule.c — the schedule verifier, held to account both ways.
  *
- * 1. Every example, under every combination of reshard policy, prefetch
- *    depth 0-2, both accumulation modes, both mixed-precision policies and
- *    one or three micro-batches, yields a schedule the verifier accepts.
+ * 1. Every example, under every combination of reshard policy (after
+ *    forward, and after backward), prefetch depth 0-2, both accumulation
+ *    modes, both mixed-precision policies and one or three micro-batches,
+ *    yields a schedule the verifier accepts.
  * 2. Mutations: deleting any single event of a valid schedule, moving a
  *    reshard before an op that still reads the group, moving a gradient write
  *    after its group's reduce-scatter, and issuing a wait before its
- *    collective must each be caught.
+ *    collective must each be caught, with reshard_after_backward true and
+ *    false; and a schedule that reshards after every backward is refused
+ *    when reshard_after_backward is false.
  *
  * Usage: test_schedule FILE.fsd...   Prints one line per check and a final
  * "N passed, N failed".
@@ -105,39 +108,46 @@ static void combinations(const char *path)
     Model *m = load(path);
     int total = 0, bad = 0;
     const char *first_bad = NULL;
-    for (int reshard = 0; reshard <= 1; reshard++)
-        for (int pf = 0; pf <= 2; pf++)
-            for (int accum = 0; accum <= 1; accum++)
-                for (int bf16 = 0; bf16 <= 1; bf16++)
-                    for (int k = 1; k <= 3; k += 2) {
-                        m->shard.reshard_after_forward = reshard;
-                        m->shard.prefetch_forward = m->shard.prefetch_backward = pf;
-                        m->shard.accumulate_unsharded = accum;
-                        m->shard.param_dtype = bf16 ? DTYPE_BF16 : DTYPE_FP32;
-                        m->train.grad_accum = k;
-                        Schedule *s = build(m);
-                        total++;
-                        if (!s || schedule_verify(s, stderr)) {
-                            bad++;
-                            if (!first_bad)
-                                first_bad = arena_printf("reshard=%d prefetch=%d accum=%d "
-                                                         "bf16=%d micro-batches=%d",
-                                                         reshard, pf, accum, bf16, k);
+    for (int rab = 0; rab <= 1; rab++)
+        for (int reshard = 0; reshard <= 1; reshard++)
+            for (int pf = 0; pf <= 2; pf++)
+                for (int accum = 0; accum <= 1; accum++)
+                    for (int bf16 = 0; bf16 <= 1; bf16++)
+                        for (int k = 1; k <= 3; k += 2) {
+                            m->shard.reshard_after_forward = reshard;
+                            m->shard.reshard_after_backward = rab;
+                            m->shard.prefetch_forward = m->shard.prefetch_backward = pf;
+                            m->shard.accumulate_unsharded = accum;
+                            m->shard.param_dtype = bf16 ? DTYPE_BF16 : DTYPE_FP32;
+                            m->train.grad_accum = k;
+                            Schedule *s = build(m);
+                            total++;
+                            if (!s || schedule_verify(s, stderr)) {
+                                bad++;
+                                if (!first_bad)
+                                    first_bad = arena_printf("reshard=%d after-backward=%d "
+                                                             "prefetch=%d accum=%d bf16=%d "
+                                                             "micro-batches=%d",
+                                                             reshard, rab, pf, accum, bf16, k);
+                            }
                         }
-                    }
     char what[512];
     snprintf(what, sizeof what, "%s: %d policy combinations verify%s%s", path, total,
              first_bad ? "; first failure: " : "", first_bad ? first_bad : "");
     check(bad == 0, what);
 }
 
-static void mutations(const char *path)
+static void mutations(const char *path, bool rab)
 {
     Model *m = load(path);
     m->shard.reshard_after_forward = -1;
+    m->shard.reshard_after_backward = rab;
+    m->shard.accumulate_unsharded = !rab;
     m->train.grad_accum = 2;
     Schedule *s = build(m);
     char what[512];
+    if (!rab)
+        path = arena_printf("%s (reshard_after_backward = false)", path);
     check(s && schedule_verify(s, NULL) == 0, arena_printf("%s: base schedule verifies", path));
 
     /* every single deletion */
@@ -206,11 +216,30 @@ static void mutations(const char *path)
     check(tried > 0 && caught == tried, what);
 }
 
+/* A schedule built to reshard after every backward, checked as if the model
+ * said reshard_after_backward = false: the verifier must see that it does
+ * not keep the groups gathered. */
+static void kept_gathered(const char *path)
+{
+    Model *m = load(path);
+    m->shard.reshard_after_backward = true;
+    m->shard.accumulate_unsharded = true;
+    m->train.grad_accum = 3;
+    Schedule *s = build(m);
+    m->shard.reshard_after_backward = false;
+    int bad = s ? schedule_verify(s, NULL) : 0;
+    check(bad > 0, arena_printf("%s: resharding after each backward is refused with "
+                                "reshard_after_backward = false (%d complaints)",
+                                path, bad));
+}
+
 int main(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {
         combinations(argv[i]);
-        mutations(argv[i]);
+        mutations(argv[i], true);
+        mutations(argv[i], false);
+        kept_gathered(argv[i]);
         arena_reset();
     }
     printf("%d passed, %d failed\n", passed, failed);
