@@ -1,15 +1,15 @@
 /*
  * autodiff.c — reverse-mode differentiation of the forward ops.
  *
- * Forward ops are visited last to first; each op's rule (named in ops.def)
- * appends the backward ops that turn its output gradients into input
- * gradients. A value read by several ops receives several contributions: the
- * first writes its gradient, later ones accumulate (+=). Parameter gradients
- * always accumulate, into buffers the step zeroes when it allocates them, so
- * tied weights (an Embedding and the Linear that shares it) and gradient
- * accumulation over micro-batches need no special case. Forward values that
- * backward ops read are marked saved: they are the activations the memory
- * plan must keep alive.
+ * Forward ops are visited last to first; each op's rule (named in ops.def,
+ * spelled as rows of the table `rules` below) appends the backward ops that
+ * turn its output gradients into input gradients. A value read by several
+ * ops receives several contributions: the first writes its gradient, later
+ * ones accumulate (+=). Parameter gradients always accumulate, into buffers
+ * the step zeroes when it allocates them, so tied weights (an Embedding and
+ * the Linear that shares it) and gradient accumulation over micro-batches
+ * need no special case. Forward values that backward ops read are marked
+ * saved: they are the activations the memory plan must keep alive.
  *
  * Gradients flowing unchanged through an op (the residual add) are passed
  * on by reference instead of copied when the buffer's current holder is the
@@ -111,96 +111,90 @@ static void route(AD *a, OpNode *fwd, Tensor *x, Tensor *dy)
     grad_out(a, op, x);
 }
 
+/* ── the rules ──
+ * Each row is one backward op of a forward op's rule, in the order they are
+ * appended: what it reads and whose gradients it writes. Operands name the
+ * forward op's inputs (X0..X2), its outputs (Y0..Y2) and dy, the gradient of
+ * its output 0. A row lists op_arity(bwd) reads and op_outputs(bwd) grads, as
+ * ops.def counts them. Whether a gradient write accumulates is not the
+ * table's to say: it depends on the writes before it (grad_slot). */
+enum { DY = 1, X0, X1, X2, Y0, Y1, Y2 };
+
+typedef struct Rule {
+    OpKind fwd, bwd;
+    unsigned char reads[6];
+    unsigned char grads[3];   /* forward inputs whose gradients it writes */
+    bool if_needed;           /* left out when grads[0] needs no gradient */
+} Rule;
+
+static const Rule rules[] = {
+    /* forward          backward              reads                        grads */
+    {OP_EMBED,          OP_EMBED_BWD,         {DY, X1},                    {X0}},
+    {OP_MATMUL,         OP_MATMUL_DX,         {DY, X1},                    {X0}, true},
+    {OP_MATMUL,         OP_MATMUL_DW,         {DY, X0},                    {X1}},
+    /* the bias's gradient: dy summed over rows; then matmul's rule */
+    {OP_MATMUL_BIAS,    OP_BIAS_BWD,          {DY},                        {X2}},
+    {OP_MATMUL_BIAS,    OP_MATMUL_DX,         {DY, X1},                    {X0}, true},
+    {OP_MATMUL_BIAS,    OP_MATMUL_DW,         {DY, X0},                    {X1}},
+    {OP_LAYERNORM,      OP_LAYERNORM_BWD,     {DY, X0, X1, Y1, Y2},        {X0, X1, X2}},
+    {OP_RMSNORM,        OP_RMSNORM_BWD,       {DY, X0, X1, Y1},            {X0, X1}},
+    {OP_ROPE,           OP_ROPE_BWD,          {DY},                        {X0}},
+    {OP_ATTENTION,      OP_ATTENTION_BWD,     {DY, X0, X1, X2, Y0, Y1},    {X0, X1, X2}},
+    {OP_GELU,           OP_GELU_BWD,          {DY, X0},                    {X0}},
+    {OP_RELU,           OP_RELU_BWD,          {DY, X0},                    {X0}},
+    {OP_SILU,           OP_SILU_BWD,          {DY, X0},                    {X0}},
+    {OP_SWIGLU,         OP_SWIGLU_BWD,        {DY, X0, X1},                {X0, X1}},
+    {OP_MUL,            OP_MUL_BWD,           {DY, X0, X1},                {X0, X1}},
+    /* the loss's seed, d loss / d logits directly, fused with the softmax:
+     * applied by autodiff() with no dy */
+    {OP_CROSS_ENTROPY,  OP_CROSS_ENTROPY_BWD, {X0, X1, Y1},                {X0}},
+};
+
+static Tensor *operand(OpNode *f, Tensor *dy, int ref)
+{
+    if (ref == DY && dy)
+        return dy;
+    if (ref >= X0 && ref <= X2 && ref - X0 < f->nin)
+        return f->in[ref - X0];
+    if (ref >= Y0 && ref <= Y2 && ref - Y0 < f->nout)
+        return f->out[ref - Y0];
+    fsd_unreachable();   /* a row reads what its forward op does not have */
+}
+
+/* Appends the backward ops of f's rows; dy is NULL for the loss only. */
+static void apply_rule(AD *a, OpNode *f, Tensor *dy)
+{
+    bool found = false;
+    for (size_t r = 0; r < sizeof rules / sizeof rules[0]; r++) {
+        const Rule *ru = &rules[r];
+        if (ru->fwd != f->kind)
+            continue;
+        found = true;
+        if (ru->if_needed && !needs_grad(operand(f, dy, ru->grads[0])))
+            continue;
+        OpNode *op = bwd_op(a, ru->bwd, f);
+        for (int i = 0; i < op_arity(ru->bwd); i++)
+            in(op, operand(f, dy, ru->reads[i]));
+        for (int i = 0; i < op_outputs(ru->bwd); i++)
+            grad_out(a, op, operand(f, dy, ru->grads[i]));
+    }
+    if (!found)
+        fsd_unreachable();   /* an op of ops.def with a rule but no rows */
+}
+
 static void backward_of(AD *a, OpNode *f)
 {
     Tensor *dy = a->grad[f->out[0]->id];
     if (!dy)
         return;   /* nothing downstream needs this op's output */
-    OpNode *op;
     switch (f->kind) {
-    case OP_EMBED:
-        op = bwd_op(a, OP_EMBED_BWD, f);
-        in(op, dy);
-        in(op, f->in[1]);
-        grad_out(a, op, f->in[0]);
-        break;
-    case OP_MATMUL:
-    case OP_MATMUL_BIAS:   /* the bias's gradient: dy summed over rows */
-        if (f->kind == OP_MATMUL_BIAS) {
-            op = bwd_op(a, OP_BIAS_BWD, f);
-            in(op, dy);
-            grad_out(a, op, f->in[2]);
-        }
-        if (needs_grad(f->in[0])) {
-            op = bwd_op(a, OP_MATMUL_DX, f);
-            in(op, dy);
-            in(op, f->in[1]);
-            grad_out(a, op, f->in[0]);
-        }
-        op = bwd_op(a, OP_MATMUL_DW, f);
-        in(op, dy);
-        in(op, f->in[0]);
-        grad_out(a, op, f->in[1]);
-        break;
-    case OP_LAYERNORM:
-        op = bwd_op(a, OP_LAYERNORM_BWD, f);
-        in(op, dy);
-        in(op, f->in[0]);
-        in(op, f->in[1]);
-        in(op, f->out[1]);
-        in(op, f->out[2]);
-        grad_out(a, op, f->in[0]);
-        grad_out(a, op, f->in[1]);
-        grad_out(a, op, f->in[2]);
-        break;
-    case OP_RMSNORM:
-        op = bwd_op(a, OP_RMSNORM_BWD, f);
-        in(op, dy);
-        in(op, f->in[0]);
-        in(op, f->in[1]);
-        in(op, f->out[1]);
-        grad_out(a, op, f->in[0]);
-        grad_out(a, op, f->in[1]);
-        break;
-    case OP_ROPE:
-        op = bwd_op(a, OP_ROPE_BWD, f);
-        in(op, dy);
-        grad_out(a, op, f->in[0]);
-        break;
-    case OP_ATTENTION:
-        op = bwd_op(a, OP_ATTENTION_BWD, f);
-        in(op, dy);
-        in(op, f->in[0]);
-        in(op, f->in[1]);
-        in(op, f->in[2]);
-        in(op, f->out[0]);
-        in(op, f->out[1]);
-        grad_out(a, op, f->in[0]);
-        grad_out(a, op, f->in[1]);
-        grad_out(a, op, f->in[2]);
-        break;
-    case OP_GELU:
-    case OP_RELU:
-    case OP_SILU:
-        op = bwd_op(a, f->kind == OP_GELU ? OP_GELU_BWD : f->kind == OP_RELU ? OP_RELU_BWD
-                                                                             : OP_SILU_BWD, f);
-        in(op, dy);
-        in(op, f->in[0]);
-        grad_out(a, op, f->in[0]);
-        break;
-    case OP_SWIGLU:
-        op = bwd_op(a, OP_SWIGLU_BWD, f);
-        in(op, dy);
-        in(op, f->in[0]);
-        in(op, f->in[1]);
-        grad_out(a, op, f->in[0]);
-        grad_out(a, op, f->in[1]);
-        break;
     case OP_ADD:
-        /* in[1] may broadcast over in[0]'s leading dimensions */
+        /* Not a table rule: its gradient is dy itself, passed on by
+         * reference or copied depending on who holds the buffer (route).
+         * in[1] may broadcast over in[0]'s leading dimensions. */
         if (f->in[1]->rank < f->in[0]->rank) {
             if (needs_grad(f->in[1])) {
-                op = bwd_op(a, OP_REDUCE_TO, f);
+                OpNode *op = bwd_op(a, OP_REDUCE_TO, f);
                 in(op, dy);
                 grad_out(a, op, f->in[1]);
             }
@@ -209,18 +203,11 @@ static void backward_of(AD *a, OpNode *f)
         }
         route(a, f, f->in[0], dy);
         break;
-    case OP_MUL:
-        op = bwd_op(a, OP_MUL_BWD, f);
-        in(op, dy);
-        in(op, f->in[0]);
-        in(op, f->in[1]);
-        grad_out(a, op, f->in[0]);
-        grad_out(a, op, f->in[1]);
-        break;
     case OP_CROSS_ENTROPY:
         fsd_unreachable();   /* the loss is seeded in autodiff() */
     default:
-        fsd_unreachable();
+        apply_rule(a, f, dy);
+        break;
     }
 }
 
@@ -231,15 +218,11 @@ void autodiff(Graph *g)
     size_t cap = (size_t)g->ntensors + 5 * (size_t)g->nfwd + 8;
     AD a = {g, arena_alloc(sizeof(Tensor *) * cap), arena_alloc(sizeof(Tensor *) * cap)};
 
-    /* the loss: d loss / d logits directly, fused with the softmax */
+    /* the loss: its gradient is seeded, not received, so its rule has no dy */
     OpNode *ce = g->loss->producer;
     if (!ce || ce->kind != OP_CROSS_ENTROPY)
         fsd_unreachable();   /* sema ensures the loss comes from cross_entropy */
-    OpNode *op = bwd_op(&a, OP_CROSS_ENTROPY_BWD, ce);
-    in(op, ce->in[0]);
-    in(op, ce->in[1]);
-    in(op, ce->out[1]);
-    grad_out(&a, op, ce->in[0]);
+    apply_rule(&a, ce, NULL);
 
     for (int i = g->nfwd - 1; i >= 0; i--)
         if (g->ops[i] != ce)
