@@ -150,22 +150,31 @@ if [ -s "$OUT/tiny_cpu.jsonl" ] && [ -s "$OUT/tiny_gpu_tf32.jsonl" ]; then
 fi
 
 # ── 3. tiny on the GPU: checkpoint, resume, export ──
+# resume_check LABEL EXE TAG: 20 straight steps against 10 steps, a
+# checkpoint, and 10 more resumed from it: the last 10 losses to 1e-6 and
+# the exported weights byte for byte (bk_to_host / bk_from_host, the pools
+# across a restart).
 ck=(--seed 1337 --data "$OUT/tiny.bin" --quiet)
-rm -rf "$OUT/ckpt" "$OUT/ckpt_straight"
-if run tiny_straight build/tiny/cuda/train "${ck[@]}" --steps 20 --log "$OUT/straight.jsonl" \
-        --export "$OUT/straight.safetensors" &&
-    run tiny_first10 build/tiny/cuda/train "${ck[@]}" --steps 20 --ckpt-every 10 \
-        --ckpt-dir "$OUT/ckpt" --log "$OUT/first.jsonl" &&
-    run tiny_resumed build/tiny/cuda/train "${ck[@]}" --steps 20 --resume "$OUT/ckpt/step_000010" \
-        --ckpt-dir "$OUT/ckpt_resumed" --log "$OUT/resumed.jsonl" --export "$OUT/resumed.safetensors"; then
-    tail -n 10 "$OUT/straight.jsonl" >"$OUT/straight_last10.jsonl"
-    if msg=$(compare "$OUT/straight_last10.jsonl" "$OUT/resumed.jsonl" loss 1e-6) &&
-            cmp -s "$OUT/straight.safetensors" "$OUT/resumed.safetensors"; then
-        ok "tiny on the GPU: 10 steps, checkpoint, resume, 10 steps = 20 straight ($msg; exported weights identical)"
-    else
-        bad "tiny on the GPU: resume from step 10 differs from 20 straight steps: $msg"
+resume_check() {
+    local label=$1 exe=$2 tag=$3 msg
+    rm -rf "$OUT/ckpt_$tag" "$OUT/ckpt_${tag}_resumed"
+    if run "${tag}_straight" "$exe" "${ck[@]}" --steps 20 --log "$OUT/${tag}_straight.jsonl" \
+            --export "$OUT/${tag}_straight.safetensors" &&
+        run "${tag}_first10" "$exe" "${ck[@]}" --steps 20 --ckpt-every 10 \
+            --ckpt-dir "$OUT/ckpt_$tag" --log "$OUT/${tag}_first.jsonl" &&
+        run "${tag}_resumed" "$exe" "${ck[@]}" --steps 20 --resume "$OUT/ckpt_$tag/step_000010" \
+            --ckpt-dir "$OUT/ckpt_${tag}_resumed" --log "$OUT/${tag}_resumed.jsonl" \
+            --export "$OUT/${tag}_resumed.safetensors"; then
+        tail -n 10 "$OUT/${tag}_straight.jsonl" >"$OUT/${tag}_straight_last10.jsonl"
+        if msg=$(compare "$OUT/${tag}_straight_last10.jsonl" "$OUT/${tag}_resumed.jsonl" loss 1e-6) &&
+                cmp -s "$OUT/${tag}_straight.safetensors" "$OUT/${tag}_resumed.safetensors"; then
+            ok "$label: 10 steps, checkpoint, resume, 10 steps = 20 straight ($msg; exported weights identical)"
+        else
+            bad "$label: resume from step 10 differs from 20 straight steps: $msg"
+        fi
     fi
-fi
+}
+resume_check "tiny on the GPU" build/tiny/cuda/train tiny
 
 # ── 4. GPT-2 124M ──
 nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 >"$OUT/smi.txt" 2>/dev/null &
@@ -243,22 +252,7 @@ if [ -s "$OUT/tiny_offload_cpu.jsonl" ] && [ -s "$OUT/tiny_offload_gpu.jsonl" ];
         bad "tiny, offload = cpu: counted device peak $p_gpu bytes; want the CPU build's $p_cpu + accumulators ${acc:-?}, below $p_dev without offload"
     fi
 fi
-rm -rf "$OUT/ckpt_off" "$OUT/ckpt_off_resumed"
-if run tiny_offload_straight build/tiny_offload/cuda/train "${ck[@]}" --steps 20 \
-        --log "$OUT/off_straight.jsonl" --export "$OUT/off_straight.safetensors" &&
-    run tiny_offload_first10 build/tiny_offload/cuda/train "${ck[@]}" --steps 20 --ckpt-every 10 \
-        --ckpt-dir "$OUT/ckpt_off" --log "$OUT/off_first.jsonl" &&
-    run tiny_offload_resumed build/tiny_offload/cuda/train "${ck[@]}" --steps 20 \
-        --resume "$OUT/ckpt_off/step_000010" --ckpt-dir "$OUT/ckpt_off_resumed" \
-        --log "$OUT/off_resumed.jsonl" --export "$OUT/off_resumed.safetensors"; then
-    tail -n 10 "$OUT/off_straight.jsonl" >"$OUT/off_straight_last10.jsonl"
-    if msg=$(compare "$OUT/off_straight_last10.jsonl" "$OUT/off_resumed.jsonl" loss 1e-6) &&
-            cmp -s "$OUT/off_straight.safetensors" "$OUT/off_resumed.safetensors"; then
-        ok "tiny, offload = cpu: 10 steps, checkpoint, resume, 10 steps = 20 straight ($msg; exported weights identical)"
-    else
-        bad "tiny, offload = cpu: resume from step 10 differs from 20 straight steps: $msg"
-    fi
-fi
+resume_check "tiny, offload = cpu" build/tiny_offload/cuda/train tiny_offload
 
 # ── 7. the kernel tests on this GPU ──
 # tests/kernels/test_kernels.c built with nvcc runs every launcher on the
