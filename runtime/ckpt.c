@@ -416,18 +416,11 @@ static void write_latest(FsdRun *r, const char *root, const char *name)
         rt_fail(r, "cannot update %s: %s", dst, strerror(errno));
 }
 
+/* s as a JSON string, quoted */
 static void json_text(FILE *f, const char *s)
 {
     fputc('"', f);
-    for (; s && *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\')
-            fprintf(f, "\\%c", c);
-        else if (c < 0x20)
-            fprintf(f, "\\u%04x", c);
-        else
-            fputc(c, f);
-    }
+    json_put_chars(f, s);
     fputc('"', f);
 }
 

@@ -610,19 +610,6 @@ void fsdrt_trace_end(FsdRun *r)
     rt_trace(r, r->open_name[r->nopen], NULL, 0, r->open_t[r->nopen], rt_now(), 0);
 }
 
-static void json_escaped(FILE *f, const char *s)
-{
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\')
-            fprintf(f, "\\%c", c);
-        else if (c < 0x20)
-            fprintf(f, "\\u%04x", c);
-        else
-            fputc(c, f);
-    }
-}
-
 /* Chrome's trace event format: one process per rank, one thread per
  * stream (compute, all-gathers, reduce-scatters); Perfetto opens it. Each
  * rank writes its events to memory, rank 0 gathers and writes the file. */
@@ -645,7 +632,7 @@ static void write_trace(FsdRun *r)
             fprintf(mem, ",\n{\"name\":\"");
             if (e->what)
                 fprintf(mem, "%s ", e->what);
-            json_escaped(mem, e->name);
+            json_put_chars(mem, e->name);
             fprintf(mem, "\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f",
                     e->what ? "comm" : "compute", r->rank, e->tid, e->begin_us,
                     e->end_us - e->begin_us);

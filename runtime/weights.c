@@ -89,6 +89,31 @@ static void copy_in(FsdRun *r, real **img)
     free(img);
 }
 
+/* This rank's elements of parameter P, [*a, *b) in parameter indices, and
+ * where element 0 of P falls in its group's shard (outside it when this
+ * rank holds none of P's start). */
+static real *param_in_shard(const FsdRun *r, real *const *shards, const FsdParamInfo *P,
+                            int64_t *a, int64_t *b)
+{
+    const Group *G = &r->groups[P->group];
+    *a = G->lo - P->offset, *b = G->lo + G->shard - P->offset;
+    if (*a < 0)
+        *a = 0;
+    if (*b > P->numel)
+        *b = P->numel;
+    return shards[P->group] + (P->offset - G->lo);
+}
+
+/* scale times a standard normal for element i of the stream `key`
+ * (Box-Muller over two counter-based uniforms): the same value whatever the
+ * rank or thread. */
+static double normal_at(uint64_t key, int64_t i, double scale)
+{
+    double u1 = unit(splitmix64(key + 2 * (uint64_t)i));
+    double u2 = unit(splitmix64(key + 2 * (uint64_t)i + 1));
+    return scale * sqrt(-2 * log(u1)) * cos(TWO_PI * u2);
+}
+
 void weights_init(FsdRun *r)
 {
     const FsdModel *m = r->m;
@@ -98,14 +123,8 @@ void weights_init(FsdRun *r)
         return;
     for (int p = 0; p < m->nparams; p++) {
         const FsdParamInfo *P = &m->params[p];
-        Group *G = &r->groups[P->group];
-        /* this rank's elements of the parameter, in parameter indices */
-        int64_t a = G->lo - P->offset, b = G->lo + G->shard - P->offset;
-        if (a < 0)
-            a = 0;
-        if (b > P->numel)
-            b = P->numel;
-        real *dst = img[P->group] + (P->offset - G->lo);
+        int64_t a, b;
+        real *dst = param_in_shard(r, img, P, &a, &b);
         if (P->init != FSD_INIT_NORMAL) {
             for (int64_t i = a; i < b; i++)
                 dst[i] = P->init == FSD_INIT_ONES ? 1 : 0;
@@ -113,11 +132,8 @@ void weights_init(FsdRun *r)
         }
         const uint64_t key = fnv1a64(P->name) ^ seed_mix;
 #pragma omp parallel for schedule(static)
-        for (int64_t i = a; i < b; i++) {
-            double u1 = unit(splitmix64(key + 2 * (uint64_t)i));
-            double u2 = unit(splitmix64(key + 2 * (uint64_t)i + 1));
-            dst[i] = (real)(0.02 * sqrt(-2 * log(u1)) * cos(TWO_PI * u2));
-        }
+        for (int64_t i = a; i < b; i++)
+            dst[i] = (real)normal_at(key, i, 0.02);
     }
     copy_in(r, img);
 }
@@ -131,19 +147,11 @@ void weights_direction(FsdRun *r, uint64_t stream, real *const *dst)
         memset(dst[g], 0, (size_t)r->groups[g].shard * sizeof(real));
     for (int p = 0; p < m->nparams; p++) {
         const FsdParamInfo *P = &m->params[p];
-        const Group *G = &r->groups[P->group];
-        int64_t a = G->lo - P->offset, b = G->lo + G->shard - P->offset;
-        if (a < 0)
-            a = 0;
-        if (b > P->numel)
-            b = P->numel;
-        real *d = dst[P->group] + (P->offset - G->lo);
+        int64_t a, b;
+        real *d = param_in_shard(r, dst, P, &a, &b);
         const uint64_t key = fnv1a64(P->name) ^ mix;
-        for (int64_t i = a; i < b; i++) {
-            double u1 = unit(splitmix64(key + 2 * (uint64_t)i));
-            double u2 = unit(splitmix64(key + 2 * (uint64_t)i + 1));
-            d[i] = (real)(sqrt(-2 * log(u1)) * cos(TWO_PI * u2));
-        }
+        for (int64_t i = a; i < b; i++)
+            d[i] = (real)normal_at(key, i, 1);
     }
 }
 
@@ -364,17 +372,13 @@ void weights_import(FsdRun *r, const char *path)
         goto done;
     for (int p = 0; p < r->m->nparams; p++) {
         const FsdParamInfo *P = &r->m->params[p];
-        Group *G = &r->groups[P->group];
-        int64_t a = G->lo - P->offset, b = G->lo + G->shard - P->offset;
-        if (a < 0)
-            a = 0;
-        if (b > P->numel)
-            b = P->numel;
+        int64_t a, b;
+        real *dst = param_in_shard(r, img, P, &a, &b);
         if (a >= b)
             continue;   /* none of it is this rank's */
         const WPlace pl = L.place[p];
         if (!import_param(r, f, path, P, &L.tensors[pl.tensor], pl, data_start + begin[pl.tensor],
-                          a, b, img[P->group] + (P->offset - G->lo)))
+                          a, b, dst))
             goto done;
     }
 done:

@@ -23,11 +23,7 @@ MAKE=${MAKE:-make}
 FUZZ_SMOKE_SECONDS=${FUZZ_SMOKE_SECONDS:-20}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-pass=0
-fail=0
-
-ok()  { pass=$((pass + 1)); echo "ok   $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL $1"; [ -n "${2:-}" ] && sed 's/^/     /' "$2" | head -40; }
+. tests/lib.sh
 
 # suite PREFIX CMD...: runs a run.sh-style suite, prints its lines with
 # PREFIX after the status word, and adds its summary to the totals.

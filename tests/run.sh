@@ -13,11 +13,7 @@ REGEN=0
 [ "${1:-}" = "--regen" ] && REGEN=1
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-pass=0
-fail=0
-
-ok()   { pass=$((pass + 1)); echo "ok   $1"; }
-bad()  { fail=$((fail + 1)); echo "FAIL $1"; [ -n "${2:-}" ] && sed 's/^/     /' "$2" | head -40; }
+. tests/lib.sh
 
 # compare NAME EXPECTED_FILE ACTUAL_FILE
 compare() {

@@ -19,11 +19,7 @@ cd "$(dirname "$0")/.."
 FSDPC=${FSDPC:-build/fsdpc}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-pass=0
-fail=0
-
-ok()  { pass=$((pass + 1)); echo "ok   $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL $1"; [ -n "${2:-}" ] && sed 's/^/     /' "$2" | head -40; }
+. tests/lib.sh
 
 # field LABEL FILE: the first number after LABEL in a --sim summary, commas
 # dropped ("  exposed comm      3.234 ms" → 3.234)

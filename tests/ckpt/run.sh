@@ -15,11 +15,8 @@ cd "$(dirname "$0")/../.."
 MAKE=${MAKE:-make}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-pass=0
-fail=0
-ok()  { pass=$((pass + 1)); echo "ok   $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL $1"; [ -n "${2:-}" ] && [ -f "$2" ] && sed 's/^/     /' "$2" | head -20; }
-done_() { echo "$pass passed, $fail failed"; [ $fail = 0 ]; exit; }
+SHOW_LINES=20
+. tests/lib.sh
 check() { if eval "$2"; then ok "$1"; else bad "$1" "${3:-}"; fi; }
 
 for tool in mpicc mpirun python3; do

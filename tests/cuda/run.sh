@@ -33,11 +33,8 @@ FSDPC=${FSDPC:-build/fsdpc}
 JOBS=${CUDA_TEST_JOBS:-2}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-pass=0
-fail=0
+. tests/lib.sh
 
-ok()  { pass=$((pass + 1)); echo "ok   $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL $1"; [ -n "${2:-}" ] && sed 's/^/     /' "$2" | head -40; }
 # a log with a warning in it (nvcc's, or the host compiler's)
 warned() { grep -qiE '(^|[^a-z_])warning' "$1"; }
 

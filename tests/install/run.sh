@@ -7,10 +7,8 @@ set -u
 cd "$(dirname "$0")/../.."
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-pass=0
-fail=0
-ok()  { pass=$((pass + 1)); echo "ok   $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL $1"; [ -n "${2:-}" ] && sed 's/^/     /' "$2" | head -30; }
+SHOW_LINES=30
+. tests/lib.sh
 
 if make --no-print-directory -s install PREFIX="$TMP/prefix" >"$TMP/log" 2>&1; then
     ok "install: make install PREFIX=..."

@@ -27,11 +27,7 @@ B=build/kernels
 mkdir -p "$B"
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-pass=0
-fail=0
-
-ok()  { pass=$((pass + 1)); echo "ok   $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL $1"; [ -n "${2:-}" ] && sed 's/^/     /' "$2" | head -40; }
+. tests/lib.sh
 
 SRC=tests/kernels/test_kernels.c
 HDRS="portable.h embed.h norm.h rope.h attention.h act.h elementwise.h cross_entropy.h"

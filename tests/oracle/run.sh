@@ -25,11 +25,8 @@ cd "$(dirname "$0")/../.."
 MAKE=${MAKE:-make}
 FSDPC=${FSDPC:-build/fsdpc}
 OUT=build/oracle
-pass=0
-fail=0
-ok()  { pass=$((pass + 1)); echo "ok   $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL $1"; [ -n "${2:-}" ] && [ -f "$2" ] && sed 's/^/     /' "$2" | head -30; }
-done_() { echo "$pass passed, $fail failed"; [ $fail = 0 ]; exit; }
+SHOW_LINES=30
+. tests/lib.sh
 
 # The first python3 on PATH may be one without torch (a pyenv, a venv), so
 # take the first candidate that imports both.

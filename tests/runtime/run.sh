@@ -14,11 +14,8 @@ cd "$(dirname "$0")/../.."
 MAKE=${MAKE:-make}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-pass=0
-fail=0
-ok()  { pass=$((pass + 1)); echo "ok   $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL $1"; [ -n "${2:-}" ] && [ -f "$2" ] && sed 's/^/     /' "$2" | head -30; }
-done_() { echo "$pass passed, $fail failed"; [ $fail = 0 ]; exit; }
+SHOW_LINES=30
+. tests/lib.sh
 
 for tool in mpicc mpirun python3; do
     if ! command -v $tool >/dev/null 2>&1; then
