@@ -17,6 +17,7 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -89,6 +90,16 @@ double rt_now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void rt_check_gemm(FsdRun *r, const char *what, bool transA, bool transB, int64_t M, int64_t N,
+                   int64_t K, int64_t lda, int64_t ldb, int64_t ldc)
+{
+    if (M < 0 || N < 0 || K < 0 || M > INT_MAX || N > INT_MAX || K > INT_MAX || lda > INT_MAX ||
+        ldb > INT_MAX || ldc > INT_MAX || lda < (transA ? M : K) || ldb < (transB ? K : N) ||
+        ldc < N)
+        RT_BUG(r, "%s: M %lld N %lld K %lld with lda %lld ldb %lld ldc %lld", what, (long long)M,
+               (long long)N, (long long)K, (long long)lda, (long long)ldb, (long long)ldc);
 }
 
 void rt_count(FsdRun *r, int64_t bytes)

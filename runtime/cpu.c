@@ -552,16 +552,6 @@ static void gemm_call(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
 #endif
 }
 
-static void check_gemm(FsdRun *r, const char *what, bool transA, bool transB, int64_t M, int64_t N,
-                       int64_t K, int64_t lda, int64_t ldb, int64_t ldc)
-{
-    if (M < 0 || N < 0 || K < 0 || M > INT_MAX || N > INT_MAX || K > INT_MAX || lda > INT_MAX ||
-        ldb > INT_MAX || ldc > INT_MAX || lda < (transA ? M : K) || ldb < (transB ? K : N) ||
-        ldc < N)
-        RT_BUG(r, "%s: M %lld N %lld K %lld with lda %lld ldb %lld ldc %lld", what, (long long)M,
-               (long long)N, (long long)K, (long long)lda, (long long)ldb, (long long)ldc);
-}
-
 /* C[m, n] = bias[j] in every row: what fsdrt_gemm_bias's product adds to. */
 static void fill_bias(real *C, int64_t m, int64_t n, int64_t ldc, const real *bias)
 {
@@ -607,7 +597,7 @@ void fsdrt_gemm(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64
                 const real *A, int64_t lda, const real *B, int64_t ldb, real beta, real *C,
                 int64_t ldc)
 {
-    check_gemm(r, "fsdrt_gemm", transA, transB, M, N, K, lda, ldb, ldc);
+    rt_check_gemm(r, "fsdrt_gemm", transA, transB, M, N, K, lda, ldb, ldc);
     if (M == 0 || N == 0)
         return;
     if (K == 0) {   /* BLAS refuses lda = 0; the product is empty, C = beta·C */
@@ -626,7 +616,7 @@ void fsdrt_gemm_bias(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, 
                      const real *A, int64_t lda, const real *B, int64_t ldb, const real *bias,
                      real *C, int64_t ldc)
 {
-    check_gemm(r, "fsdrt_gemm_bias", transA, transB, M, N, K, lda, ldb, ldc);
+    rt_check_gemm(r, "fsdrt_gemm_bias", transA, transB, M, N, K, lda, ldb, ldc);
     if (M == 0 || N == 0)
         return;
     if (!bias)

@@ -1482,16 +1482,6 @@ static void gemm_plans_free(FsdRun *r)
     bk->nplans = bk->plans_cap = 0;
 }
 
-static void check_gemm(FsdRun *r, const char *what, bool transA, bool transB, int64_t M, int64_t N,
-                       int64_t K, int64_t lda, int64_t ldb, int64_t ldc)
-{
-    if (M < 0 || N < 0 || K < 0 || M > INT_MAX || N > INT_MAX || K > INT_MAX || lda > INT_MAX ||
-        ldb > INT_MAX || ldc > INT_MAX || lda < (transA ? M : K) || ldb < (transB ? K : N) ||
-        ldc < N)
-        RT_BUG(r, "%s: M %lld N %lld K %lld with lda %lld ldb %lld ldc %lld", what, (long long)M,
-               (long long)N, (long long)K, (long long)lda, (long long)ldb, (long long)ldc);
-}
-
 /* One product on the compute stream, through its shape's plan. */
 static void lt_matmul(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
                       float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
@@ -1520,7 +1510,7 @@ void fsdrt_gemm(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64
                 const real *A, int64_t lda, const real *B, int64_t ldb, real beta, real *C,
                 int64_t ldc)
 {
-    check_gemm(r, "fsdrt_gemm", transA, transB, M, N, K, lda, ldb, ldc);
+    rt_check_gemm(r, "fsdrt_gemm", transA, transB, M, N, K, lda, ldb, ldc);
     Backend *bk = r->bk;
     if (M == 0 || N == 0)
         return;
@@ -1535,7 +1525,7 @@ void fsdrt_gemm_bias(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, 
                      const real *A, int64_t lda, const real *B, int64_t ldb, const real *bias,
                      real *C, int64_t ldc)
 {
-    check_gemm(r, "fsdrt_gemm_bias", transA, transB, M, N, K, lda, ldb, ldc);
+    rt_check_gemm(r, "fsdrt_gemm_bias", transA, transB, M, N, K, lda, ldb, ldc);
     Backend *bk = r->bk;
     if (M == 0 || N == 0)
         return;

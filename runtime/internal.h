@@ -129,6 +129,11 @@ void rt_fail(FsdRun *r, const char *fmt, ...) __attribute__((format(printf, 2, 3
 _Noreturn void rt_bug(FsdRun *r, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 #define RT_BUG(r, ...) rt_bug((r), __FILE__, __LINE__, __VA_ARGS__)
+/* What fsdrt_gemm and fsdrt_gemm_bias (`what`) accept on both backends:
+ * sizes and leading dimensions that fit an int and describe the stored
+ * matrices; anything else is an emitter bug (RT_BUG). */
+void rt_check_gemm(FsdRun *r, const char *what, bool transA, bool transB, int64_t M, int64_t N,
+                   int64_t K, int64_t lda, int64_t ldb, int64_t ldc);
 
 static inline int dtype_bytes(FsdDtype t) { return t == FSD_FP32 ? (int)sizeof(real) : 2; }
 
