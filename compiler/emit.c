@@ -68,12 +68,6 @@ static const char *rows_expr(const Tensor *t)
 
 static int64_t last_dim(const Tensor *t) { return t->dim[t->rank - 1]; }
 
-static const char *shape_comment(const Tensor *t)
-{
-    Type ty = {t->dtype, t->rank, {0}};
-    memcpy(ty.dim, t->dim, sizeof ty.dim);
-    return type_name(&ty);
-}
 
 /* The C expression naming a tensor's memory. */
 static const char *ref(Emit *e, const Tensor *t)
@@ -105,7 +99,7 @@ static void emit_op(Emit *e, const OpNode *op)
     const char *where = op->layer && op->layer->path[0] ? op->layer->path : m->name;
     P("    /* %s:%d  %s  %s", m->prog->src->name, line, where, op_name(op->kind));
     if (op->nout)
-        P(" -> %s", shape_comment(op->out[0]));
+        P(" -> %s", tensor_type(op->out[0]));
     P(" */\n");
     P("    fsdrt_trace_begin(r, \"%s %s\");\n", op_name(op->kind), where);
     const Tensor *x = op->nin ? op->in[0] : NULL;
@@ -299,8 +293,8 @@ static void emit_micro(Emit *e, const Schedule *s, int micro, const char *name, 
     for (int t = 0; t < e->g->ntensors; t++)
         if (used[t] && e->act[t] >= 0) {
             Tensor *tt = e->g->tensors[t];
-            P("    real *a%d = fsdrt_act(r, %d);  /* %-26s %s */\n", e->act[t], e->act[t],
-              shape_comment(tt), tt->name);
+            P("    %s *a%d = fsdrt_%s(r, %d);  /* %-26s %s */\n", tt->stat ? "real" : "act",
+              e->act[t], tt->stat ? "stat" : "act", e->act[t], tensor_type(tt), tt->name);
         }
     P("    (void)B;\n\n");
     for (int i = 0; i < s->nev; i++)
@@ -359,11 +353,11 @@ static void emit_tables(Emit *e)
             else
                 n *= tt->dim[k];
         }
-        P("    {\"%s\", %" PRId64 ", %" PRId64 ", %d, %d},\n", tt->name, batch ? n : 0,
-          batch ? 0 : n, first[t], last[t]);
+        P("    {\"%s\", %" PRId64 ", %" PRId64 ", %d, %d, %s},\n", tt->name, batch ? n : 0,
+          batch ? 0 : n, first[t], last[t], tt->stat ? "true" : "false");
     }
     if (!e->nacts)
-        P("    {\"none\", 0, 0, 0, 0},\n");
+        P("    {\"none\", 0, 0, 0, 0, false},\n");
     P("};\n\n");
 }
 
@@ -400,7 +394,8 @@ static void emit_model(Emit *e, uint64_t hash)
     P("    %d, %d, %d, %d,  /* nparams, ngroups, nacts, nops */\n", m->nparams, m->ngroups,
       e->nacts, e->g->nops);
     P("    params, groups, acts,\n");
-    P("    %s, %s,  /* param_dtype, reduce_dtype */\n", dts[c->param_dtype], dts[c->reduce_dtype]);
+    P("    %s, FSD_ACT_DTYPE, %s,  /* param_dtype, act_dtype, reduce_dtype */\n",
+      dts[c->param_dtype], dts[c->reduce_dtype]);
     P("    %s,  /* accumulate_unsharded */\n", c->accumulate_unsharded ? "true" : "false");
     P("    %.17g,  /* flops_per_sample */\n", graph_flops(e->g, 0, e->g->nops, 1));
     P("    {   /* train */\n");
@@ -556,6 +551,10 @@ void emit_program(FILE *out, Schedule *one, Schedule *three)
     P(" *               -o train       (after make install; in the repository: make trainer FSD=...)\n");
     P(" * CUDA build: make trainer FSD=... BACKEND=cuda   (docs/cuda.md)\n");
     P(" * Run:        mpirun -np 2 ./train --data train.bin\n */\n");
+    if (compute_dtype(m) == DTYPE_BF16)
+        P("/* param = bf16: activations, gradients and unsharded parameters are bf16\n"
+          " * in memory, arithmetic in float (runtime/fsdrt.h, `act`) */\n"
+          "#define FSD_ACT_BF16 1\n");
     P("#include \"fsdrt.h\"\n\n");
     emit_templates(e);
     P("/* ──── the model ──── */\n\n");

@@ -441,6 +441,11 @@ typedef struct Tensor {
     TensorKind kind;
     const char *name;
     ValueDtype dtype;
+    DType store;            /* how f32 values sit in memory: the compute dtype
+                               (bf16 under a bf16 param policy, else fp32), or
+                               fp32 for a statistic; i32 as is */
+    bool stat;              /* a statistic (ir_stat): fp32 whatever the
+                               compute dtype, `real` in the emitted code */
     int rank;
     int64_t dim[MAX_RANK];
     Param *param;           /* TK_PARAM, TK_PGRAD */
@@ -484,6 +489,14 @@ void ir_in(OpNode *op, Tensor *t);
 void ir_out(OpNode *op, Tensor *t, bool acc);
 int64_t tensor_numel(const Tensor *t, int64_t batch);
 int64_t tensor_bytes(const Tensor *t, int64_t batch);
+/* The dtype the step computes in: bf16 when parameters are gathered in
+ * bf16, else fp32 (fp16 gathers widen to fp32: docs/compiler.md). */
+DType compute_dtype(const Model *m);
+/* Marks t a statistic (norm mean/rstd, log-sum-exps, the loss): fp32 in
+ * memory whatever the compute dtype. Returns t. */
+Tensor *ir_stat(Tensor *t);
+/* "bf16[B, 64, 64]": the tensor's shape with its dtype in memory. */
+const char *tensor_type(const Tensor *t);
 /* FLOPs and bytes touched by one op at micro-batch size `batch`. */
 double op_flops(const OpNode *op, int64_t batch);
 double op_bytes(const OpNode *op, int64_t batch);

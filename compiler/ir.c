@@ -57,6 +57,7 @@ Tensor *ir_tensor(Graph *g, TensorKind kind, const char *name, ValueDtype dt, in
     t->kind = kind;
     t->name = name;
     t->dtype = dt;
+    t->store = compute_dtype(g->m);
     t->rank = rank;
     for (int i = 0; i < rank; i++)
         t->dim[i] = dim[i];
@@ -91,7 +92,29 @@ int64_t tensor_numel(const Tensor *t, int64_t batch)
 
 int64_t tensor_bytes(const Tensor *t, int64_t batch)
 {
-    return tensor_numel(t, batch) * 4;   /* f32 and i32 alike */
+    return tensor_numel(t, batch) * (t->dtype == DT_I32 ? 4 : dtype_bytes(t->store));
+}
+
+DType compute_dtype(const Model *m)
+{
+    return m->shard.param_dtype == DTYPE_BF16 ? DTYPE_BF16 : DTYPE_FP32;
+}
+
+Tensor *ir_stat(Tensor *t)
+{
+    t->store = DTYPE_FP32;
+    t->stat = true;
+    return t;
+}
+
+const char *tensor_type(const Tensor *t)
+{
+    Type ty = {t->dtype, t->rank, {0}};
+    memcpy(ty.dim, t->dim, sizeof ty.dim);
+    const char *s = type_name(&ty);   /* "f32[...]" or "i32[...]" */
+    return t->dtype == DT_F32 && t->store != DTYPE_FP32
+               ? arena_printf("%s%s", dtype_name(t->store), s + 3)
+               : s;
 }
 
 /* The variables ops.def's FLOP formulas are written in. */
@@ -219,9 +242,7 @@ double graph_flops(const Graph *g, int from, int to, int64_t batch)
 
 static void dump_tensor(FILE *out, Tensor *t)
 {
-    Type ty = {t->dtype, t->rank, {0}};
-    memcpy(ty.dim, t->dim, sizeof ty.dim);
-    fprintf(out, "%%%d:%s", t->id, type_name(&ty));
+    fprintf(out, "%%%d:%s", t->id, tensor_type(t));
 }
 
 void ir_dump(FILE *out, Graph *g)

@@ -103,8 +103,8 @@ static Tensor *norm(Lower *L, Layer *ly, Tensor *x)
         ir_in(op, param(L, ly->bias_p));
     ir_out(op, act_like(L, tname(ly, "out"), x, x->dim[x->rank - 1]), false);
     if (ln)
-        ir_out(op, act_like(L, tname(ly, "mean"), x, 0), false);
-    ir_out(op, act_like(L, tname(ly, "rstd"), x, 0), false);
+        ir_out(op, ir_stat(act_like(L, tname(ly, "mean"), x, 0)), false);
+    ir_out(op, ir_stat(act_like(L, tname(ly, "rstd"), x, 0)), false);
     return op->out[0];
 }
 
@@ -126,7 +126,7 @@ static Tensor *attention(Lower *L, Layer *ly, Tensor *x)
     ir_in(op, tv);
     ir_out(op, act_like(L, tname(ly, "attn"), tq, tq->dim[tq->rank - 1]), false);
     int64_t lse_dim[3] = {x->dim[0], ly->heads, x->dim[1]};   /* [B, H, T] */
-    ir_out(op, act(L, tname(ly, "lse"), DT_F32, 3, lse_dim), false);
+    ir_out(op, ir_stat(act(L, tname(ly, "lse"), DT_F32, 3, lse_dim)), false);
     return linear(L, o, op->out[0]);
 }
 
@@ -222,8 +222,8 @@ static Tensor *lower_expr(Lower *L, Layer *inst, Env *env, Expr *e)
             OpNode *op = ir_op(L->g, OP_CROSS_ENTROPY, NULL, e->loc);
             ir_in(op, args[0]);
             ir_in(op, args[1]);
-            ir_out(op, act(L, "loss", DT_F32, 0, NULL), false);
-            ir_out(op, act_like(L, "logits.lse", args[0], 0), false);
+            ir_out(op, ir_stat(act(L, "loss", DT_F32, 0, NULL)), false);
+            ir_out(op, ir_stat(act_like(L, "logits.lse", args[0], 0)), false);
             return op->out[0];
         }
         case FN_COUNT: break;

@@ -222,9 +222,27 @@ static int64_t param_buffer_bytes(const MemPlan *mp, const ShardGroup *sg)
     return plan_padded_numel(sg, mp->world) * dtype_bytes(m->shard.param_dtype);
 }
 
+/* The dtype the backward writes unsharded gradients in: the compute dtype
+ * when that is bf16 (FSDP2's param-dtype gradients), else the reduce
+ * dtype (an fp32 backward's gradients are rounded to it in place). */
+static DType grad_dtype(const Model *m)
+{
+    return compute_dtype(m) == DTYPE_BF16 ? DTYPE_BF16 : m->shard.reduce_dtype;
+}
+
 static int64_t grad_buffer_bytes(const MemPlan *mp, const ShardGroup *sg)
 {
     Model *m = mp->sched->plan->m;
+    return plan_padded_numel(sg, mp->world) * dtype_bytes(grad_dtype(m));
+}
+
+/* bf16 gradients reduced in a wider dtype are widened into a buffer of
+ * that dtype first, which lives from the reduce_scatter to its wait. */
+static int64_t reduce_buffer_bytes(const MemPlan *mp, const ShardGroup *sg)
+{
+    Model *m = mp->sched->plan->m;
+    if (dtype_bytes(m->shard.reduce_dtype) <= dtype_bytes(grad_dtype(m)))
+        return 0;
     return plan_padded_numel(sg, mp->world) * dtype_bytes(m->shard.reduce_dtype);
 }
 
@@ -239,6 +257,7 @@ static void replay(MemPlan *mp)
     Model *m = s->plan->m;
     int G = m->ngroups;
     bool *gathered = arena_alloc((size_t)G + 1), *grads = arena_alloc((size_t)G + 1);
+    bool *reducing = arena_alloc((size_t)G + 1);
     int64_t params = 0, grad = 0, act = 0;
     int micro = -2;
     mp->live_after = arena_alloc(sizeof(int64_t) * (size_t)(s->nev + 1));
@@ -274,6 +293,18 @@ static void replay(MemPlan *mp)
             if (grads[e->group]) {
                 grads[e->group] = false;
                 grad -= grad_buffer_bytes(mp, m->groups[e->group]);
+            }
+            break;
+        case EV_REDUCE_SCATTER:
+            if (!reducing[e->group]) {
+                reducing[e->group] = true;
+                grad += reduce_buffer_bytes(mp, m->groups[e->group]);
+            }
+            break;
+        case EV_WAIT_REDUCE:
+            if (reducing[e->group]) {
+                reducing[e->group] = false;
+                grad -= reduce_buffer_bytes(mp, m->groups[e->group]);
             }
             break;
         case EV_COMPUTE:
@@ -511,12 +542,6 @@ static void row(FILE *out, const char *label, int64_t bytes, const char *note)
             note ? "  " : "", note ? note : "");
 }
 
-static const char *shape_str(const Tensor *t)
-{
-    Type ty = {t->dtype, t->rank, {0}};
-    memcpy(ty.dim, t->dim, sizeof ty.dim);
-    return type_name(&ty);
-}
 
 static int by_bytes_desc(const void *a, const void *b)
 {
@@ -534,14 +559,16 @@ void memplan_dump(FILE *out, MemPlan *mp)
     Graph *g = p->g;
     ShardConfig *c = &m->shard;
     const char *pdt = dtype_name(c->param_dtype), *rdt = dtype_name(c->reduce_dtype);
+    const char *adt = dtype_name(compute_dtype(m)), *gdt = dtype_name(grad_dtype(m));
+    bool widen = dtype_bytes(c->reduce_dtype) > dtype_bytes(grad_dtype(m));
     int nstates = optim_states(&m->train);
 
     fprintf(out, "memory plan %s for world %" PRId64 " (bytes per rank)\n", m->name, mp->world);
     fprintf(out, "  micro-batch B = %" PRId64 ", %d micro-batch%s per step\n", mp->batch,
             p->micro_batches, p->micro_batches == 1 ? "" : "es");
     fprintf(out, "  dtypes: master parameters, gradient shards and optimizer state fp32; "
-                 "all-gather %s; reduce-scatter %s; activations fp32\n",
-            pdt, rdt);
+                 "all-gather %s; reduce-scatter %s; activations %s%s\n",
+            pdt, rdt, adt, compute_dtype(m) != DTYPE_FP32 ? " (statistics fp32)" : "");
     fprintf(out, "  optimizer: %s\n",
             m->train.optimizer == OPT_ADAMW ? "adamw (2 fp32 states per parameter: m, v)"
             : nstates ? "sgd with momentum (1 fp32 state per parameter)"
@@ -577,7 +604,10 @@ void memplan_dump(FILE *out, MemPlan *mp)
     row(out, "sharded gradients (fp32)", mp->grad_shards, host);
     row(out, arena_printf("optimizer state (%d x fp32)", nstates), mp->optim_state, host);
     row(out, arena_printf("unsharded parameters (%s)", pdt), mp->peak_unsharded_params, NULL);
-    row(out, arena_printf("unsharded gradients (%s)", rdt), mp->peak_unsharded_grads, NULL);
+    row(out,
+        widen ? arena_printf("unsharded gradients (%s+%s reduce)", gdt, rdt)
+              : arena_printf("unsharded gradients (%s)", gdt),
+        mp->peak_unsharded_grads, NULL);
     row(out, "activations", mp->peak_activations, NULL);
     row(out, "workspace", mp->peak_workspace, NULL);
     row(out, "peak", mp->peak, NULL);
@@ -608,7 +638,7 @@ void memplan_dump(FILE *out, MemPlan *mp)
 
     fputs("\ngroups (padded = flat rounded up to a multiple of W; shard = padded / W)\n", out);
     fprintf(out, "  %-5s %-20s %15s %15s %13s %17s %17s\n", "group", "name", "flat", "padded",
-            "shard", arena_printf("params %s", pdt), arena_printf("grads %s", rdt));
+            "shard", arena_printf("params %s", pdt), arena_printf("grads %s", gdt));
     for (int i = 0; i < m->ngroups; i++) {
         ShardGroup *sg = p->fwd_order[i];
         fprintf(out, "  %-5d %-20s %15s %15s %13s %17s %17s\n", sg->index, sg->name,
@@ -627,7 +657,7 @@ void memplan_dump(FILE *out, MemPlan *mp)
     for (int i = 0; i < ntop; i++) {
         const ActRange *l = top[i];
         fprintf(out, "  %15s %15s %5d-%-5d  %-24s %s\n", fmt_count(tensor_bytes(l->t, mp->batch)),
-                fmt_count(l->offset), l->first, l->last, shape_str(l->t), l->t->name);
+                fmt_count(l->offset), l->first, l->last, tensor_type(l->t), l->t->name);
     }
 
     fputs("\nformulas\n", out);
@@ -639,7 +669,12 @@ void memplan_dump(FILE *out, MemPlan *mp)
             dtype_bytes(c->param_dtype), pdt);
     fprintf(out, "  unsharded gradients of a group  = padded x %d (%s), from its alloc_grads "
                  "to its free_grads\n",
-            dtype_bytes(c->reduce_dtype), rdt);
+            dtype_bytes(grad_dtype(m)), gdt);
+    if (widen)
+        fprintf(out, "    + padded x %d (%s), the %s gradients widened for the reduce-scatter, "
+                     "from its\n"
+                     "    reduce_scatter to its wait_reduce\n",
+                dtype_bytes(c->reduce_dtype), rdt, gdt);
     fputs("  activations after an event = bytes of the activations and their gradients live "
           "at the\n    last compute op so far in its micro-batch (first write <= op <= last "
           "use); 0 before\n    a micro-batch's first op\n",

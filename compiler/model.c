@@ -563,6 +563,13 @@ static void check_shard(Sema *s)
                                                    sig_mixed.args[i].name),
                                       dtype_choices, &v))
                     *dst[i] = (DType)v;
+            /* bf16 parameters compute in bf16 and write bf16 gradients,
+             * which are reduced in bf16 or widened to fp32: fp16 would
+             * narrow them to a dtype with less range */
+            if (c->param_dtype == DTYPE_BF16 && c->reduce_dtype == DTYPE_FP16)
+                diag_error(s->d, b[1]->value->loc,
+                           "`reduce = fp16` with `param = bf16`: bf16 gradients are reduced in "
+                           "bf16 or fp32");
         }
     }
     if (by[2]) {

@@ -226,12 +226,13 @@ bool sim_parse_cluster(const char *spec, SimCluster *c, char *msg, size_t msgsiz
 typedef enum { CAT_MATMUL, CAT_ATTENTION, CAT_MEMORY, CAT_OPTIMIZER, CAT_COUNT } CostCat;
 _Static_assert(CAT_COUNT == sizeof(((Sim *)0)->cat_s) / sizeof(double), "Sim.cat_s by CostCat");
 
-/* The tensor-core peak the policy's parameter dtype runs matmuls at. */
+/* The tensor-core peak the step's compute dtype runs matmuls at: bf16
+ * under a bf16 param policy; fp32 otherwise (fp16 gathers widen to fp32). */
 static double matmul_peak(const Sim *sim)
 {
     const SimGpu *gpu = sim->cluster.gpu;
-    if (sim->sched->plan->m->shard.param_dtype != DTYPE_FP32)
-        return gpu->bf16_flops;   /* fp16 has the same peak on every preset */
+    if (compute_dtype(sim->sched->plan->m) == DTYPE_BF16)
+        return gpu->bf16_flops;
     return FP32_MATMUL_USES_TF32 ? gpu->tf32_flops : gpu->fp32_flops;
 }
 
@@ -458,7 +459,7 @@ void sim_dump(FILE *out, const Sim *sim, const MemPlan *mp)
             m->name, c->nodes, c->nodes == 1 ? "" : "s", c->gpus_per_node, gpu->name, c->world);
     fprintf(out, "  per GPU: matmul peak %s (%s), HBM %s; %s %s per direction\n",
             human_rate(sim->peak_flops, "FLOP/s"),
-            m->shard.param_dtype == DTYPE_FP32 ? (FP32_MATMUL_USES_TF32 ? "tf32" : "fp32") : "bf16",
+            compute_dtype(m) == DTYPE_BF16 ? "bf16" : FP32_MATMUL_USES_TF32 ? "tf32" : "fp32",
             human_rate(gpu->hbm_bytes_per_s, "B/s"), multi ? "InfiniBand" : "NVLink",
             human_rate(multi ? gpu->ib_bytes_per_s : gpu->nvlink_bytes_per_s, "B/s"));
     fprintf(out, "  assumed: matmul %.0f%%, attention %.0f%% of peak; HBM %.0f%%, %s %.0f%% of "

@@ -105,12 +105,16 @@ static bool nvrtc_load(Nvrtc *n, const char **err)
 /* ── what the templates take from outside ── */
 
 /* In-memory headers for portable.h's includes: `real` is float, as in the
- * CUDA build; the C library's declarations only make the (never called)
- * launchers compile. */
+ * CUDA build, and `act` as runtime/fsdrt.h defines it (bf16 when the
+ * program defines FSD_ACT_BF16, which verify passes for a bf16 model); the
+ * C library's declarations only make the (never called) launchers
+ * compile. */
 static const char *const header_names[] = {"fsdrt.h", "math.h", "stdbool.h", "stdint.h",
                                            "stdio.h", "stdlib.h"};
 static const char *const header_texts[] = {
     "#define FSDRT_H\ntypedef float real;\n"
+    "#ifdef FSD_ACT_BF16\ntypedef struct fsd_bf16 { unsigned short bits; } fsd_bf16;\n"
+    "typedef fsd_bf16 act;\n#define FSD_ACT_IS_BF16 1\n#else\ntypedef real act;\n#endif\n"
     "cudaError_t cudaGetLastError(void);\nconst char *cudaGetErrorString(cudaError_t);\n",
     "#define INFINITY __int_as_float(0x7f800000)\n#define NAN __int_as_float(0x7fffffff)\n",
     "",
@@ -418,8 +422,10 @@ int verify_kernels(FILE *out, Model *m, Graph *g, const char *arch_list)
                 continue;
             }
             const char *opts[] = {arena_printf("--gpu-architecture=%s", archs[a]), "-default-device",
-                                  "--ptxas-options=-v", "-diag-suppress=177", "--std=c++17"};
-            rc = nv.compile(prog, (int)(sizeof opts / sizeof *opts), opts);
+                                  "--ptxas-options=-v", "-diag-suppress=177", "--std=c++17",
+                                  "-DFSD_ACT_BF16"};   /* the last only for a bf16 model */
+            int nopts = (int)(sizeof opts / sizeof *opts) - (compute_dtype(m) != DTYPE_BF16);
+            rc = nv.compile(prog, nopts, opts);
             size_t ln = 0;
             nv.log_size(prog, &ln);
             char *log = arena_alloc(ln + 1);

@@ -111,6 +111,11 @@ void rt_count(FsdRun *r, int64_t bytes)
 
 static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+static const char *dtype_name(FsdDtype t)
+{
+    return t == FSD_FP32 ? "fp32" : t == FSD_BF16 ? "bf16" : t == FSD_FP16 ? "fp16" : "unknown";
+}
+
 /* 1234567 → "1,234,567" */
 static const char *thousands(char *buf, size_t n, int64_t v)
 {
@@ -326,6 +331,34 @@ static void check_model(FsdRun *r)
                 (long long)m->seq);
         return;
     }
+    /* bf16 act is a GPU's storage type, narrowed from fp32 masters: the
+     * float64 build (gradient checks) computes in real throughout, and the
+     * unsharded parameters are gathered in the act dtype itself */
+    if (m->act_dtype != FSD_FP32 && m->act_dtype != FSD_BF16) {
+        rt_fail(r, "model %s stores its tensors in dtype %d; the runtime knows fp32 (%d) and bf16 "
+                   "(%d): regenerate the trainer with fsdpc",
+                m->name, (int)m->act_dtype, (int)FSD_FP32, (int)FSD_BF16);
+        return;
+    }
+    if (m->act_dtype == FSD_BF16 && sizeof(real) != sizeof(float)) {
+        rt_fail(r, "model %s computes in bf16, which the float64 build cannot: build it without "
+                   "FSD_FLOAT64 (BACKEND=cpu), or with FSD_FLOAT64 and without FSD_ACT_BF16",
+                m->name);
+        return;
+    }
+    if (m->act_dtype == FSD_BF16 && m->param_dtype != FSD_BF16) {
+        rt_fail(r, "model %s computes in bf16 but gathers its parameters in %s (the tables are "
+                   "inconsistent: regenerate the trainer with fsdpc)",
+                m->name, dtype_name(m->param_dtype));
+        return;
+    }
+    /* bf16 gradients reduced in fp16 would be rounded twice, to two formats */
+    if (m->act_dtype == FSD_BF16 && m->reduce_dtype == FSD_FP16) {
+        rt_fail(r, "model %s: mixed_precision(param = bf16, reduce = fp16) is not supported; use "
+                   "reduce = bf16 or reduce = fp32",
+                m->name);
+        return;
+    }
     /* flat_numel counts the group's parameters with their alignment gaps,
      * so "elements": a group of 2 parameters aligned to 16 has 16 */
     int64_t fits = INT64_MAX;
@@ -439,7 +472,9 @@ static void allocate(FsdRun *r)
         return;
     }
     for (int i = 0; i < n; i++) {
-        bytes[i] = (m->acts[i].per_sample * B + m->acts[i].fixed) * (int64_t)sizeof(real);
+        /* statistics are real whatever act is (fsdrt.h), as the plan sizes them */
+        const int64_t elem = m->acts[i].stat ? (int64_t)sizeof(real) : act_bytes(r);
+        bytes[i] = (m->acts[i].per_sample * B + m->acts[i].fixed) * elem;
         first[i] = m->acts[i].first;
         last[i] = m->acts[i].last;
     }
@@ -711,14 +746,21 @@ FsdCounters fsdrt_counters(const FsdRun *r) { return r->counters; }
 
 /* ── tensors ── */
 
-real *fsdrt_act(FsdRun *r, int act)
+void *fsdrt_act_ptr(FsdRun *r, int i)
 {
-    if (act < 0 || act >= r->m->nacts)
-        RT_BUG(r, "fsdrt_act(%d): the model has %d arena tensors", act, r->m->nacts);
-    return (real *)(r->arena + r->act_offset[act]);
+    if (i < 0 || i >= r->m->nacts)
+        RT_BUG(r, "fsdrt_act(%d): the model has %d arena tensors", i, r->m->nacts);
+    return r->arena + r->act_offset[i];
 }
 
-real *fsdrt_param(FsdRun *r, int param)
+/* Parameter p's place in an unsharded buffer of its group: its offset, in
+ * elements of act. */
+static void *unsharded_at(FsdRun *r, int p, void *buf)
+{
+    return (char *)buf + r->m->params[p].offset * act_bytes(r);
+}
+
+void *fsdrt_param_ptr(FsdRun *r, int param)
 {
     if (param < 0 || param >= r->m->nparams)
         RT_BUG(r, "fsdrt_param(%d): the model has %d parameters", param, r->m->nparams);
@@ -726,10 +768,10 @@ real *fsdrt_param(FsdRun *r, int param)
     if (!r->groups[P->group].params)
         RT_BUG(r, "fsdrt_param(%s) while group %s is not gathered", P->name,
                r->m->groups[P->group].name);
-    return r->groups[P->group].params + P->offset;
+    return unsharded_at(r, param, r->groups[P->group].params);
 }
 
-real *fsdrt_grad(FsdRun *r, int param)
+void *fsdrt_grad_ptr(FsdRun *r, int param)
 {
     if (param < 0 || param >= r->m->nparams)
         RT_BUG(r, "fsdrt_grad(%d): the model has %d parameters", param, r->m->nparams);
@@ -737,7 +779,7 @@ real *fsdrt_grad(FsdRun *r, int param)
     if (!r->groups[P->group].grads)
         RT_BUG(r, "fsdrt_grad(%s) while group %s has no gradient buffer", P->name,
                r->m->groups[P->group].name);
-    return r->groups[P->group].grads + P->offset;
+    return unsharded_at(r, param, r->groups[P->group].grads);
 }
 
 /* fsdrt_idx, fsdrt_targets and fsdrt_positions are the backend's: the
@@ -763,8 +805,7 @@ void fsdrt_all_gather(FsdRun *r, int g)
         RT_BUG(r, "all-gather of group %s issued again before its wait", r->m->groups[g].name);
     /* a group gathered again without a reshard reuses its buffer */
     if (!G->params)
-        G->params = bk_pool_get(r, G->padded * (int64_t)sizeof(real),
-                                bk_unsharded_count(r, G->padded, dt));
+        G->params = bk_pool_get(r, unsharded_bytes(r, G), bk_unsharded_count(r, G->padded, dt));
     bk_all_gather(r, g);
     G->gathering = true;
     G->gather_t0 = rt_now();
@@ -793,13 +834,28 @@ void fsdrt_reshard(FsdRun *r, int g)
     G->params = NULL;
 }
 
+/* What the plan holds unsharded gradients in: act when it is bf16 (FSDP2's
+ * gradients in the param dtype), else the reduce dtype as before. */
+static FsdDtype grads_dtype(const FsdRun *r)
+{
+    return act_bf16(r) ? FSD_BF16 : r->m->reduce_dtype;
+}
+
+/* bf16 gradients reduced in fp32 are widened into an fp32 buffer of the
+ * group's padded size, which lives from fsdrt_reduce_scatter to
+ * fsdrt_wait_reduce and is counted for that time, as the plan counts it. */
+static int64_t reduce_buffer_bytes(const FsdRun *r, const Group *G)
+{
+    return act_bf16(r) && r->m->reduce_dtype == FSD_FP32 ? G->padded * 4 : 0;
+}
+
 void fsdrt_alloc_grads(FsdRun *r, int g)
 {
     if (g < 0 || g >= r->m->ngroups || r->groups[g].grads)
         RT_BUG(r, "fsdrt_alloc_grads(%d) of a group whose gradients are already allocated", g);
     Group *G = &r->groups[g];
-    G->grads = bk_pool_get(r, G->padded * (int64_t)sizeof(real),
-                           bk_unsharded_count(r, G->padded, r->m->reduce_dtype));
+    G->grads = bk_pool_get(r, unsharded_bytes(r, G),
+                           bk_unsharded_count(r, G->padded, grads_dtype(r)));
     bk_alloc_grads(r, g);
 }
 
@@ -808,6 +864,7 @@ void fsdrt_reduce_scatter(FsdRun *r, int g)
     if (g < 0 || g >= r->m->ngroups || !r->groups[g].grads || r->groups[g].reducing)
         RT_BUG(r, "fsdrt_reduce_scatter(%d) without gradients, or with one in flight", g);
     Group *G = &r->groups[g];
+    rt_count(r, reduce_buffer_bytes(r, G));
     bk_reduce_scatter(r, g);
     G->reducing = true;
     G->reduce_t0 = rt_now();
@@ -820,6 +877,7 @@ void fsdrt_wait_reduce(FsdRun *r, int g)
         RT_BUG(r, "fsdrt_wait_reduce(%d) without a reduce-scatter in flight", g);
     Group *G = &r->groups[g];
     bk_wait_reduce(r, g);
+    rt_count(r, -reduce_buffer_bytes(r, G));
     G->reducing = false;
     rt_trace(r, r->m->groups[g].name, "reduce_scatter", 2, G->reduce_t0, rt_now(),
              (G->padded - G->shard) * dtype_bytes(r->m->reduce_dtype));
@@ -830,7 +888,7 @@ void fsdrt_free_grads(FsdRun *r, int g)
     if (g < 0 || g >= r->m->ngroups || !r->groups[g].grads || r->groups[g].reducing)
         RT_BUG(r, "fsdrt_free_grads(%d) of gradients not allocated, or still reducing", g);
     Group *G = &r->groups[g];
-    bk_pool_put(r, G->grads, bk_unsharded_count(r, G->padded, r->m->reduce_dtype));
+    bk_pool_put(r, G->grads, bk_unsharded_count(r, G->padded, grads_dtype(r)));
     G->grads = NULL;
 }
 

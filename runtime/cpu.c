@@ -4,10 +4,15 @@
  *
  * It is how the emitted schedule is tested without a GPU, so it follows the
  * GPU's numerics where they matter: parameters are all-gathered in the
- * `param` dtype (bf16 and fp16 travel as 2-byte values and are widened into
+ * `param` dtype, and gradients are rounded to the `reduce` dtype before and
+ * after the reduce-scatter. With bf16 act (fsdrt.h) the unsharded buffers
+ * are bf16 as on the GPU: each rank narrows its master shard into its slice
+ * and the 2-byte values are gathered in place; the bf16 gradients are
+ * widened into an fp32 buffer to be summed (MPI has no bf16 sum). With fp32
+ * act a 16-bit param dtype travels as 2-byte values that are widened into
  * the fp32 unsharded buffer, so kernels see exactly the rounded weights a
- * GPU would), and gradients are rounded to the `reduce` dtype before and
- * after the reduce-scatter. Collectives are MPI's nonblocking ones, issued
+ * GPU would. Products of bf16 matrices widen them into float scratch for
+ * OpenBLAS and round C once (fsdrt_gemm). Collectives are MPI's nonblocking ones, issued
  * where the schedule issues them and completed at its waits; without an
  * asynchronous progress thread they mostly move data inside the wait, which
  * costs time but not correctness.
@@ -46,8 +51,18 @@ typedef struct Pooled {
 /* A group's collectives in flight (common.c keeps which are). */
 typedef struct GroupComm {
     MPI_Request gather, reduce;
-    uint16_t *wire;          /* 2-byte all-gather buffer while gathering */
+    uint16_t *wire;          /* fp32 act: 2-byte all-gather buffer while gathering */
+    real *wide;              /* bf16 act: the gradients widened, while reducing */
 } GroupComm;
+
+/* bf16 products: float copies of the operands for OpenBLAS (fsdrt_gemm),
+ * grown to the largest product's need and kept for the run. Host memory
+ * outside the memory plan, like the attention kernel's scratch: the plan
+ * counts what a GPU holds, and cuBLASLt reads bf16 directly. */
+typedef struct GemmScratch {
+    real *p;
+    int64_t n;               /* elements */
+} GemmScratch;
 
 struct Backend {
     MPI_Comm comm;           /* the runtime's own copy of the world */
@@ -56,6 +71,7 @@ struct Backend {
     Pooled *pool;
     int npool, pool_cap;
     GroupComm *gc;
+    GemmScratch scratch;
 };
 
 /* ── errors ── */
@@ -235,6 +251,7 @@ void bk_stop(FsdRun *r)
         free(bk->pool[i].p);
     free(bk->pool);
     free(bk->gc);
+    free(bk->scratch.p);
     int up = 0, down = 0;
     MPI_Initialized(&up);
     MPI_Finalized(&down);
@@ -456,8 +473,9 @@ static void round_to(FsdDtype dt, real *x, int64_t n)
 
 /* ── parameters: all-gather ── */
 
-/* The 2-byte buffer is what a GPU would hold; the fp32 copy the kernels
- * read is the emulation's, so an unsharded buffer counts as its dtype. */
+/* With fp32 act the 2-byte buffer of a 16-bit param dtype is what a GPU
+ * would hold and the fp32 copy the kernels read is the emulation's, so an
+ * unsharded buffer counts as its dtype; with bf16 act it is the buffer. */
 int64_t bk_unsharded_count(FsdRun *r, int64_t n, FsdDtype dt) { return n * dtype_bytes(dt); }
 
 void bk_all_gather(FsdRun *r, int g)
@@ -467,19 +485,21 @@ void bk_all_gather(FsdRun *r, int g)
     FsdDtype dt = r->m->param_dtype;
     int n = count_of(r, G->shard, "a shard");
     if (dt == FSD_FP32) {
-        memcpy(G->params + G->lo, G->master, (size_t)G->shard * sizeof(real));
+        memcpy((real *)G->params + G->lo, G->master, (size_t)G->shard * sizeof(real));
         MPI_CHECK(r, MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, G->params, n, MPI_REAL_T,
                                     r->bk->comm, &c->gather));
-    } else {
-        /* the wire buffer is not counted: the fp32 one stands for it */
-        c->wire = bk_pool_get(r, G->padded * 2, 0);
-        uint16_t *own = c->wire + G->lo;
-#pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < G->shard; i++)
-            own[i] = narrow(dt, G->master[i]);
-        MPI_CHECK(r, MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, c->wire, n, MPI_UINT16_T,
-                                    r->bk->comm, &c->gather));
+        return;
     }
+    /* 2-byte values gathered in place: into the bf16 unsharded buffer
+     * itself, or for fp32 act into a wire buffer the wait widens (not
+     * counted: the fp32 buffer stands for it) */
+    uint16_t *all = act_bf16(r) ? G->params : (c->wire = bk_pool_get(r, G->padded * 2, 0));
+    uint16_t *own = all + G->lo;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < G->shard; i++)
+        own[i] = narrow(dt, G->master[i]);
+    MPI_CHECK(r, MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, all, n, MPI_UINT16_T,
+                                r->bk->comm, &c->gather));
 }
 
 void bk_wait_gather(FsdRun *r, int g)
@@ -489,9 +509,10 @@ void bk_wait_gather(FsdRun *r, int g)
     MPI_CHECK(r, MPI_Wait(&c->gather, MPI_STATUS_IGNORE));
     if (c->wire) {
         FsdDtype dt = r->m->param_dtype;
+        real *params = G->params;
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < G->padded; i++)
-            G->params[i] = widen(dt, c->wire[i]);
+            params[i] = widen(dt, c->wire[i]);
         bk_pool_put(r, c->wire, 0);
         c->wire = NULL;
     }
@@ -502,34 +523,51 @@ void bk_wait_gather(FsdRun *r, int g)
 void bk_alloc_grads(FsdRun *r, int g)
 {
     Group *G = &r->groups[g];
-    memset(G->grads, 0, (size_t)G->padded * sizeof(real));
+    memset(G->grads, 0, (size_t)unsharded_bytes(r, G));
 }
 
+/* bf16/fp16 reduction, emulated: every rank's values are rounded to the
+ * dtype, summed in fp32 (MPI has no 16-bit float sum) and the sum rounded
+ * again in the wait; a GPU ring rounds after every hop, so the two agree to
+ * the dtype's precision, not bit for bit. With bf16 act the gradients are
+ * bf16 already and are widened into an fp32 buffer to be summed: for
+ * reduce = fp32 that buffer is the plan's reduce buffer (common.c counts
+ * it), for reduce = bf16 the emulation's (the GPU reduces the bf16 buffer
+ * in place). */
 void bk_reduce_scatter(FsdRun *r, int g)
 {
     Group *G = &r->groups[g];
     GroupComm *c = &r->bk->gc[g];
-    /* bf16/fp16 reduction, emulated: every rank's values are rounded to the
-     * dtype, summed in fp32 (MPI has no 16-bit float sum) and the sum
-     * rounded again in the wait; a GPU ring rounds after every hop, so the
-     * two agree to the dtype's precision, not bit for bit */
-    round_to(r->m->reduce_dtype, G->grads, G->padded);
-    MPI_CHECK(r, MPI_Ireduce_scatter_block(MPI_IN_PLACE, G->grads, count_of(r, G->shard, "a shard"),
+    real *sum = G->grads;
+    if (act_bf16(r)) {
+        const uint16_t *grads = G->grads;
+        sum = c->wide = bk_pool_get(r, G->padded * (int64_t)sizeof(real), 0);
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < G->padded; i++)
+            sum[i] = float_from_bf16(grads[i]);
+    } else
+        round_to(r->m->reduce_dtype, sum, G->padded);
+    MPI_CHECK(r, MPI_Ireduce_scatter_block(MPI_IN_PLACE, sum, count_of(r, G->shard, "a shard"),
                                            MPI_REAL_T, MPI_SUM, r->bk->comm, &c->reduce));
 }
 
+/* The summed slice is at the start of the buffer reduced (MPI_IN_PLACE). */
 void bk_wait_reduce(FsdRun *r, int g)
 {
     Group *G = &r->groups[g];
     GroupComm *c = &r->bk->gc[g];
     MPI_CHECK(r, MPI_Wait(&c->reduce, MPI_STATUS_IGNORE));
-    round_to(r->m->reduce_dtype, G->grads, G->shard);
+    real *sum = c->wide ? c->wide : G->grads, *shard = G->grad;
+    round_to(r->m->reduce_dtype, sum, G->shard);
     /* averaged over ranks, accumulated over micro-batches */
     const real world = (real)r->world;
-    real *sum = G->grads, *shard = G->grad;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < G->shard; i++)
         shard[i] += sum[i] / world;
+    if (c->wide) {
+        bk_pool_put(r, c->wide, 0);
+        c->wide = NULL;
+    }
 }
 
 /* ── compute ── */
@@ -550,6 +588,14 @@ static void gemm_call(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
     cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans,
                 (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
 #endif
+}
+
+/* C[m, n] = beta·C (beta 0: 0, C unread): a product with K = 0. */
+static void scale_rows(real *C, int64_t m, int64_t n, int64_t ldc, real beta)
+{
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++)
+            C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
 }
 
 /* C[m, n] = bias[j] in every row: what fsdrt_gemm_bias's product adds to. */
@@ -593,28 +639,104 @@ static void gemm_slabs(bool transA, bool transB, int64_t M, int64_t N, int64_t K
     gemm_call(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+/* ── bf16 products ──
+ *
+ * OpenBLAS has no bf16 product that sums in fp32 the way cuBLASLt does, so
+ * the operands are widened (exactly) into float scratch and multiplied with
+ * the same sgemm as fp32 act; C is widened first when beta reads it, the
+ * bias is filled in float, and each element of C is rounded to bf16 once,
+ * with the bits of templates/portable.h's fsd_narrow. op(B) is widened
+ * whole, op(A) and C a block of rows at a time, so the scratch stays a few
+ * tens of MiB whatever M is (a [B·T, vocab] product in one piece would take
+ * gigabytes). */
+
+/* Floats of op(A) and C one block of rows may widen. */
+#define BF16_BLOCK_ELEMS ((int64_t)1 << 22)
+
+/* At least n elements of scratch, kept for later products. */
+static real *scratch(FsdRun *r, int64_t n)
+{
+    GemmScratch *s = &r->bk->scratch;
+    if (n > s->n) {
+        real *p = realloc(s->p, sizeof(real) * (size_t)n);
+        if (!p) {
+            fprintf(stderr, "train: rank %d: out of memory widening a bf16 product (%lld bytes)\n",
+                    r->rank, (long long)(sizeof(real) * (size_t)n));
+            bk_abort(r);
+        }
+        s->p = p;
+        s->n = n;
+    }
+    return s->p;
+}
+
+/* dst[i·n + j] = src[i·ld + j] widened from bf16, i < m, j < n. */
+static void widen_rows(real *dst, const uint16_t *src, int64_t m, int64_t n, int64_t ld)
+{
+#pragma omp parallel for schedule(static) if (m * n > 65536)
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++)
+            dst[i * n + j] = float_from_bf16(src[i * ld + j]);
+}
+
+/* fsdrt_gemm (bias NULL) and fsdrt_gemm_bias (alpha 1, beta 0) on bf16. */
+static void gemm_bf16(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                      real alpha, const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb,
+                      real beta, uint16_t *C, int64_t ldc, const uint16_t *bias)
+{
+    int64_t rows = BF16_BLOCK_ELEMS / (K + N);
+    rows = rows < 1 ? 1 : rows > M ? M : rows;
+    real *b = scratch(r, K * N + rows * (K + N) + N);
+    real *a = b + K * N, *c = a + rows * K, *bias_w = c + rows * N;
+    widen_rows(b, B, transB ? N : K, transB ? K : N, ldb);
+    if (bias)
+        widen_rows(bias_w, bias, 1, N, N);
+    for (int64_t i0 = 0; i0 < M; i0 += rows) {
+        const int64_t m = M - i0 < rows ? M - i0 : rows;
+        /* op(A)'s rows i0 … i0 + m: rows of A, or columns of the stored Aᵀ */
+        if (transA)
+            widen_rows(a, A + i0, K, m, lda);
+        else
+            widen_rows(a, A + i0 * lda, m, K, lda);
+        if (!bias && beta != 0)
+            widen_rows(c, C + i0 * ldc, m, N, ldc);
+        if (K > 0)
+            gemm_slabs(transA, transB, m, N, K, alpha, a, transA ? m : K, b, transB ? K : N,
+                       bias ? 1 : beta, c, N, bias ? bias_w : NULL);
+        else if (bias)   /* an empty product: C is the bias */
+            fill_bias(c, m, N, N, bias_w);
+        else
+            scale_rows(c, m, N, N, beta);
+#pragma omp parallel for schedule(static) if (m * N > 65536)
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < N; j++)
+                C[(i0 + i) * ldc + j] = bf16_from_float((float)c[i * N + j]);
+    }
+}
+
+/* ── products ── */
+
 void fsdrt_gemm(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64_t K, real alpha,
-                const real *A, int64_t lda, const real *B, int64_t ldb, real beta, real *C,
+                const void *A, int64_t lda, const void *B, int64_t ldb, real beta, void *C,
                 int64_t ldc)
 {
     rt_check_gemm(r, "fsdrt_gemm", transA, transB, M, N, K, lda, ldb, ldc);
     if (M == 0 || N == 0)
         return;
-    if (K == 0) {   /* BLAS refuses lda = 0; the product is empty, C = beta·C */
-        for (int64_t i = 0; i < M; i++)
-            for (int64_t j = 0; j < N; j++)
-                C[i * ldc + j] = beta == 0 ? 0 : beta * C[i * ldc + j];
-        return;
-    }
-    gemm_slabs(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL);
+    if (act_bf16(r))
+        gemm_bf16(r, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL);
+    else if (K == 0)   /* BLAS refuses lda = 0; the product is empty, C = beta·C */
+        scale_rows(C, M, N, ldc, beta);
+    else
+        gemm_slabs(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL);
 }
 
 /* The bias is written into C first and BLAS adds the product to it (beta
  * 1): one pass over C that replaces OpenBLAS's own zeroing of C for beta 0,
  * where a separate bias kernel would read and write C again. */
 void fsdrt_gemm_bias(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
-                     const real *A, int64_t lda, const real *B, int64_t ldb, const real *bias,
-                     real *C, int64_t ldc)
+                     const void *A, int64_t lda, const void *B, int64_t ldb, const void *bias,
+                     void *C, int64_t ldc)
 {
     rt_check_gemm(r, "fsdrt_gemm_bias", transA, transB, M, N, K, lda, ldb, ldc);
     if (M == 0 || N == 0)
@@ -622,11 +744,12 @@ void fsdrt_gemm_bias(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, 
     if (!bias)
         RT_BUG(r, "fsdrt_gemm_bias: no bias for a [%lld, %lld] product", (long long)M,
                (long long)N);
-    if (K == 0) {   /* the product is empty: C is the bias */
+    if (act_bf16(r))
+        gemm_bf16(r, transA, transB, M, N, K, 1, A, lda, B, ldb, 0, C, ldc, bias);
+    else if (K == 0)   /* the product is empty: C is the bias */
         fill_bias(C, M, N, ldc, bias);
-        return;
-    }
-    gemm_slabs(transA, transB, M, N, K, 1, A, lda, B, ldb, 1, C, ldc, bias);
+    else
+        gemm_slabs(transA, transB, M, N, K, 1, A, lda, B, ldb, 1, C, ldc, bias);
 }
 
 /* ── the step's update: optim.c's loops, on the shards where they are ── */

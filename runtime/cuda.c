@@ -32,12 +32,18 @@
  * averages (ncclAvg) into this rank's slice of the unsharded gradients, and
  * the same stream adds that slice into the fp32 gradient shard.
  *
- * Mixed precision, first version (docs/cuda.md): a 16-bit param dtype
- * travels as 16 bits (the shard is narrowed into a wire buffer, gathered,
- * and widened into an fp32 unsharded buffer on the gather stream), and a
- * 16-bit reduce dtype is reduced as 16 bits; kernels and matrix products
- * compute in fp32 (matmuls on TF32 tensor cores unless FSD_TF32=0). So the
- * bytes on the wire are the plan's, the unsharded parameter buffers are
+ * Mixed precision (docs/cuda.md). With bf16 act (fsdrt.h: a policy with
+ * param = bf16) every unsharded buffer is bf16: the all-gather narrows the
+ * fp32 master shard into this rank's slice of the bf16 parameter buffer and
+ * gathers in place; the bf16 gradients are reduce-scattered in place
+ * (reduce = bf16), or widened into one fp32 reduce buffer and reduced there
+ * (reduce = fp32), and the averaged slice is widened into the fp32 grad
+ * shard; products are bf16 cuBLASLt products summed in fp32. With fp32 act
+ * (param = fp32 or fp16) a 16-bit param dtype travels as 16 bits (the
+ * shard is narrowed into a wire buffer, gathered, and widened into an fp32
+ * unsharded buffer on the gather stream), a 16-bit reduce dtype is reduced
+ * as 16 bits, and kernels and products compute in fp32 (matmuls on TF32
+ * tensor cores unless FSD_TF32=0): the unsharded parameter buffers are then
  * twice the plan's size, and the counters say so.
  *
  * Offload (`offload = cpu`): shards and optimizer state are pinned host
@@ -64,6 +70,7 @@
  * every other rank instead of leaving them waiting forever.
  */
 #include "cuda.h"
+#include "half.h"
 #include "internal.h"
 
 #include <cublasLt.h>
@@ -95,6 +102,7 @@
  * the algorithm the heuristic chose, so a step never asks the heuristic
  * again and every call of a shape runs the same algorithm. */
 typedef struct GemmPlan {
+    bool bf16;                       /* the model's act: bf16 operands, else fp32 */
     bool transA, transB, bias;
     int64_t M, N, K, lda, ldb, ldc;
     uint32_t align;                  /* bytes every operand is aligned to, 16..256 */
@@ -118,6 +126,9 @@ typedef struct GroupComm {
     cudaEvent_t copied_in, scattered;
     int64_t reduces;
     float *acc;
+    /* offload with bf16 act: this group's part of h_act (elements), and the
+     * step its master shard was last narrowed into it (-1: never) */
+    int64_t h_act_at, staged_step;
 } GroupComm;
 
 struct Backend {
@@ -146,8 +157,9 @@ struct Backend {
     int npool, pool_cap;
     bool pool_sized, pool_warned;
     GroupComm *gc;
-    uint16_t *wire_ag, *wire_rs;     /* 16-bit wire buffers, largest group's size */
+    uint16_t *wire_ag, *wire_rs;     /* fp32 act: 16-bit wire buffers, largest group's size */
     int64_t wire_ag_bytes, wire_rs_bytes;
+    float *reduce32;                 /* bf16 act, reduce = fp32: the reduce buffer, likewise */
     CudaSeg *seg;                    /* every group's segments, end to end */
     int *seg_at;                     /* group g's first segment */
     int32_t *d_idx, *d_targets, *d_positions;
@@ -162,6 +174,7 @@ struct Backend {
     bool offload;
     cudaStream_t h2d, d2h;
     int64_t acc_bytes;               /* device accumulators, counted */
+    uint16_t *h_act;                 /* bf16 act: every master shard narrowed, pinned */
 };
 
 /* The compute stream, for launchers that have no FsdRun at hand (one run
@@ -663,8 +676,8 @@ void bk_stop(FsdRun *r)
     for (int i = 0; i < bk->npool; i++)
         CUDA_NOTE(r, cudaFree(bk->pool[i].p));
     free(bk->pool);
-    void *dev[] = {bk->wire_ag, bk->wire_rs, bk->seg, bk->d_idx, bk->d_targets, bk->d_positions,
-                   bk->d_stats, bk->d_partials, bk->d_small, bk->blas_ws};
+    void *dev[] = {bk->wire_ag, bk->wire_rs, bk->reduce32, bk->seg, bk->d_idx, bk->d_targets,
+                   bk->d_positions, bk->d_stats, bk->d_partials, bk->d_small, bk->blas_ws};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
         if (dev[i])
             CUDA_NOTE(r, cudaFree(dev[i]));
@@ -988,7 +1001,7 @@ static void size_pools(FsdRun *r)
             const int g = ev[i].group;
             if (g >= m->ngroups)
                 RT_BUG(r, "buffer event %d names group %d of %d", i, g, m->ngroups);
-            const int64_t bytes = r->groups[g].padded * (int64_t)sizeof(real);
+            const int64_t bytes = unsharded_bytes(r, &r->groups[g]);   /* as common.c asks */
             switch (ev[i].op) {
             case FSD_BUF_GATHER:
                 if (!params[g])
@@ -1046,23 +1059,28 @@ static void *device(FsdRun *r, int64_t bytes, bool counted)
  * (bk_alloc_shard); the optimizer and the gradient norm run on the host
  * (optim.c, OpenMP), in bk_update after its one host wait. In a step:
  *
- * - an all-gather copies this rank's fp32 master shard in on the h2d
- *   stream, into its slice of the fp32 unsharded buffer, and the gather
- *   stream waits on that copy. A 16-bit param dtype is narrowed on the
- *   device from there into the wire buffer, as without offload: the fp32
- *   buffer is the staging, so neither side needs a buffer more and the
- *   host keeps no second copy of the master to refresh after every
- *   update, for twice the bytes over PCIe (a host-narrowed pinned copy
- *   would halve them);
+ * - an all-gather copies this rank's master shard in on the h2d stream,
+ *   into its slice of the unsharded buffer, and the gather stream waits on
+ *   that copy. With fp32 act the fp32 shard is copied, and a 16-bit param
+ *   dtype is narrowed on the device from there into the wire buffer, as
+ *   without offload: the fp32 buffer is the staging. With bf16 act the
+ *   slice holds only bf16, so the host narrows the shard into a pinned
+ *   bf16 copy (h_act) and that is copied in: half the bytes over PCIe of
+ *   copying fp32 into a device staging buffer and narrowing there, and no
+ *   device buffer outside the plan. The host narrows a group once a step,
+ *   at its first all-gather (stage_bf16): the masters change only in the
+ *   update between steps, whose host wait has seen every copy out of h_act
+ *   done, so no copy in flight ever reads what the host rewrites;
  * - a reduce-scatter leaves this rank's averaged fp32 slice on the device
- *   (widened there for a 16-bit reduce dtype); with grad_accum 1 the d2h
- *   stream copies that slice straight into the pinned gradient shard;
- *   with more micro-batches it is added into a device accumulator, and
- *   only the group's last reduce-scatter of the step copies the
- *   accumulator out (and zeroes it). One copy a step, not one a
- *   micro-batch (FSDP2's offload copies every reduce-scatter out), and no
- *   host work in the step, at the price of a device gradient shard per
- *   group when grad_accum > 1 (counted).
+ *   (widened there for a 16-bit reduce dtype); with grad_accum 1 and fp32
+ *   act the d2h stream copies that slice straight into the pinned gradient
+ *   shard; with more micro-batches, or bf16 act (whose slice is bf16, no
+ *   room for fp32), it is added into a device accumulator, and only the
+ *   group's last reduce-scatter of the step copies the accumulator out
+ *   (and zeroes it). One copy a step, not one a micro-batch (FSDP2's
+ *   offload copies every reduce-scatter out), and no host work in the
+ *   step but bf16 act's narrowing, at the price of a device gradient shard
+ *   per group with an accumulator (counted).
  *
  * The compute stream waits on the copy out (through the group's `reduced`
  * event) before its unsharded gradients go back to the pool, so the pool
@@ -1072,6 +1090,7 @@ static void offload_start(FsdRun *r)
 {
     Backend *bk = r->bk;
     int least = 0, greatest = 0;
+    int64_t staged = 0;   /* bf16 act: h_act's elements so far */
     bk->offload = true;
     CUDA_CHECK(r, cudaDeviceGetStreamPriorityRange(&least, &greatest));
     CUDA_CHECK(r, cudaStreamCreateWithPriority(&bk->h2d, cudaStreamNonBlocking, greatest));
@@ -1080,11 +1099,21 @@ static void offload_start(FsdRun *r)
         GroupComm *c = &bk->gc[g];
         CUDA_CHECK(r, cudaEventCreateWithFlags(&c->copied_in, cudaEventDisableTiming));
         CUDA_CHECK(r, cudaEventCreateWithFlags(&c->scattered, cudaEventDisableTiming));
-        if (r->cfg.grad_accum > 1) {
+        if (r->cfg.grad_accum > 1 || act_bf16(r)) {
             const int64_t bytes = r->groups[g].shard * (int64_t)sizeof(real);
             c->acc = device(r, bytes, true);
             bk->acc_bytes += c->acc ? bytes : 0;
         }
+        c->h_act_at = staged;
+        c->staged_step = -1;
+        staged += r->groups[g].shard;
+    }
+    if (act_bf16(r) && cudaMallocHost((void **)&bk->h_act, (size_t)(2 * staged)) != cudaSuccess) {
+        cudaGetLastError();
+        bk->h_act = NULL;
+        rt_fail(r, "out of pinned host memory for the bf16 copies of the master shards "
+                   "(%lld bytes)",
+                (long long)(2 * staged));
     }
 }
 
@@ -1108,6 +1137,8 @@ static void offload_stop(FsdRun *r)
             CUDA_NOTE(r, cudaEventDestroy(c->scattered));
     }
     rt_count(r, -bk->acc_bytes);
+    if (bk->h_act)
+        CUDA_NOTE(r, cudaFreeHost(bk->h_act));
     if (bk->h2d)
         CUDA_NOTE(r, cudaStreamDestroy(bk->h2d));
     if (bk->d2h)
@@ -1161,17 +1192,24 @@ void bk_ready(FsdRun *r)
     bk->seg = device(r, (int64_t)sizeof *seg * (nseg + 1), false);
     bk->d_partials = device(r, (int64_t)sizeof(double) * npart, false);
 
-    /* 16-bit wire buffers: one per direction, the largest group's size; its
-     * stream uses it for one collective at a time */
+    /* fp32 act: 16-bit wire buffers, one per direction, the largest group's
+     * size; its stream uses it for one collective at a time. bf16 act
+     * gathers in the unsharded buffers themselves and reduces bf16 in
+     * place, but an fp32 reduce widens the gradients into one fp32 buffer
+     * used the same way; it is not counted here: common.c counts a padded ×
+     * 4 buffer for each reduce-scatter while it runs, as the plan does */
     int64_t most = 0;
     for (int g = 0; g < m->ngroups; g++)
         if (r->groups[g].padded > most)
             most = r->groups[g].padded;
-    if (m->param_dtype != FSD_FP32) {
+    if (act_bf16(r)) {
+        if (m->reduce_dtype == FSD_FP32)
+            bk->reduce32 = device(r, 4 * most, false);
+    } else if (m->param_dtype != FSD_FP32) {
         bk->wire_ag_bytes = 2 * most;
         bk->wire_ag = device(r, bk->wire_ag_bytes, true);
     }
-    if (m->reduce_dtype != FSD_FP32) {
+    if (!act_bf16(r) && m->reduce_dtype != FSD_FP32) {
         bk->wire_rs_bytes = 2 * most;
         bk->wire_rs = device(r, bk->wire_rs_bytes, true);
     }
@@ -1254,11 +1292,30 @@ void fsdrt_add_loss_tensor(FsdRun *r, const real *loss)
 
 static ncclDataType_t wire_type(FsdDtype dt) { return dt == FSD_BF16 ? ncclBfloat16 : ncclFloat16; }
 
-/* Unsharded buffers are fp32 on the device whatever the wire's dtype (the
- * 16-bit wire buffers are bk_ready's, counted there). */
+/* Unsharded buffers are act on the device: bf16 with bf16 act; with fp32
+ * act fp32 whatever the wire's dtype (the 16-bit wire buffers are
+ * bk_ready's, counted there). */
 int64_t bk_unsharded_count(FsdRun *r, int64_t n, FsdDtype dt)
 {
-    return n * (int64_t)sizeof(real);
+    return n * act_bytes(r);
+}
+
+/* offload with bf16 act: group g's master shard narrowed on the host into
+ * its part of h_act, at its first all-gather of a step (the offload section
+ * above says why that is the one time it may be written). */
+static void stage_bf16(FsdRun *r, int g)
+{
+    Backend *bk = r->bk;
+    GroupComm *c = &bk->gc[g];
+    const Group *G = &r->groups[g];
+    if (c->staged_step == r->step)
+        return;
+    const float *master = G->master;
+    uint16_t *staged = bk->h_act + c->h_act_at;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < G->shard; i++)
+        staged[i] = bf16_from_float(master[i]);
+    c->staged_step = r->step;
 }
 
 void bk_all_gather(FsdRun *r, int g)
@@ -1267,28 +1324,40 @@ void bk_all_gather(FsdRun *r, int g)
     Group *G = &r->groups[g];
     GroupComm *c = &bk->gc[g];
     const FsdDtype dt = r->m->param_dtype;
-    const real *own = G->master;
+    const bool bf16_act = act_bf16(r);
+    /* this rank's slice of the unsharded buffer: its shard goes there, and
+     * the gather fills the rest around it */
+    void *own = (char *)G->params + G->lo * act_bytes(r);
+    const float *shard32 = G->master;   /* fp32 act: where the fp32 shard is on the device */
     if (bk->offload) {
-        /* the host's master shard comes in on its own stream, into this
-         * rank's slice (ordered after the compute stream, which may still
-         * read the buffer's last contents); the gather waits on the copy */
+        /* the host's master shard comes in on its own stream (ordered after
+         * the compute stream, which may still read the buffer's last
+         * contents); the gather waits on the copy */
         fence(r, bk->h2d);
-        CUDA_CHECK(r, cudaMemcpyAsync(G->params + G->lo, G->master, (size_t)G->shard * sizeof(real),
-                                      cudaMemcpyHostToDevice, bk->h2d));
+        if (bf16_act) {
+            stage_bf16(r, g);
+            CUDA_CHECK(r, cudaMemcpyAsync(own, bk->h_act + c->h_act_at, (size_t)G->shard * 2,
+                                          cudaMemcpyHostToDevice, bk->h2d));
+        } else
+            CUDA_CHECK(r, cudaMemcpyAsync(own, G->master, (size_t)G->shard * sizeof(real),
+                                          cudaMemcpyHostToDevice, bk->h2d));
         CUDA_CHECK(r, cudaEventRecord(c->copied_in, bk->h2d));
         CUDA_CHECK(r, cudaStreamWaitEvent(bk->gather, c->copied_in, 0));
-        own = G->params + G->lo;
-    } else
+        shard32 = own;
+    } else {
         fence(r, bk->gather);
-    if (dt == FSD_FP32) {
-        if (!bk->offload)
-            CUDA_CHECK(r, cudaMemcpyAsync(G->params + G->lo, G->master, (size_t)G->shard * sizeof(real),
+        if (bf16_act)
+            CUDA_CHECK(r, cu_narrow(own, G->master, G->shard, 1, bk->gather));
+        else if (dt == FSD_FP32)
+            CUDA_CHECK(r, cudaMemcpyAsync(own, G->master, (size_t)G->shard * sizeof(real),
                                           cudaMemcpyDeviceToDevice, bk->gather));
-        NCCL_CHECK(r, ncclAllGather(G->params + G->lo, G->params, (size_t)G->shard, ncclFloat32,
-                                    bk->comm, bk->gather));
+    }
+    if (bf16_act || dt == FSD_FP32) {   /* in place: the buffer holds what is gathered */
+        NCCL_CHECK(r, ncclAllGather(own, G->params, (size_t)G->shard,
+                                    bf16_act ? ncclBfloat16 : ncclFloat32, bk->comm, bk->gather));
     } else {
         const int bf16 = dt == FSD_BF16;
-        CUDA_CHECK(r, cu_narrow(bk->wire_ag + G->lo, own, G->shard, bf16, bk->gather));
+        CUDA_CHECK(r, cu_narrow(bk->wire_ag + G->lo, shard32, G->shard, bf16, bk->gather));
         NCCL_CHECK(r, ncclAllGather(bk->wire_ag + G->lo, bk->wire_ag, (size_t)G->shard,
                                     wire_type(dt), bk->comm, bk->gather));
         CUDA_CHECK(r, cu_widen(G->params, bk->wire_ag, G->padded, bf16, bk->gather));
@@ -1308,7 +1377,7 @@ void bk_wait_gather(FsdRun *r, int g)
 void bk_alloc_grads(FsdRun *r, int g)
 {
     Group *G = &r->groups[g];
-    CUDA_CHECK(r, cudaMemsetAsync(G->grads, 0, (size_t)G->padded * sizeof(real), r->bk->compute));
+    CUDA_CHECK(r, cudaMemsetAsync(G->grads, 0, (size_t)unsharded_bytes(r, G), r->bk->compute));
 }
 
 void bk_reduce_scatter(FsdRun *r, int g)
@@ -1318,31 +1387,45 @@ void bk_reduce_scatter(FsdRun *r, int g)
     GroupComm *c = &bk->gc[g];
     const FsdDtype dt = r->m->reduce_dtype;
     /* where the averaged slice is added: the grad shard, or with offload the
-     * device accumulator (NULL with grad_accum 1: the slice is copied out
-     * as it is, from the unsharded gradient buffer) */
+     * device accumulator (NULL with grad_accum 1 and fp32 act: the slice is
+     * copied out as it is, from the unsharded gradient buffer) */
     float *sum = bk->offload ? c->acc : G->grad;
     const bool copy_out = bk->offload && ++c->reduces == r->cfg.grad_accum;
     fence(r, bk->reduce);
-    if (dt == FSD_FP32) {
-        NCCL_CHECK(r, ncclReduceScatter(G->grads, G->grads + G->lo, (size_t)G->shard, ncclFloat32,
+    if (act_bf16(r)) {
+        uint16_t *grads = G->grads;
+        if (dt == FSD_FP32) {   /* widened into the fp32 reduce buffer, reduced there */
+            CUDA_CHECK(r, cu_widen(bk->reduce32, grads, G->padded, 1, bk->reduce));
+            NCCL_CHECK(r, ncclReduceScatter(bk->reduce32, bk->reduce32 + G->lo, (size_t)G->shard,
+                                            ncclFloat32, ncclAvg, bk->comm, bk->reduce));
+            CUDA_CHECK(r, cu_accum(sum, bk->reduce32 + G->lo, G->shard, bk->reduce));
+        } else {
+            NCCL_CHECK(r, ncclReduceScatter(grads, grads + G->lo, (size_t)G->shard, ncclBfloat16,
+                                            ncclAvg, bk->comm, bk->reduce));
+            CUDA_CHECK(r, cu_accum_widen(sum, grads + G->lo, G->shard, 1, bk->reduce));
+        }
+    } else if (dt == FSD_FP32) {
+        float *grads = G->grads;
+        NCCL_CHECK(r, ncclReduceScatter(grads, grads + G->lo, (size_t)G->shard, ncclFloat32,
                                         ncclAvg, bk->comm, bk->reduce));
         if (sum)
-            CUDA_CHECK(r, cu_accum(sum, G->grads + G->lo, G->shard, bk->reduce));
+            CUDA_CHECK(r, cu_accum(sum, grads + G->lo, G->shard, bk->reduce));
     } else {
+        float *grads = G->grads;
         const int bf16 = dt == FSD_BF16;
-        CUDA_CHECK(r, cu_narrow(bk->wire_rs, G->grads, G->padded, bf16, bk->reduce));
+        CUDA_CHECK(r, cu_narrow(bk->wire_rs, grads, G->padded, bf16, bk->reduce));
         NCCL_CHECK(r, ncclReduceScatter(bk->wire_rs, bk->wire_rs + G->lo, (size_t)G->shard,
                                         wire_type(dt), ncclAvg, bk->comm, bk->reduce));
         if (sum)
             CUDA_CHECK(r, cu_accum_widen(sum, bk->wire_rs + G->lo, G->shard, bf16, bk->reduce));
         else   /* fp32 for the host, in the slice the 16-bit values came from */
-            CUDA_CHECK(r, cu_widen(G->grads + G->lo, bk->wire_rs + G->lo, G->shard, bf16, bk->reduce));
+            CUDA_CHECK(r, cu_widen(grads + G->lo, bk->wire_rs + G->lo, G->shard, bf16, bk->reduce));
     }
     if (copy_out) {
         /* the step's gradient of this group, out to the pinned grad shard on
          * its own stream; `reduced` then follows the copy (and the
          * accumulator's zeroing), so the compute stream's wait covers both */
-        const float *from = sum ? sum : G->grads + G->lo;
+        const float *from = sum ? sum : (const float *)G->grads + G->lo;
         CUDA_CHECK(r, cudaEventRecord(c->scattered, bk->reduce));
         CUDA_CHECK(r, cudaStreamWaitEvent(bk->d2h, c->scattered, 0));
         CUDA_CHECK(r, cudaMemcpyAsync(G->grad, from, (size_t)G->shard * sizeof(real),
@@ -1365,10 +1448,13 @@ void bk_wait_reduce(FsdRun *r, int g)
 
 /* Row-major C = α·op(A)·op(B) + β·C is column-major Cᵀ = α·op(B)ᵀ·op(A)ᵀ +
  * β·Cᵀ with the same buffers: cuBLASLt gets B as its A and A as its B, the
- * dimensions swapped (its m = N, n = M). fp32 in and out, fp32
- * accumulation; inputs rounded to TF32 on the tensor cores
- * (CUBLAS_COMPUTE_32F_FAST_TF32, as PyTorch's allow_tf32 and llm.c's fp32
- * build) unless FSD_TF32=0 asks for full fp32 products. A bias, in Cᵀ's
+ * dimensions swapped (its m = N, n = M). Operands are the model's act.
+ * fp32: fp32 in and out, fp32 accumulation; inputs rounded to TF32 on the
+ * tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32, as PyTorch's allow_tf32 and
+ * llm.c's fp32 build) unless FSD_TF32=0 asks for full fp32 products. bf16:
+ * A, B, C, D and the bias bf16, products summed in fp32
+ * (CUBLAS_COMPUTE_32F, scalars fp32) and D rounded once, as PyTorch's bf16
+ * matmuls and llm.c's bf16 build. A bias, in Cᵀ's
  * terms, is one value per row of its N rows: cuBLASLt's EPILOGUE_BIAS
  * vector, whose length is D's row count and which it broadcasts over D's
  * columns (our rows).
@@ -1390,13 +1476,15 @@ static uint32_t addr_align(const void *p)
     return a;
 }
 
-static GemmPlan *gemm_plan(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
-                           int64_t lda, int64_t ldb, int64_t ldc, const float *bias, uint32_t align)
+static GemmPlan *gemm_plan(FsdRun *r, bool bf16, bool transA, bool transB, int64_t M, int64_t N,
+                           int64_t K, int64_t lda, int64_t ldb, int64_t ldc, const void *bias,
+                           uint32_t align)
 {
     Backend *bk = r->bk;
     for (int i = 0; i < bk->nplans; i++) {
         GemmPlan *p = &bk->plans[i];
-        if (p->transA == transA && p->transB == transB && p->bias == (bias != NULL) &&
+        if (p->bf16 == bf16 && p->transA == transA && p->transB == transB &&
+            p->bias == (bias != NULL) &&
             p->M == M && p->N == N && p->K == K && p->lda == lda && p->ldb == ldb &&
             p->ldc == ldc && p->align == align)
             return p;
@@ -1410,10 +1498,11 @@ static GemmPlan *gemm_plan(FsdRun *r, bool transA, bool transB, int64_t M, int64
         bk->plans_cap = cap;
     }
     GemmPlan *p = &bk->plans[bk->nplans++];   /* counted now: bk_stop frees what was made */
-    *p = (GemmPlan){transA, transB, bias != NULL, M, N, K, lda, ldb, ldc, align};
-    BLAS_CHECK(r, cublasLtMatmulDescCreate(
-                      &p->desc, bk->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
-                      CUDA_R_32F));
+    *p = (GemmPlan){bf16, transA, transB, bias != NULL, M, N, K, lda, ldb, ldc, align};
+    const cudaDataType_t type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    const cublasComputeType_t compute =
+        bk->tf32 && !bf16 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    BLAS_CHECK(r, cublasLtMatmulDescCreate(&p->desc, compute, CUDA_R_32F));
     cublasOperation_t opa = transB ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasOperation_t opb = transA ? CUBLAS_OP_T : CUBLAS_OP_N;
     BLAS_CHECK(r, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa,
@@ -1427,13 +1516,19 @@ static GemmPlan *gemm_plan(FsdRun *r, bool transA, bool transB, int64_t M, int64
         /* the heuristic reads the bias's alignment from its address */
         BLAS_CHECK(r, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                      &bias, sizeof bias));
+        /* a bf16 bias: D's type is the default, said so that it is not a guess */
+        const int32_t bias_type = CUDA_R_16BF;
+        if (bf16)
+            BLAS_CHECK(r, cublasLtMatmulDescSetAttribute(
+                              p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                              sizeof bias_type));
     }
     /* column-major layouts of the stored matrices: op(B)ᵀ is [N, K], op(A)ᵀ [K, M] */
-    BLAS_CHECK(r, cublasLtMatrixLayoutCreate(&p->a, CUDA_R_32F, (uint64_t)(transB ? K : N),
+    BLAS_CHECK(r, cublasLtMatrixLayoutCreate(&p->a, type, (uint64_t)(transB ? K : N),
                                              (uint64_t)(transB ? N : K), ldb));
-    BLAS_CHECK(r, cublasLtMatrixLayoutCreate(&p->b, CUDA_R_32F, (uint64_t)(transA ? M : K),
+    BLAS_CHECK(r, cublasLtMatrixLayoutCreate(&p->b, type, (uint64_t)(transA ? M : K),
                                              (uint64_t)(transA ? K : M), lda));
-    BLAS_CHECK(r, cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, (uint64_t)N, (uint64_t)M, ldc));
+    BLAS_CHECK(r, cublasLtMatrixLayoutCreate(&p->c, type, (uint64_t)N, (uint64_t)M, ldc));
 
     cublasLtMatmulPreference_t pref;
     BLAS_CHECK(r, cublasLtMatmulPreferenceCreate(&pref));
@@ -1453,9 +1548,10 @@ static GemmPlan *gemm_plan(FsdRun *r, bool transA, bool transB, int64_t M, int64
     if (found < 1 || best.state != CUBLAS_STATUS_SUCCESS) {
         char why[256];
         snprintf(why, sizeof why,
-                 "no algorithm for C[%lld, %lld] = op(A)·op(B)%s with K %lld, trans %d%d, lda %lld "
-                 "ldb %lld ldc %lld, operands aligned to %u bytes, a %d MiB workspace",
-                 (long long)M, (long long)N, bias ? " + bias" : "", (long long)K, transA, transB,
+                 "no algorithm for %s C[%lld, %lld] = op(A)·op(B)%s with K %lld, trans %d%d, lda "
+                 "%lld ldb %lld ldc %lld, operands aligned to %u bytes, a %d MiB workspace",
+                 bf16 ? "bf16" : "fp32", (long long)M, (long long)N, bias ? " + bias" : "",
+                 (long long)K, transA, transB,
                  (long long)lda, (long long)ldb, (long long)ldc, align,
                  BLAS_WORKSPACE_BYTES >> 20);
         failed(r, __FILE__, __LINE__, "cublasLtMatmulAlgoGetHeuristic", why);
@@ -1484,8 +1580,8 @@ static void gemm_plans_free(FsdRun *r)
 
 /* One product on the compute stream, through its shape's plan. */
 static void lt_matmul(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
-                      float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
-                      float beta, float *C, int64_t ldc, const float *bias)
+                      float alpha, const void *A, int64_t lda, const void *B, int64_t ldb,
+                      float beta, void *C, int64_t ldc, const void *bias)
 {
     Backend *bk = r->bk;
     uint32_t align = addr_align(A), ab = addr_align(B), ac = addr_align(C);
@@ -1498,7 +1594,7 @@ static void lt_matmul(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N,
     if (align < 16)
         RT_BUG(r, "a [%lld, %lld] product's operand is aligned to %u bytes; the runtime hands out "
                   "buffers aligned to at least 16", (long long)M, (long long)N, align);
-    GemmPlan *p = gemm_plan(r, transA, transB, M, N, K, lda, ldb, ldc, bias, align);
+    GemmPlan *p = gemm_plan(r, act_bf16(r), transA, transB, M, N, K, lda, ldb, ldc, bias, align);
     if (bias)   /* this call's bias: host-side state of the descriptor, read at launch */
         BLAS_CHECK(r, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                      &bias, sizeof bias));
@@ -1507,7 +1603,7 @@ static void lt_matmul(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N,
 }
 
 void fsdrt_gemm(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64_t K, real alpha,
-                const real *A, int64_t lda, const real *B, int64_t ldb, real beta, real *C,
+                const void *A, int64_t lda, const void *B, int64_t ldb, real beta, void *C,
                 int64_t ldc)
 {
     rt_check_gemm(r, "fsdrt_gemm", transA, transB, M, N, K, lda, ldb, ldc);
@@ -1515,15 +1611,15 @@ void fsdrt_gemm(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64
     if (M == 0 || N == 0)
         return;
     if (K == 0) {   /* cuBLASLt wants leading dimensions of at least 1; C = β·C */
-        CUDA_CHECK(r, cu_scale(C, M, N, ldc, beta, bk->compute));
+        CUDA_CHECK(r, cu_scale(C, M, N, ldc, beta, act_bf16(r), bk->compute));
         return;
     }
     lt_matmul(r, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL);
 }
 
 void fsdrt_gemm_bias(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
-                     const real *A, int64_t lda, const real *B, int64_t ldb, const real *bias,
-                     real *C, int64_t ldc)
+                     const void *A, int64_t lda, const void *B, int64_t ldb, const void *bias,
+                     void *C, int64_t ldc)
 {
     rt_check_gemm(r, "fsdrt_gemm_bias", transA, transB, M, N, K, lda, ldb, ldc);
     Backend *bk = r->bk;
@@ -1533,12 +1629,13 @@ void fsdrt_gemm_bias(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, 
         RT_BUG(r, "fsdrt_gemm_bias: no bias for a [%lld, %lld] product", (long long)M,
                (long long)N);
     if (K == 0) {   /* an empty product: C is the bias in every row, copied in doubling runs */
-        size_t row = sizeof(float) * (size_t)N, pitch = sizeof(float) * (size_t)ldc;
+        const size_t elem = (size_t)act_bytes(r);
+        const size_t row = elem * (size_t)N, pitch = elem * (size_t)ldc;
         CUDA_CHECK(r, cudaMemcpyAsync(C, bias, row, cudaMemcpyDeviceToDevice, bk->compute));
         for (int64_t have = 1; have < M; have *= 2) {
             int64_t n = have < M - have ? have : M - have;
-            CUDA_CHECK(r, cudaMemcpy2DAsync(C + have * ldc, pitch, C, pitch, row, (size_t)n,
-                                            cudaMemcpyDeviceToDevice, bk->compute));
+            CUDA_CHECK(r, cudaMemcpy2DAsync((char *)C + (size_t)have * pitch, pitch, C, pitch, row,
+                                            (size_t)n, cudaMemcpyDeviceToDevice, bk->compute));
         }
         return;
     }

@@ -26,8 +26,9 @@ typedef struct CudaSeg {
     int32_t decay, pad;
 } CudaSeg;
 
-/* 16-bit wire formats, rounded to nearest even as runtime/half.h rounds on
- * the CPU. bf16: 1 for bfloat16, 0 for IEEE half. */
+/* 16-bit formats (the wire's, and bf16 act's unsharded buffers), rounded
+ * to nearest even as runtime/half.h rounds on the CPU. bf16: 1 for
+ * bfloat16, 0 for IEEE half. */
 cudaError_t cu_narrow(uint16_t *dst, const float *src, int64_t n, int bf16, cudaStream_t s);
 cudaError_t cu_widen(float *dst, const uint16_t *src, int64_t n, int bf16, cudaStream_t s);
 /* dst[i] += src[i]: a reduce-scatter's average into the grad shard. */
@@ -65,8 +66,10 @@ cudaError_t cu_sgd(float *p, float *g, float *b, int64_t n, const CudaSeg *seg, 
                    const double *coef_dev, float wd, float mu, float lr, int nesterov,
                    cudaStream_t s);
 
-/* C[i, j] = beta·C[i, j] (beta 0: 0) for i < M, j < N: a product with K = 0. */
-cudaError_t cu_scale(float *C, int64_t M, int64_t N, int64_t ldc, float beta, cudaStream_t s);
+/* C[i, j] = beta·C[i, j] (beta 0: 0) for i < M, j < N: a product with K =
+ * 0. C is float, or with bf16 1 bf16 (computed in float, rounded once). */
+cudaError_t cu_scale(void *C, int64_t M, int64_t N, int64_t ldc, float beta, int bf16,
+                     cudaStream_t s);
 
 #ifdef __cplusplus
 }

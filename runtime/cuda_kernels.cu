@@ -1,7 +1,7 @@
 /*
  * cuda_kernels.cu — the CUDA backend's own kernels: the loops over shard
  * elements that cpu.c runs as OpenMP loops (casts to and from the 16-bit
- * wire formats, accumulating a reduce-scatter into the grad shard, the
+ * formats, accumulating a reduce-scatter into the grad shard, the
  * gradient norm, clipping, AdamW and SGD), each one fused pass over a flat
  * shard. cuda.c launches them through the C launchers declared in cuda.h.
  *
@@ -245,16 +245,34 @@ extern "C" cudaError_t cu_sgd(float *p, float *g, float *b, int64_t n, const Cud
 
 /* ── a product with K = 0 ── */
 
-static __global__ void scale_kernel(float *C, int64_t M, int64_t N, int64_t ldc, float beta)
+/* C's elements as float, and a float stored as C holds it (bf16: rounded
+ * to nearest even) */
+static __device__ __forceinline__ float load1(const float *p) { return *p; }
+static __device__ __forceinline__ float load1(const __nv_bfloat16 *p)
+{
+    return __bfloat162float(*p);
+}
+static __device__ __forceinline__ void store1(float *p, float v) { *p = v; }
+static __device__ __forceinline__ void store1(__nv_bfloat16 *p, float v)
+{
+    *p = __float2bfloat16_rn(v);
+}
+
+template <typename T>
+static __global__ void scale_kernel(T *C, int64_t M, int64_t N, int64_t ldc, float beta)
 {
     GRID_STRIDE(i, M * N) {
-        float *c = &C[(i / N) * ldc + i % N];
-        *c = beta == 0 ? 0 : beta * *c;
+        T *c = &C[(i / N) * ldc + i % N];
+        store1(c, beta == 0 ? 0.0f : beta * load1(c));
     }
 }
 
-extern "C" cudaError_t cu_scale(float *C, int64_t M, int64_t N, int64_t ldc, float beta, cudaStream_t s)
+extern "C" cudaError_t cu_scale(void *C, int64_t M, int64_t N, int64_t ldc, float beta, int bf16,
+                                cudaStream_t s)
 {
-    scale_kernel<<<blocks_for(M * N), THREADS, 0, s>>>(C, M, N, ldc, beta);
+    if (bf16)
+        scale_kernel<<<blocks_for(M * N), THREADS, 0, s>>>((__nv_bfloat16 *)C, M, N, ldc, beta);
+    else
+        scale_kernel<<<blocks_for(M * N), THREADS, 0, s>>>((float *)C, M, N, ldc, beta);
     return cudaGetLastError();
 }

@@ -31,6 +31,29 @@ typedef double real;
 typedef float real;
 #endif
 
+/* `act`: how the step stores the tensors it computes with — activations,
+ * their gradients, the unsharded parameters and the unsharded parameter
+ * gradients. A program whose policy gathers parameters in bf16 defines
+ * FSD_ACT_BF16 before this header (fsdpc writes it): its tensors are then
+ * bf16 in memory (2 bytes, the GPU's __nv_bfloat16 layout) and kernels do
+ * their arithmetic in float, widening on load and rounding to nearest even
+ * on store (templates/portable.h: fsd_wide, fsd_narrow). Statistics stay
+ * `real` whatever act is: the norms' mean and rstd, attention's and the
+ * loss's log-sum-exp, the loss itself. The float64 build (gradient checks)
+ * has no bf16: act is real there. A struct rather than a bare uint16_t, so
+ * that a kernel using a stored value without widening it does not compile. */
+#if defined(FSD_ACT_BF16) && !defined(FSD_FLOAT64)
+typedef struct fsd_bf16 {
+    uint16_t bits;
+} fsd_bf16;
+typedef fsd_bf16 act;
+#define FSD_ACT_IS_BF16 1
+#define FSD_ACT_DTYPE FSD_BF16
+#else
+typedef real act;
+#define FSD_ACT_DTYPE FSD_FP32   /* act is real */
+#endif
+
 /* The runtime is C; nvcc compiles train.cu as C++. */
 #ifdef __cplusplus
 extern "C" {
@@ -66,6 +89,7 @@ typedef struct FsdActInfo {
     const char *name;
     int64_t per_sample, fixed;
     int first, last;
+    bool stat;               /* a statistic: real, not act (see act above) */
 } FsdActInfo;
 
 typedef struct FsdTrainConfig {
@@ -102,6 +126,7 @@ typedef struct FsdModel {
     const FsdGroupInfo *groups;
     const FsdActInfo *acts;
     FsdDtype param_dtype;    /* all-gather dtype */
+    FsdDtype act_dtype;      /* FSD_ACT_DTYPE: FSD_BF16, or FSD_FP32 for `real` */
     FsdDtype reduce_dtype;   /* reduce-scatter dtype */
     bool accumulate_unsharded;
     double flops_per_sample; /* forward + backward of one sequence, for MFU */
@@ -169,9 +194,17 @@ void fsdrt_end_step(FsdRun *r);
 
 /* ── tensors ── */
 
-real *fsdrt_act(FsdRun *r, int act);          /* arena tensor, by FsdActInfo index */
-real *fsdrt_param(FsdRun *r, int param);      /* unsharded; valid while gathered */
-real *fsdrt_grad(FsdRun *r, int param);       /* unsharded; valid while allocated */
+/* The runtime hands out untyped pointers (it is built once for every
+ * model, whatever its act); the emitted program reads them through the
+ * typed views below, which take the program's own act. */
+void *fsdrt_act_ptr(FsdRun *r, int act);      /* arena tensor, by FsdActInfo index */
+void *fsdrt_param_ptr(FsdRun *r, int param);  /* unsharded; valid while gathered */
+void *fsdrt_grad_ptr(FsdRun *r, int param);   /* unsharded; valid while allocated */
+
+static inline act *fsdrt_act(FsdRun *r, int i) { return (act *)fsdrt_act_ptr(r, i); }
+static inline real *fsdrt_stat(FsdRun *r, int i) { return (real *)fsdrt_act_ptr(r, i); }
+static inline act *fsdrt_param(FsdRun *r, int p) { return (act *)fsdrt_param_ptr(r, p); }
+static inline act *fsdrt_grad(FsdRun *r, int p) { return (act *)fsdrt_grad_ptr(r, p); }
 
 /* ── collectives, in the schedule's order ── */
 
@@ -186,9 +219,11 @@ void fsdrt_free_grads(FsdRun *r, int group);
 /* ── compute ── */
 
 /* C[M,N] = alpha·op(A)·op(B) + beta·C, row-major; op(X) = Xᵀ when transX.
- * lda, ldb, ldc as BLAS (row-major leading dimensions). */
+ * lda, ldb, ldc as BLAS (row-major leading dimensions). A, B and C are
+ * act (the model's act_dtype): for bf16, products of bf16 values summed in
+ * fp32 and C rounded to bf16 once (beta·C read in fp32 first). */
 void fsdrt_gemm(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64_t K, real alpha,
-                const real *A, int64_t lda, const real *B, int64_t ldb, real beta, real *C,
+                const void *A, int64_t lda, const void *B, int64_t ldb, real beta, void *C,
                 int64_t ldc);
 
 /* C[M,N] = op(A)·op(B) + bias, bias [N] added to every row of C: a Linear
@@ -196,8 +231,8 @@ void fsdrt_gemm(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64
  * multiplies with beta = 1; the CUDA backend adds it in cuBLASLt's
  * epilogue). C is overwritten, never read. */
 void fsdrt_gemm_bias(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
-                     const real *A, int64_t lda, const real *B, int64_t ldb, const real *bias,
-                     real *C, int64_t ldc);
+                     const void *A, int64_t lda, const void *B, int64_t ldb, const void *bias,
+                     void *C, int64_t ldc);
 
 /* ── observability ── */
 

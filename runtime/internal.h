@@ -41,8 +41,9 @@ typedef struct Group {
     real *m, *v;             /* AdamW moments; SGD keeps its momentum in m */
     Segment *seg;
     int nseg;
-    real *params;            /* unsharded parameters while gathered, else NULL */
-    real *grads;             /* unsharded gradients while allocated, else NULL */
+    /* unsharded buffers, in the model's act dtype (act_bytes) */
+    void *params;            /* unsharded parameters while gathered, else NULL */
+    void *grads;             /* unsharded gradients while allocated, else NULL */
     /* a collective issued and not yet waited for, and when it was issued
      * (the trace's slice); common.c keeps them, the backend its handles */
     bool gathering, reducing;
@@ -136,6 +137,17 @@ void rt_check_gemm(FsdRun *r, const char *what, bool transA, bool transB, int64_
                    int64_t K, int64_t lda, int64_t ldb, int64_t ldc);
 
 static inline int dtype_bytes(FsdDtype t) { return t == FSD_FP32 ? (int)sizeof(real) : 2; }
+
+/* The model's act dtype (fsdrt.h): what arena tensors other than
+ * statistics, and the unsharded parameters and gradients, are stored as.
+ * check_model accepts FSD_FP32 (act is real) and FSD_BF16 only. */
+static inline bool act_bf16(const FsdRun *r) { return r->m->act_dtype == FSD_BF16; }
+static inline int act_bytes(const FsdRun *r) { return dtype_bytes(r->m->act_dtype); }
+/* An unsharded buffer of group G: padded elements of act. */
+static inline int64_t unsharded_bytes(const FsdRun *r, const Group *G)
+{
+    return G->padded * (int64_t)act_bytes(r);
+}
 
 /* ── data.c: token files and the data order ── */
 
@@ -278,17 +290,22 @@ void bk_pool_put(FsdRun *r, void *p, int64_t count);
  * checks each call against the schedule's rules, keeps the group's state,
  * the byte counters and the trace, and calls these for the backend's work
  * alone, the state already checked. */
-/* What an unsharded buffer of n elements in dtype dt counts while it is out
- * of the pool (bk_pool_get's count). */
+/* What an unsharded buffer of n elements, which the plan holds in dtype dt
+ * (the param dtype for parameters; for gradients the act dtype when act is
+ * bf16, else the reduce dtype), counts while it is out of the pool
+ * (bk_pool_get's count). */
 int64_t bk_unsharded_count(FsdRun *r, int64_t n, FsdDtype dt);
-/* G->params (from the pool, or still gathered) is the destination: start
- * group g's all-gather of its master shards. */
+/* G->params (unsharded_bytes, from the pool, or still gathered) is the
+ * destination: start group g's all-gather of its master shards. */
 void bk_all_gather(FsdRun *r, int g);
 /* After it, compute may read G->params. */
 void bk_wait_gather(FsdRun *r, int g);
 /* G->grads is fresh from the pool: zero it. */
 void bk_alloc_grads(FsdRun *r, int g);
-/* Starts the reduce-scatter of G->grads. */
+/* Starts the reduce-scatter of G->grads. With bf16 act and an fp32 reduce
+ * the gradients are widened into an fp32 reduce buffer first; common.c
+ * counts that buffer (padded × 4 bytes, as the plan does) from this call
+ * to bk_wait_reduce, so the backend's own allocation of it is not. */
 void bk_reduce_scatter(FsdRun *r, int g);
 /* After it, the result is averaged over ranks and added into the grad shard
  * (on CUDA: for what the compute stream runs next), and G->grads may go

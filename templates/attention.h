@@ -9,16 +9,24 @@
  *   z_s = scale · q[b,t,h,:] · k[b,s,g,:],  scale = 1/√hd
  *   lse[b,h,t] = log Σ_s exp(z_s),  p_s = exp(z_s − lse)
  *   out[b,t,h,:] = Σ_s p_s · v[b,s,g,:]
+ * q, k, v, out and their gradients are `act` (bf16 when the program
+ * stores its tensors so: runtime/fsdrt.h); lse, a statistic, is `real`.
+ * Every version widens what it loads (fsd_wide), computes in real, and
+ * stores each output element once (fsd_narrow, fsd_store), so a bf16
+ * output is rounded once; D = dout·out in the backward is formed from the
+ * out that was stored, as a reference on the stored tensors sees it.
  *
  * Three versions, one per kind of machine:
  *
  * The portable row kernels: one work item per query row in the forward (an
- * online softmax over the keys, accumulating in the output row itself, so
- * no scratch memory), lanes strided over the head dimension. The backward
- * recomputes p from q, k and lse, in two passes that each own what they
- * write: dq by query row, dk and dv by key row (b, g, s), so nothing is
- * accumulated by two workers and the result is deterministic. The GPU runs
- * them for head dims past FSD_ATTN_HD_MAX only.
+ * online softmax over the keys), lanes strided over the head dimension.
+ * The backward recomputes p from q, k and lse, in two passes that each own
+ * what they write: dq by query row, dk and dv by key row (b, g, s), so
+ * nothing is accumulated by two workers and the result is deterministic.
+ * Each sums its outputs in registers, FSD_ATTN_ROW_NJ elements per lane
+ * (256 per row on every backend), and stores them once: no scratch memory;
+ * a head dim past 256 takes a pass per 256 elements, each recomputing the
+ * scores. The GPU runs them for head dims past FSD_ATTN_HD_MAX only.
  *
  * The GPU's tiled kernels (FlashAttention-style, below the row kernels):
  * blocks of 128 threads on tiles of queries and keys staged in shared
@@ -41,65 +49,123 @@
  * fewer than two per thread) and (b, kv head g) in the backward, where one
  * worker walks every query head of g and every query block in a fixed
  * order, summing dK and dV in its scratch, so they are summed in one order
- * whatever the thread count: deterministic, no atomics. Scratch per
- * thread, malloc'd per launch, with t = T rounded up to an odd number of
- * cache lines: (T + FSD_ATTN_QB)·hd + (hd + FSD_ATTN_QB)·t reals in the
- * forward, (3·T + 2·FSD_ATTN_QB)·hd + 2·(hd + FSD_ATTN_QB)·t in the
- * backward. Define FSD_ATTENTION_PORTABLE to run the portable kernel on
- * the CPU instead.
+ * whatever the thread count: deterministic, no atomics. BLAS works in
+ * real: the copies widen act, and with bf16 act a block's O (or dQ) is
+ * formed in scratch and rounded into the tensor once, where with act =
+ * real BLAS writes it in place. Scratch per thread, malloc'd per launch,
+ * with t = T rounded up to an odd number of cache lines: (T +
+ * FSD_ATTN_QB)·hd + (hd + FSD_ATTN_QB)·t reals in the forward, (3·T +
+ * 2·FSD_ATTN_QB)·hd + 2·(hd + FSD_ATTN_QB)·t in the backward, and
+ * FSD_ATTN_QB·hd more in each with bf16 act. Define FSD_ATTENTION_PORTABLE
+ * to run the portable kernel on the CPU instead.
  */
 #ifndef FSD_PORTABLE_H
 #include "portable.h"
 #endif
 
 /* a · b over hd elements, summed over the lanes */
-DEVICE real attn_dot(int lane, int lanes, const real *a, const real *b, int64_t hd)
+DEVICE real attn_dot(int lane, int lanes, const act *a, const act *b, int64_t hd)
 {
     real s = 0;
     for (int64_t d = lane; d < hd; d += lanes)
-        s += a[d] * b[d];
+        s += fsd_wide(a[d]) * fsd_wide(b[d]);
     return fsd_warp_sum(s);
 }
 
+/* The row kernels sum their outputs in registers and store each element
+ * once: a pass covers head-dim elements [d0, d0 + 256), a lane holding
+ * d0 + lane + lanes·j for j < FSD_ATTN_ROW_NJ (8 on the GPU, whose row
+ * kernels serve head dims past 128; the CPU's one lane holds all 256). */
+#define FSD_ATTN_ROW_NJ (256 / FSD_WARP)
+
+/* Element j of a lane's share of the pass from d0 (past the row when ≥ hd) */
+DEVICE int64_t attn_row_elem(int64_t d0, int lane, int lanes, int j)
+{
+    return d0 + lane + (int64_t)lanes * j;
+}
+
+/* The j a lane walks in the pass from d0: all FSD_ATTN_ROW_NJ on the GPU,
+ * where a constant count keeps the sums in registers (elements past hd are
+ * skipped inside the loops); on the CPU only those below hd, which its one
+ * lane would otherwise walk 256 of for a head dim of 64. */
+DEVICE int attn_row_nj(int64_t d0, int64_t hd)
+{
+#if FSD_WARP == 1
+    return hd - d0 < FSD_ATTN_ROW_NJ ? (int)(hd - d0) : FSD_ATTN_ROW_NJ;
+#else
+    (void)d0, (void)hd;
+    return FSD_ATTN_ROW_NJ;
+#endif
+}
+
+/* A lane's sums for a gradient row r start from its old values, widened,
+ * when acc (the contributions then follow one at a time, as they always
+ * did, and the sum is rounded once, when stored), else from 0. */
+DEVICE void attn_row_start(real *a, bool acc, const act *r, int64_t d0, int lane, int lanes,
+                           int64_t hd)
+{
+    for (int j = 0, nj = attn_row_nj(d0, hd); j < nj; j++) {
+        const int64_t d = attn_row_elem(d0, lane, lanes, j);
+        a[j] = acc && d < hd ? fsd_wide(r[d]) : 0;
+    }
+}
+
+/* Stores a lane's sums into row r, each rounded once. */
+DEVICE void attn_row_store(act *r, const real *a, int64_t d0, int lane, int lanes, int64_t hd)
+{
+    for (int j = 0, nj = attn_row_nj(d0, hd); j < nj; j++) {
+        const int64_t d = attn_row_elem(d0, lane, lanes, j);
+        if (d < hd)
+            r[d] = fsd_narrow(a[j]);
+    }
+}
+
 /* Forward of query row `row` = (b·H + h)·T + t, the lse index. */
-DEVICE void attention_fwd_row(int64_t row, int lane, int lanes, real *out, real *lse,
-                              const real *q, const real *k, const real *v, int64_t T, int64_t H,
+DEVICE void attention_fwd_row(int64_t row, int lane, int lanes, act *out, real *lse,
+                              const act *q, const act *k, const act *v, int64_t T, int64_t H,
                               int64_t KV, int64_t hd, bool causal)
 {
     int64_t t = row % T, h = (row / T) % H, b = row / (T * H), g = h * KV / H;
-    const real *qr = q + (b * T + t) * H * hd + h * hd;
-    real *o = out + (b * T + t) * H * hd + h * hd;
+    const act *qr = q + (b * T + t) * H * hd + h * hd;
+    act *o = out + (b * T + t) * H * hd + h * hd;
     real scale = 1 / fsd_sqrt((real)hd);
     int64_t nkeys = causal ? t + 1 : T;
-    for (int64_t d = lane; d < hd; d += lanes)
-        o[d] = 0;
-    /* online softmax: m is the running max, l the running Σ exp(z − m),
-     * o the running Σ exp(z − m) · v */
-    real m = -INFINITY, l = 0;
-    for (int64_t s = 0; s < nkeys; s++) {
-        const real *kr = k + (b * T + s) * KV * hd + g * hd;
-        const real *vr = v + (b * T + s) * KV * hd + g * hd;
-        real z = attn_dot(lane, lanes, qr, kr, hd) * scale;
-        /* one exp per key: rescale only when the max grows (every lane
-         * holds the same z, so the branch does not diverge) */
-        real corr = 1, p = 1;
-        if (z > m) {
-            corr = fsd_exp(m - z);   /* 0 on the first key: m = −∞ */
-            m = z;
-        } else {
-            p = fsd_exp(z - m);
+    for (int64_t d0 = 0; d0 < hd; d0 += (int64_t)lanes * FSD_ATTN_ROW_NJ) {
+        const int nj = attn_row_nj(d0, hd);
+        /* online softmax: m is the running max, l the running Σ exp(z − m),
+         * acc the running Σ exp(z − m) · v of this lane's elements */
+        real m = -INFINITY, l = 0, acc[FSD_ATTN_ROW_NJ];
+        for (int j = 0; j < nj; j++)
+            acc[j] = 0;
+        for (int64_t s = 0; s < nkeys; s++) {
+            const act *kr = k + (b * T + s) * KV * hd + g * hd;
+            const act *vr = v + (b * T + s) * KV * hd + g * hd;
+            real z = attn_dot(lane, lanes, qr, kr, hd) * scale;
+            /* one exp per key: rescale only when the max grows (every lane
+             * holds the same z, so the branch does not diverge) */
+            real corr = 1, p = 1;
+            if (z > m) {
+                corr = fsd_exp(m - z);   /* 0 on the first key: m = −∞ */
+                m = z;
+            } else {
+                p = fsd_exp(z - m);
+            }
+            l = l * corr + p;
+            for (int j = 0; j < nj; j++) {
+                const int64_t d = attn_row_elem(d0, lane, lanes, j);
+                if (d < hd)
+                    acc[j] = acc[j] * corr + p * fsd_wide(vr[d]);
+            }
         }
-        l = l * corr + p;
-        for (int64_t d = lane; d < hd; d += lanes)
-            o[d] = o[d] * corr + p * vr[d];
+        for (int j = 0; j < nj; j++)
+            acc[j] /= l;
+        attn_row_store(o, acc, d0, lane, lanes, hd);
+        if (d0 == 0 && lane == 0)
+            lse[row] = m + fsd_log(l);
     }
-    for (int64_t d = lane; d < hd; d += lanes)
-        o[d] /= l;
-    if (lane == 0)
-        lse[row] = m + fsd_log(l);
 }
 FSD_ROW_KERNEL(attention_fwd,
-               (real *out, real *lse, const real *q, const real *k, const real *v, int64_t T,
+               (act *out, real *lse, const act *q, const act *k, const act *v, int64_t T,
                 int64_t H, int64_t KV, int64_t hd, bool causal),
                (out, lse, q, k, v, T, H, KV, hd, causal))
 
@@ -107,7 +173,7 @@ FSD_ROW_KERNEL(attention_fwd,
 /* ── the GPU path: tiles in shared memory, FlashAttention-style ──
  *
  * Block kernels (portable.h): one block of FSD_BLOCK = 128 threads per
- * tile, its operands staged in shared memory, plain fp32 FMAs (no tensor
+ * tile, its operands widened into shared memory, plain fp32 FMAs (no tensor
  * cores, no mma). Head dims up to FSD_ATTN_HD_MAX; the launchers run the
  * row kernels above for larger ones.
  *
@@ -159,20 +225,21 @@ FSD_ROW_KERNEL(attention_fwd,
     (4 * FSD_ATTN_BT * FSD_ATTN_LD + 2 * FSD_ATTN_BT * FSD_ATTN_PL + 2 * FSD_ATTN_BT)
 
 /* Rows [r0, r0 + n) of a matrix with row stride ld (hd columns) into a
- * shared tile, zeros for rows past T; all threads of the block, coalesced. */
-DEVICE void attn_load_tile(real *dst, const real *src, int64_t ld, int64_t r0, int n, int64_t T,
+ * shared tile, widened, zeros for rows past T; all threads of the block,
+ * coalesced. */
+DEVICE void attn_load_tile(real *dst, const act *src, int64_t ld, int64_t r0, int n, int64_t T,
                            int64_t hd, int tid)
 {
     const int w = (int)hd;
     for (int i = tid; i < n * w; i += FSD_BLOCK) {
         int r = i / w, d = i % w;
-        dst[r * FSD_ATTN_LD + d] = r0 + r < T ? src[(r0 + r) * ld + d] : 0;
+        dst[r * FSD_ATTN_LD + d] = r0 + r < T ? fsd_wide(src[(r0 + r) * ld + d]) : 0;
     }
 }
 
 /* Forward of tile blk = (b·H + h)·⌈T/32⌉ + query tile. */
-DEVICE void attention_fwd_tiled_block(int64_t blk, int tid, real *smem, real *out, real *lse,
-                                      const real *q, const real *k, const real *v, int64_t T,
+DEVICE void attention_fwd_tiled_block(int64_t blk, int tid, real *smem, act *out, real *lse,
+                                      const act *q, const act *k, const act *v, int64_t T,
                                       int64_t H, int64_t KV, int64_t hd, bool causal)
 {
     const int64_t nqt = (T + FSD_ATTN_BR - 1) / FSD_ATTN_BR;
@@ -181,7 +248,7 @@ DEVICE void attention_fwd_tiled_block(int64_t blk, int tid, real *smem, real *ou
     const int lane = tid % 32, w = tid / 32;
     real *sQ = smem, *sKV = smem + FSD_ATTN_BR * FSD_ATTN_LD;
     real *sP = sKV + FSD_ATTN_BC * FSD_ATTN_LD;   /* [BR][BC + 1] */
-    const real *K = k + b * T * ldk + g * hd, *V = v + b * T * ldk + g * hd;
+    const act *K = k + b * T * ldk + g * hd, *V = v + b * T * ldk + g * hd;
     const real scale = 1 / fsd_sqrt((real)hd);
     real m[FSD_ATTN_RW], lp[FSD_ATTN_RW], acc[FSD_ATTN_RW][FSD_ATTN_NJ];
     for (int r = 0; r < FSD_ATTN_RW; r++) {
@@ -237,17 +304,17 @@ DEVICE void attention_fwd_tiled_block(int64_t blk, int tid, real *smem, real *ou
         const real l = fsd_warp_sum(lp[r]);
         const int64_t t = q0 + w * FSD_ATTN_RW + r;
         if (t < T) {
-            real *o = out + (b * T + t) * ldq + h * hd;
+            act *o = out + (b * T + t) * ldq + h * hd;
             for (int j = 0; j < FSD_ATTN_NJ; j++)
                 if (lane + 32 * j < hd)
-                    o[lane + 32 * j] = acc[r][j] / l;
+                    o[lane + 32 * j] = fsd_narrow(acc[r][j] / l);
             if (lane == 0)
                 lse[(b * H + h) * T + t] = m[r] + fsd_log(l);
         }
     }
 }
 FSD_BLOCK_KERNEL(attention_fwd_tiled, FSD_ATTN_FWD_SMEM,
-                 (real *out, real *lse, const real *q, const real *k, const real *v, int64_t T,
+                 (act *out, real *lse, const act *q, const act *k, const act *v, int64_t T,
                   int64_t H, int64_t KV, int64_t hd, bool causal),
                  (out, lse, q, k, v, T, H, KV, hd, causal))
 
@@ -272,9 +339,10 @@ DEVICE AttnBwdTiles attn_bwd_tiles(real *smem)
 }
 
 /* Loads the Q and dO tiles of query rows [q0, q0 + BT) of head h, then
- * their lse and D = dO·O (0 past T): warp w takes rows w, w + 4, ... */
-DEVICE void attn_bwd_load_queries(AttnBwdTiles s, int tid, const real *dout, const real *q,
-                                  const real *out, const real *lse, int64_t b, int64_t h,
+ * their lse and D = dO·O (0 past T), O as stored: warp w takes rows w,
+ * w + 4, ... */
+DEVICE void attn_bwd_load_queries(AttnBwdTiles s, int tid, const act *dout, const act *q,
+                                  const act *out, const real *lse, int64_t b, int64_t h,
                                   int64_t q0, int64_t T, int64_t H, int64_t hd)
 {
     const int64_t ldq = H * hd, at = b * T * ldq + h * hd;
@@ -287,7 +355,7 @@ DEVICE void attn_bwd_load_queries(AttnBwdTiles s, int tid, const real *dout, con
         real D = 0;
         if (t < T)
             for (int d = lane; d < (int)hd; d += 32)
-                D += s.dO[i * FSD_ATTN_LD + d] * out[at + t * ldq + d];
+                D += s.dO[i * FSD_ATTN_LD + d] * fsd_wide(out[at + t * ldq + d]);
         D = fsd_warp_sum(D);
         if (lane == 0) {
             s.D[i] = D;
@@ -316,10 +384,23 @@ DEVICE void attn_bwd_tile_ds(AttnBwdTiles s, int tid, int64_t q0, int64_t k0, in
     }
 }
 
+/* Stores what a warp summed for rows r0 + r, r < FSD_ATTN_KW, of a tile
+ * (each lane elements lane + 32j), times scale, into those rows of x below
+ * T, ld apart: each element once. */
+DEVICE void attn_bwd_store(act *x, int64_t ld, int64_t r0, int64_t T, int64_t hd, int lane,
+                           real a[FSD_ATTN_KW][FSD_ATTN_NJ], real scale, bool acc)
+{
+    for (int r = 0; r < FSD_ATTN_KW; r++)
+        if (r0 + r < T)
+            for (int j = 0; j < FSD_ATTN_NJ; j++)
+                if (lane + 32 * j < hd)
+                    fsd_store(x + (r0 + r) * ld + lane + 32 * j, a[r][j] * scale, acc);
+}
+
 /* dk and dv of tile blk = (b·KV + g)·⌈T/16⌉ + key tile. */
-DEVICE void attention_bwd_dkv_tiled_block(int64_t blk, int tid, real *smem, real *dk, bool acc_k,
-                                          real *dv, bool acc_v, const real *dout, const real *q,
-                                          const real *k, const real *v, const real *out,
+DEVICE void attention_bwd_dkv_tiled_block(int64_t blk, int tid, real *smem, act *dk, bool acc_k,
+                                          act *dv, bool acc_v, const act *dout, const act *q,
+                                          const act *k, const act *v, const act *out,
                                           const real *lse, int64_t T, int64_t H, int64_t KV,
                                           int64_t hd, bool causal)
 {
@@ -359,27 +440,20 @@ DEVICE void attention_bwd_dkv_tiled_block(int64_t blk, int tid, real *smem, real
                 }
             }
         }
-    for (int r = 0; r < FSD_ATTN_KW; r++) {
-        const int64_t key = k0 + w * FSD_ATTN_KW + r;
-        if (key < T)
-            for (int j = 0; j < FSD_ATTN_NJ; j++)
-                if (lane + 32 * j < hd) {
-                    const int64_t at = (b * T + key) * ldk + g * hd + lane + 32 * j;
-                    fsd_store(dk + at, ak[r][j] * scale, acc_k);
-                    fsd_store(dv + at, av[r][j], acc_v);
-                }
-    }
+    const int64_t at = b * T * ldk + g * hd, key0 = k0 + w * FSD_ATTN_KW;
+    attn_bwd_store(dk + at, ldk, key0, T, hd, lane, ak, scale, acc_k);
+    attn_bwd_store(dv + at, ldk, key0, T, hd, lane, av, 1, acc_v);
 }
 FSD_BLOCK_KERNEL(attention_bwd_dkv_tiled, FSD_ATTN_BWD_SMEM,
-                 (real *dk, bool acc_k, real *dv, bool acc_v, const real *dout, const real *q,
-                  const real *k, const real *v, const real *out, const real *lse, int64_t T,
+                 (act *dk, bool acc_k, act *dv, bool acc_v, const act *dout, const act *q,
+                  const act *k, const act *v, const act *out, const real *lse, int64_t T,
                   int64_t H, int64_t KV, int64_t hd, bool causal),
                  (dk, acc_k, dv, acc_v, dout, q, k, v, out, lse, T, H, KV, hd, causal))
 
 /* dq of tile blk = (b·H + h)·⌈T/16⌉ + query tile. */
-DEVICE void attention_bwd_dq_tiled_block(int64_t blk, int tid, real *smem, real *dq, bool acc,
-                                         const real *dout, const real *q, const real *k,
-                                         const real *v, const real *out, const real *lse,
+DEVICE void attention_bwd_dq_tiled_block(int64_t blk, int tid, real *smem, act *dq, bool acc,
+                                         const act *dout, const act *q, const act *k,
+                                         const act *v, const act *out, const real *lse,
                                          int64_t T, int64_t H, int64_t KV, int64_t hd,
                                          bool causal)
 {
@@ -413,18 +487,12 @@ DEVICE void attention_bwd_dq_tiled_block(int64_t blk, int tid, real *smem, real 
             }
         }
     }
-    for (int r = 0; r < FSD_ATTN_KW; r++) {
-        const int64_t t = q0 + w * FSD_ATTN_KW + r;
-        if (t < T)
-            for (int j = 0; j < FSD_ATTN_NJ; j++)
-                if (lane + 32 * j < hd)
-                    fsd_store(dq + (b * T + t) * ldq + h * hd + lane + 32 * j, aq[r][j] * scale,
-                              acc);
-    }
+    attn_bwd_store(dq + b * T * ldq + h * hd, ldq, q0 + w * FSD_ATTN_KW, T, hd, lane, aq, scale,
+                   acc);
 }
 FSD_BLOCK_KERNEL(attention_bwd_dq_tiled, FSD_ATTN_BWD_SMEM,
-                 (real *dq, bool acc, const real *dout, const real *q, const real *k,
-                  const real *v, const real *out, const real *lse, int64_t T, int64_t H,
+                 (act *dq, bool acc, const act *dout, const act *q, const act *k,
+                  const act *v, const act *out, const real *lse, int64_t T, int64_t H,
                   int64_t KV, int64_t hd, bool causal),
                  (dq, acc, dout, q, k, v, out, lse, T, H, KV, hd, causal))
 #endif
@@ -513,26 +581,28 @@ static inline real *fsd_attn_scratch(int64_t n)
     return p;
 }
 
-/* rows [n, hd] of a head, ld apart in q/k/v's layout, into dst [n, hd]:
- * BLAS's small-matrix kernels run the products of one head about 1.5x
- * faster on contiguous operands than on rows H·hd apart */
-FSD_ATTN_INLINE void fsd_attn_pack(real *dst, const real *src, int64_t n, int64_t ld, int64_t hd)
+/* rows [n, hd] of a head, ld apart in q/k/v's layout, into dst [n, hd],
+ * widened: BLAS's small-matrix kernels run the products of one head about
+ * 1.5x faster on contiguous operands than on rows H·hd apart */
+FSD_ATTN_INLINE void fsd_attn_pack(real *dst, const act *src, int64_t n, int64_t ld, int64_t hd)
 {
     for (int64_t r = 0; r < n; r++)
-        memcpy(dst + r * hd, src + r * ld, sizeof(real) * (size_t)hd);
+        FSD_SIMD
+        for (int64_t d = 0; d < hd; d++)
+            dst[r * hd + d] = fsd_wide(src[r * ld + d]);
 }
 
 /* The same rows transposed, dst [hd, ldt]: Q·Kᵀ as Q times a copied Kᵀ is
  * a plain (NN) product, which OpenBLAS's small-matrix kernels run about
  * 1.5x faster than the NT one. */
-FSD_ATTN_INLINE void fsd_attn_pack_t(real *dst, int64_t ldt, const real *src, int64_t n,
+FSD_ATTN_INLINE void fsd_attn_pack_t(real *dst, int64_t ldt, const act *src, int64_t n,
                                      int64_t ld, int64_t hd)
 {
     for (int64_t r0 = 0; r0 < n; r0 += 16) {
         int64_t r1 = r0 + 16 < n ? r0 + 16 : n;
         for (int64_t d = 0; d < hd; d++)
             for (int64_t r = r0; r < r1; r++)
-                dst[d * ldt + r] = src[r * ld + d];
+                dst[d * ldt + r] = fsd_wide(src[r * ld + d]);
     }
 }
 
@@ -579,29 +649,40 @@ FSD_ATTN_INLINE real fsd_attn_sum(const real *a, int64_t n)
     return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
 }
 
-FSD_ATTN_INLINE real fsd_attn_dot(const real *a, const real *b, int64_t n)
+FSD_ATTN_INLINE real fsd_attn_dot(const real *a, const act *b, int64_t n)
 {
     real p[FSD_ATTN_ACC] = {0};
     int64_t s = 0;
     for (; s + FSD_ATTN_ACC <= n; s += FSD_ATTN_ACC)
         for (int k = 0; k < FSD_ATTN_ACC; k++)
-            p[k] += a[s + k] * b[s + k];
+            p[k] += a[s + k] * fsd_wide(b[s + k]);
     for (; s < n; s++)
-        p[0] += a[s] * b[s];
+        p[0] += a[s] * fsd_wide(b[s]);
     return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
 }
 
+/* BLAS writes real: with act = real a block's O (forward) or dQ
+ * (backward) is formed in the tensor itself, as it always was; with bf16
+ * act in FSD_ATTN_OUT_ROWS rows of float scratch [rows, hd], then rounded
+ * into the tensor once per element. */
+#ifdef FSD_ACT_IS_BF16
+#define FSD_ATTN_OUT_ROWS FSD_ATTN_QB
+#else
+#define FSD_ATTN_OUT_ROWS 0
+#endif
+
 /* Scratch of one forward worker: Kᵀ of a head [hd, ldt], V [T, hd], Q of
- * a block [FSD_ATTN_QB, hd], scores S [FSD_ATTN_QB, ldt]; ldt = fsd_attn_ld(T). */
+ * a block [FSD_ATTN_QB, hd], scores S [FSD_ATTN_QB, ldt], the block's O
+ * [FSD_ATTN_OUT_ROWS, hd]; ldt = fsd_attn_ld(T). */
 #define FSD_ATTN_FWD_SCRATCH(T, hd, ldt) \
-    ((hd) * (ldt) + ((T) + FSD_ATTN_QB) * (hd) + FSD_ATTN_QB * (ldt))
+    ((hd) * (ldt) + ((T) + FSD_ATTN_QB + FSD_ATTN_OUT_ROWS) * (hd) + FSD_ATTN_QB * (ldt))
 
 /* Forward of query blocks [qb0, qb1) of head h of sequence b, one block at
  * a time. Row t sees keys [0, t] (causal) or all T; a block of rows
  * [q0, q0 + nq) sees keys [0, q0 + nq), so only the diagonal tile computes
  * scores it masks. */
-FSD_ATTN_INLINE void attention_fwd_head(real *ws, real *out, real *lse, const real *q,
-                                        const real *k, const real *v, int64_t b, int64_t h,
+FSD_ATTN_INLINE void attention_fwd_head(real *ws, act *out, real *lse, const act *q,
+                                        const act *k, const act *v, int64_t b, int64_t h,
                                         int64_t qb0, int64_t qb1, int64_t T, int64_t H, int64_t KV,
                                         int64_t hd, bool causal)
 {
@@ -632,18 +713,26 @@ FSD_ATTN_INLINE void attention_fwd_head(real *ws, real *out, real *lse, const re
             lse[(b * H + h) * T + t] = m + fsd_log(l);
         }
         /* O = P·V with P unnormalised, then each row divided by its sum, as
-         * the portable kernel does: nq·hd multiplications rather than nq·nk */
-        real *O = out + (b * T + q0) * ldq + h * hd;
-        fsd_attn_apply(nq, nk, hd, S, lds, Vc, false, O, ldq);
+         * the portable kernel does: nq·hd multiplications rather than nq·nk;
+         * Ob is where BLAS forms O (FSD_ATTN_OUT_ROWS) */
+        act *O = out + (b * T + q0) * ldq + h * hd;
+#ifdef FSD_ACT_IS_BF16
+        real *Ob = S + FSD_ATTN_QB * ldt;
+        const int64_t ldo = hd;
+#else
+        real *Ob = O;
+        const int64_t ldo = ldq;
+#endif
+        fsd_attn_apply(nq, nk, hd, S, lds, Vc, false, Ob, ldo);
         for (int64_t i = 0; i < nq; i++)
             FSD_SIMD
             for (int64_t d = 0; d < hd; d++)
-                O[i * ldq + d] *= inv[i];
+                O[i * ldq + d] = fsd_narrow(Ob[i * ldo + d] * inv[i]);
     }
 }
 
-FSD_ATTN_CLONED void attention_fwd_blas(real *out, real *lse, const real *q, const real *k,
-                                        const real *v, int64_t B, int64_t T, int64_t H, int64_t KV,
+FSD_ATTN_CLONED void attention_fwd_blas(act *out, real *lse, const act *q, const act *k,
+                                        const act *v, int64_t B, int64_t T, int64_t H, int64_t KV,
                                         int64_t hd, bool causal)
 {
     /* item = (b, h, a range of query blocks), each writing rows only it
@@ -676,16 +765,18 @@ FSD_ATTN_CLONED void attention_fwd_blas(real *out, real *lse, const real *q, con
 
 /* Scratch of one backward worker: Kᵀ and Vᵀ of a kv head [hd, ldt] each,
  * K, dK, dV [T, hd] each, Q and dO of a block [FSD_ATTN_QB, hd], P and dS
- * [FSD_ATTN_QB, ldt]; ldt = fsd_attn_ld(T). */
-#define FSD_ATTN_BWD_SCRATCH(T, hd, ldt) \
-    (2 * (hd) * (ldt) + (3 * (T) + 2 * FSD_ATTN_QB) * (hd) + 2 * FSD_ATTN_QB * (ldt))
+ * [FSD_ATTN_QB, ldt], the block's dQ [FSD_ATTN_OUT_ROWS, hd];
+ * ldt = fsd_attn_ld(T). */
+#define FSD_ATTN_BWD_SCRATCH(T, hd, ldt)                                              \
+    (2 * (hd) * (ldt) + (3 * (T) + 2 * FSD_ATTN_QB + FSD_ATTN_OUT_ROWS) * (hd) +      \
+     2 * FSD_ATTN_QB * (ldt))
 
 /* Backward of kv head g of sequence b: every query head h of g, every
  * query block, in order, summing dK and dV in contiguous scratch that is
  * added to (or stored into) dk and dv once at the end. */
-FSD_ATTN_INLINE void attention_bwd_group(real *ws, real *dq, bool acc_q, real *dk, bool acc_k,
-                                         real *dv, bool acc_v, const real *dout, const real *q,
-                                         const real *k, const real *v, const real *out,
+FSD_ATTN_INLINE void attention_bwd_group(real *ws, act *dq, bool acc_q, act *dk, bool acc_k,
+                                         act *dv, bool acc_v, const act *dout, const act *q,
+                                         const act *k, const act *v, const act *out,
                                          const real *lse, int64_t b, int64_t g, int64_t T,
                                          int64_t H, int64_t KV, int64_t hd, bool causal)
 {
@@ -721,11 +812,21 @@ FSD_ATTN_INLINE void attention_bwd_group(real *ws, real *dq, bool acc_q, real *d
                 for (int64_t s = n; s < nk; s++)
                     p[s] = ds[s] = 0;
             }
+#ifdef FSD_ACT_IS_BF16
+            /* dQ in scratch (FSD_ATTN_OUT_ROWS), rounded once into dq */
+            real *dQb = dP + FSD_ATTN_QB * ldt;
+            fsd_attn_apply(nq, nk, hd, dP, lds, Kc, false, dQb, hd);
+            for (int64_t i = 0; i < nq; i++)
+                FSD_SIMD
+                for (int64_t d = 0; d < hd; d++)
+                    fsd_store(&dq[at + i * ldq + d], dQb[i * hd + d], acc_q);
+#else
             fsd_attn_apply(nq, nk, hd, dP, lds, Kc, acc_q, dq + at, ldq);
+#endif
             fsd_attn_apply_t(nq, nk, hd, dP, lds, Qc, dKc);
             fsd_attn_apply_t(nq, nk, hd, S, lds, dOc, dVc);
         }
-    real *dK = dk + b * T * ldk + g * hd, *dV = dv + b * T * ldk + g * hd;
+    act *dK = dk + b * T * ldk + g * hd, *dV = dv + b * T * ldk + g * hd;
     for (int64_t s = 0; s < T; s++) {
         FSD_SIMD
         for (int64_t d = 0; d < hd; d++) {
@@ -735,9 +836,9 @@ FSD_ATTN_INLINE void attention_bwd_group(real *ws, real *dq, bool acc_q, real *d
     }
 }
 
-FSD_ATTN_CLONED void attention_bwd_blas(real *dq, bool acc_q, real *dk, bool acc_k, real *dv,
-                                        bool acc_v, const real *dout, const real *q, const real *k,
-                                        const real *v, const real *out, const real *lse, int64_t B,
+FSD_ATTN_CLONED void attention_bwd_blas(act *dq, bool acc_q, act *dk, bool acc_k, act *dv,
+                                        bool acc_v, const act *dout, const act *q, const act *k,
+                                        const act *v, const act *out, const real *lse, int64_t B,
                                         int64_t T, int64_t H, int64_t KV, int64_t hd, bool causal)
 {
 #pragma omp parallel
@@ -761,8 +862,8 @@ static inline void attention_check(const char *kernel, int64_t B, int64_t T, int
 }
 
 /* attention_fwd: out and lse as above; both overwritten. */
-LAUNCHER void attention_fwd(real *out, real *lse, const real *q, const real *k,
-                            const real *v, int64_t B, int64_t T, int64_t H, int64_t KV,
+LAUNCHER void attention_fwd(act *out, real *lse, const act *q, const act *k,
+                            const act *v, int64_t B, int64_t T, int64_t H, int64_t KV,
                             int64_t hd, bool causal)
 {
     FSD_REQUIRE("attention_fwd", out && lse && q && k && v);
@@ -785,34 +886,40 @@ LAUNCHER void attention_fwd(real *out, real *lse, const real *q, const real *k,
 /* dq of query row `row` = (b·H + h)·T + t:
  *   D = do · o,  dp_s = do · v_s,  ds_s = p_s · (dp_s − D)
  *   dq (+)= scale · Σ_s ds_s · k_s
- * accumulated in place in the dq row (each lane owns its elements). */
-DEVICE void attention_bwd_dq_row(int64_t row, int lane, int lanes, real *dq, bool acc,
-                                 const real *dout, const real *q, const real *k, const real *v,
-                                 const real *out, const real *lse, int64_t T, int64_t H,
+ * summed in registers (each lane owns its elements) and stored once. */
+DEVICE void attention_bwd_dq_row(int64_t row, int lane, int lanes, act *dq, bool acc,
+                                 const act *dout, const act *q, const act *k, const act *v,
+                                 const act *out, const real *lse, int64_t T, int64_t H,
                                  int64_t KV, int64_t hd, bool causal)
 {
     int64_t t = row % T, h = (row / T) % H, b = row / (T * H), g = h * KV / H;
     int64_t at = (b * T + t) * H * hd + h * hd;
-    const real *qr = q + at, *dor = dout + at;
-    real *dqr = dq + at;
+    const act *qr = q + at, *dor = dout + at;
+    act *dqr = dq + at;
     real scale = 1 / fsd_sqrt((real)hd), L = lse[row];
     real D = attn_dot(lane, lanes, dor, out + at, hd);
     int64_t nkeys = causal ? t + 1 : T;
-    if (!acc)
-        for (int64_t d = lane; d < hd; d += lanes)
-            dqr[d] = 0;
-    for (int64_t s = 0; s < nkeys; s++) {
-        const real *kr = k + (b * T + s) * KV * hd + g * hd;
-        const real *vr = v + (b * T + s) * KV * hd + g * hd;
-        real p = fsd_exp(attn_dot(lane, lanes, qr, kr, hd) * scale - L);
-        real ds = p * (attn_dot(lane, lanes, dor, vr, hd) - D) * scale;
-        for (int64_t d = lane; d < hd; d += lanes)
-            dqr[d] += ds * kr[d];
+    for (int64_t d0 = 0; d0 < hd; d0 += (int64_t)lanes * FSD_ATTN_ROW_NJ) {
+        const int nj = attn_row_nj(d0, hd);
+        real a[FSD_ATTN_ROW_NJ];
+        attn_row_start(a, acc, dqr, d0, lane, lanes, hd);
+        for (int64_t s = 0; s < nkeys; s++) {
+            const act *kr = k + (b * T + s) * KV * hd + g * hd;
+            const act *vr = v + (b * T + s) * KV * hd + g * hd;
+            real p = fsd_exp(attn_dot(lane, lanes, qr, kr, hd) * scale - L);
+            real ds = p * (attn_dot(lane, lanes, dor, vr, hd) - D) * scale;
+            for (int j = 0; j < nj; j++) {
+                const int64_t d = attn_row_elem(d0, lane, lanes, j);
+                if (d < hd)
+                    a[j] += ds * fsd_wide(kr[d]);
+            }
+        }
+        attn_row_store(dqr, a, d0, lane, lanes, hd);
     }
 }
 FSD_ROW_KERNEL(attention_bwd_dq,
-               (real *dq, bool acc, const real *dout, const real *q, const real *k, const real *v,
-                const real *out, const real *lse, int64_t T, int64_t H, int64_t KV, int64_t hd,
+               (act *dq, bool acc, const act *dout, const act *q, const act *k, const act *v,
+                const act *out, const real *lse, int64_t T, int64_t H, int64_t KV, int64_t hd,
                 bool causal),
                (dq, acc, dout, q, k, v, out, lse, T, H, KV, hd, causal))
 
@@ -820,41 +927,47 @@ FSD_ROW_KERNEL(attention_bwd_dq,
  * with g(h) = g and every query t that sees key s:
  *   dv_s (+)= Σ p · do_t,   dk_s (+)= scale · Σ ds · q_t
  * D = do_t · o_t is recomputed per pair: no scratch memory. */
-DEVICE void attention_bwd_dkv_row(int64_t row, int lane, int lanes, real *dk, bool acc_k,
-                                  real *dv, bool acc_v, const real *dout, const real *q,
-                                  const real *k, const real *v, const real *out, const real *lse,
+DEVICE void attention_bwd_dkv_row(int64_t row, int lane, int lanes, act *dk, bool acc_k,
+                                  act *dv, bool acc_v, const act *dout, const act *q,
+                                  const act *k, const act *v, const act *out, const real *lse,
                                   int64_t T, int64_t H, int64_t KV, int64_t hd, bool causal)
 {
     int64_t s = row % T, g = (row / T) % KV, b = row / (T * KV);
     int64_t at = (b * T + s) * KV * hd + g * hd;
-    const real *kr = k + at, *vr = v + at;
-    real *dkr = dk + at, *dvr = dv + at;
+    const act *kr = k + at, *vr = v + at;
+    act *dkr = dk + at, *dvr = dv + at;
     real scale = 1 / fsd_sqrt((real)hd);
-    for (int64_t d = lane; d < hd; d += lanes) {
-        if (!acc_k)
-            dkr[d] = 0;
-        if (!acc_v)
-            dvr[d] = 0;
-    }
-    for (int64_t h = 0; h < H; h++) {
-        if (h * KV / H != g)
-            continue;
-        for (int64_t t = causal ? s : 0; t < T; t++) {
-            int64_t qt = (b * T + t) * H * hd + h * hd;
-            const real *qr = q + qt, *dor = dout + qt;
-            real p = fsd_exp(attn_dot(lane, lanes, qr, kr, hd) * scale - lse[(b * H + h) * T + t]);
-            real D = attn_dot(lane, lanes, dor, out + qt, hd);
-            real ds = p * (attn_dot(lane, lanes, dor, vr, hd) - D) * scale;
-            for (int64_t d = lane; d < hd; d += lanes) {
-                dvr[d] += p * dor[d];
-                dkr[d] += ds * qr[d];
+    for (int64_t d0 = 0; d0 < hd; d0 += (int64_t)lanes * FSD_ATTN_ROW_NJ) {
+        const int nj = attn_row_nj(d0, hd);
+        real ak[FSD_ATTN_ROW_NJ], av[FSD_ATTN_ROW_NJ];
+        attn_row_start(ak, acc_k, dkr, d0, lane, lanes, hd);
+        attn_row_start(av, acc_v, dvr, d0, lane, lanes, hd);
+        for (int64_t h = 0; h < H; h++) {
+            if (h * KV / H != g)
+                continue;
+            for (int64_t t = causal ? s : 0; t < T; t++) {
+                int64_t qt = (b * T + t) * H * hd + h * hd;
+                const act *qr = q + qt, *dor = dout + qt;
+                real p = fsd_exp(attn_dot(lane, lanes, qr, kr, hd) * scale -
+                                 lse[(b * H + h) * T + t]);
+                real D = attn_dot(lane, lanes, dor, out + qt, hd);
+                real ds = p * (attn_dot(lane, lanes, dor, vr, hd) - D) * scale;
+                for (int j = 0; j < nj; j++) {
+                    const int64_t d = attn_row_elem(d0, lane, lanes, j);
+                    if (d < hd) {
+                        av[j] += p * fsd_wide(dor[d]);
+                        ak[j] += ds * fsd_wide(qr[d]);
+                    }
+                }
             }
         }
+        attn_row_store(dkr, ak, d0, lane, lanes, hd);
+        attn_row_store(dvr, av, d0, lane, lanes, hd);
     }
 }
 FSD_ROW_KERNEL(attention_bwd_dkv,
-               (real *dk, bool acc_k, real *dv, bool acc_v, const real *dout, const real *q,
-                const real *k, const real *v, const real *out, const real *lse, int64_t T,
+               (act *dk, bool acc_k, act *dv, bool acc_v, const act *dout, const act *q,
+                const act *k, const act *v, const act *out, const real *lse, int64_t T,
                 int64_t H, int64_t KV, int64_t hd, bool causal),
                (dk, acc_k, dv, acc_v, dout, q, k, v, out, lse, T, H, KV, hd, causal))
 
@@ -865,10 +978,11 @@ FSD_ROW_KERNEL(attention_bwd_dkv,
  *   dq = scale · Σ_s ds_s k_s,  dk_s = scale · Σ ds_s q,  dv_s = Σ p_s dout.
  * With acc, the row kernels add contributions to the existing values one
  * key (or query) at a time, the tiled kernels add each finished sum once:
- * equal up to rounding. */
-LAUNCHER void attention_bwd(real *dq, bool acc_q, real *dk, bool acc_k, real *dv,
-                            bool acc_v, const real *dout, const real *q, const real *k,
-                            const real *v, const real *out, const real *lse, int64_t B,
+ * equal up to rounding. Either way the sum is formed in real and stored
+ * (rounded, when act is bf16) once. */
+LAUNCHER void attention_bwd(act *dq, bool acc_q, act *dk, bool acc_k, act *dv,
+                            bool acc_v, const act *dout, const act *q, const act *k,
+                            const act *v, const act *out, const real *lse, int64_t B,
                             int64_t T, int64_t H, int64_t KV, int64_t hd, bool causal)
 {
     FSD_REQUIRE("attention_bwd", dq && dk && dv && dout && q && k && v && out && lse);

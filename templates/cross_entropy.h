@@ -13,24 +13,24 @@
 #endif
 
 /* lse[r] = log Σ_j exp(logits[r, j]), with the max taken out first. */
-DEVICE void cross_entropy_lse_row(int64_t r, int lane, int lanes, real *lse, const real *logits,
+DEVICE void cross_entropy_lse_row(int64_t r, int lane, int lanes, real *lse, const act *logits,
                                   int64_t V)
 {
-    const real *x = logits + r * V;
+    const act *x = logits + r * V;
     real m, s;
-    FSD_LANE_MAX(m, j, V, lane, lanes, x[j]);
+    FSD_LANE_MAX(m, j, V, lane, lanes, fsd_wide(x[j]));
     m = fsd_warp_max(m);
-    FSD_LANE_SUM(s, j, V, lane, lanes, fsd_exp(x[j] - m));
+    FSD_LANE_SUM(s, j, V, lane, lanes, fsd_exp(fsd_wide(x[j]) - m));
     s = fsd_warp_sum(s);
     if (lane == 0)
         lse[r] = m + fsd_log(s);
 }
-FSD_ROW_KERNEL(cross_entropy_lse, (real *lse, const real *logits, int64_t V), (lse, logits, V))
+FSD_ROW_KERNEL(cross_entropy_lse, (real *lse, const act *logits, int64_t V), (lse, logits, V))
 
 /* loss[0] = Σ_r (lse[r] − logits[r, targets[r]]) / rows: one work item,
  * its lanes strided over rows. */
 DEVICE void cross_entropy_mean_row(int64_t row, int lane, int lanes, real *loss, const real *lse,
-                                   const real *logits, const int32_t *targets, int64_t rows,
+                                   const act *logits, const int32_t *targets, int64_t rows,
                                    int64_t V)
 {
     double s = 0;
@@ -38,14 +38,14 @@ DEVICE void cross_entropy_mean_row(int64_t row, int lane, int lanes, real *loss,
         int64_t t = targets[r];
         if (t < 0 || t >= V)
             fsd_trap();
-        s += (double)lse[r] - (double)logits[r * V + t];
+        s += (double)lse[r] - (double)fsd_wide(logits[r * V + t]);
     }
     s = fsd_warp_sum_f64(s);
     if (lane == 0)
         loss[row] = (real)(s / (double)rows);
 }
 FSD_ROW_KERNEL(cross_entropy_mean,
-               (real *loss, const real *lse, const real *logits, const int32_t *targets,
+               (real *loss, const real *lse, const act *logits, const int32_t *targets,
                 int64_t rows, int64_t V),
                (loss, lse, logits, targets, rows, V))
 
@@ -54,7 +54,7 @@ FSD_ROW_KERNEL(cross_entropy_mean,
  *   lse[r]  = log Σ_j exp(logits[r, j])                       lse [rows]
  *   loss[0] = (1/rows) Σ_r (lse[r] − logits[r, targets[r]])   loss [1]
  * Both overwritten. */
-LAUNCHER void cross_entropy_fwd(real *loss, real *lse, const real *logits,
+LAUNCHER void cross_entropy_fwd(real *loss, real *lse, const act *logits,
                                 const int32_t *targets, int64_t rows, int64_t V)
 {
     FSD_REQUIRE("cross_entropy_fwd", loss && lse && logits && targets);
@@ -64,29 +64,30 @@ LAUNCHER void cross_entropy_fwd(real *loss, real *lse, const real *logits,
     FSD_RUN_ROWS(cross_entropy_mean, 1, (loss, lse, logits, targets, rows, V));
 }
 
-DEVICE void cross_entropy_bwd_row(int64_t r, int lane, int lanes, real *dlogits, bool acc,
-                                  const real *logits, const int32_t *targets, const real *lse,
+DEVICE void cross_entropy_bwd_row(int64_t r, int lane, int lanes, act *dlogits, bool acc,
+                                  const act *logits, const int32_t *targets, const real *lse,
                                   int64_t V, real scale)
 {
     int64_t t = targets[r];
     if (t < 0 || t >= V)
         fsd_trap();
-    real L = lse[r], *d = dlogits + r * V;
-    const real *x = logits + r * V;
+    real L = lse[r];
+    act *d = dlogits + r * V;
+    const act *x = logits + r * V;
     /* p·scale everywhere, then the target's (p − 1)·scale rewritten by the
-     * lane that owns it, from the old value it read first: the same
-     * results, and a loop without the one-hot compare vectorises */
-    real old_t = d[t];
+     * lane that owns it: the same results, and a loop without the one-hot
+     * compare vectorises. The target's value is formed first, from its
+     * logit and old value, which the loop overwrites in place. */
+    real v = (fsd_exp(fsd_wide(x[t]) - L) - 1) * scale;
+    real d_t = acc ? fsd_wide(d[t]) + v : v;
     FSD_SIMD
     for (int64_t j = lane; j < V; j += lanes)
-        fsd_store(&d[j], fsd_exp(x[j] - L) * scale, acc);
-    if (t % lanes == lane) {
-        real v = (fsd_exp(x[t] - L) - 1) * scale;
-        d[t] = acc ? old_t + v : v;
-    }
+        fsd_store(&d[j], fsd_exp(fsd_wide(x[j]) - L) * scale, acc);
+    if (t % lanes == lane)
+        d[t] = fsd_narrow(d_t);
 }
 FSD_ROW_KERNEL(cross_entropy_bwd,
-               (real *dlogits, bool acc, const real *logits, const int32_t *targets,
+               (act *dlogits, bool acc, const act *logits, const int32_t *targets,
                 const real *lse, int64_t V, real scale),
                (dlogits, acc, logits, targets, lse, V, scale))
 
@@ -94,7 +95,7 @@ FSD_ROW_KERNEL(cross_entropy_bwd,
  * with the softmax exp(logits − lse). dlogits, logits [rows, V]; targets,
  * lse [rows]. scale is d(total loss)/d(loss of one row), e.g.
  * fsdrt_loss_scale: 1/(B·T·grad_accum). dlogits may be logits (in place). */
-LAUNCHER void cross_entropy_bwd(real *dlogits, bool acc, const real *logits,
+LAUNCHER void cross_entropy_bwd(act *dlogits, bool acc, const act *logits,
                                 const int32_t *targets, const real *lse, int64_t rows,
                                 int64_t V, real scale)
 {

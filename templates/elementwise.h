@@ -14,30 +14,33 @@
 #endif
 
 /* dst[j] (+)= Σ_r src[r·C + j] over rows r: the shared column sum. */
-DEVICE void reduce_to_cols(int64_t j0, int64_t j1, real *dst, bool acc, const real *src,
+DEVICE void reduce_to_cols(int64_t j0, int64_t j1, act *dst, bool acc, const act *src,
                            int64_t rows, int64_t C)
 {
     fsd_col_sum(j0, j1, dst, acc, src, rows, C);
 }
-FSD_COL_KERNEL(reduce_to, (real *dst, bool acc, const real *src, int64_t rows, int64_t C),
+FSD_COL_KERNEL(reduce_to, (act *dst, bool acc, const act *src, int64_t rows, int64_t C),
                (dst, acc, src, rows, C))
 
 /* ── add ── */
 
-DEVICE void add_fwd_elem(int64_t i, real *y, const real *a, const real *b, int64_t nb)
+DEVICE void add_fwd_elem(int64_t i, act *y, const act *a, const act *b, int64_t nb)
 {
-    y[i] = a[i] + b[i % nb];
+    y[i] = fsd_narrow(fsd_wide(a[i]) + fsd_wide(b[i % nb]));
 }
-FSD_ELEM_KERNEL(add_fwd, (real *y, const real *a, const real *b, int64_t nb), (y, a, b, nb))
+FSD_ELEM_KERNEL(add_fwd, (act *y, const act *a, const act *b, int64_t nb), (y, a, b, nb))
 
 /* the same shape (nb = n): no division per element */
-DEVICE void add_same_elem(int64_t i, real *y, const real *a, const real *b) { y[i] = a[i] + b[i]; }
-FSD_ELEM_KERNEL(add_same, (real *y, const real *a, const real *b), (y, a, b))
+DEVICE void add_same_elem(int64_t i, act *y, const act *a, const act *b)
+{
+    y[i] = fsd_narrow(fsd_wide(a[i]) + fsd_wide(b[i]));
+}
+FSD_ELEM_KERNEL(add_same, (act *y, const act *a, const act *b), (y, a, b))
 
 /* add_fwd: y[i] = a[i] + b[i mod nb]; y, a [n], b [nb], n a multiple of
  * nb. y may be a (in place). Its backward is copy (or a pass-through) for
  * a, and reduce_to for a broadcast b. */
-LAUNCHER void add_fwd(real *y, const real *a, const real *b, int64_t n, int64_t nb)
+LAUNCHER void add_fwd(act *y, const act *a, const act *b, int64_t n, int64_t nb)
 {
     FSD_REQUIRE("add_fwd", y && a && b);
     FSD_REQUIRE("add_fwd", n > 0 && nb > 0 && n % nb == 0);
@@ -49,18 +52,21 @@ LAUNCHER void add_fwd(real *y, const real *a, const real *b, int64_t n, int64_t 
 
 /* ── mul ── */
 
-DEVICE void mul_fwd_elem(int64_t i, real *y, const real *a, const real *b, int64_t nb)
+DEVICE void mul_fwd_elem(int64_t i, act *y, const act *a, const act *b, int64_t nb)
 {
-    y[i] = a[i] * b[i % nb];
+    y[i] = fsd_narrow(fsd_wide(a[i]) * fsd_wide(b[i % nb]));
 }
-FSD_ELEM_KERNEL(mul_fwd, (real *y, const real *a, const real *b, int64_t nb), (y, a, b, nb))
+FSD_ELEM_KERNEL(mul_fwd, (act *y, const act *a, const act *b, int64_t nb), (y, a, b, nb))
 
-DEVICE void mul_same_elem(int64_t i, real *y, const real *a, const real *b) { y[i] = a[i] * b[i]; }
-FSD_ELEM_KERNEL(mul_same, (real *y, const real *a, const real *b), (y, a, b))
+DEVICE void mul_same_elem(int64_t i, act *y, const act *a, const act *b)
+{
+    y[i] = fsd_narrow(fsd_wide(a[i]) * fsd_wide(b[i]));
+}
+FSD_ELEM_KERNEL(mul_same, (act *y, const act *a, const act *b), (y, a, b))
 
 /* mul_fwd: y[i] = a[i] · b[i mod nb]; y, a [n], b [nb], n a multiple of
  * nb. y may be a. */
-LAUNCHER void mul_fwd(real *y, const real *a, const real *b, int64_t n, int64_t nb)
+LAUNCHER void mul_fwd(act *y, const act *a, const act *b, int64_t n, int64_t nb)
 {
     FSD_REQUIRE("mul_fwd", y && a && b);
     FSD_REQUIRE("mul_fwd", n > 0 && nb > 0 && n % nb == 0);
@@ -70,23 +76,23 @@ LAUNCHER void mul_fwd(real *y, const real *a, const real *b, int64_t n, int64_t 
         FSD_RUN_ELEMS(mul_fwd, n, (y, a, b, nb));
 }
 
-DEVICE void mul_bwd_a_elem(int64_t i, real *da, bool acc, const real *dy, const real *b,
+DEVICE void mul_bwd_a_elem(int64_t i, act *da, bool acc, const act *dy, const act *b,
                            int64_t nb)
 {
-    fsd_store(&da[i], dy[i] * b[i % nb], acc);
+    fsd_store(&da[i], fsd_wide(dy[i]) * fsd_wide(b[i % nb]), acc);
 }
-FSD_ELEM_KERNEL(mul_bwd_a, (real *da, bool acc, const real *dy, const real *b, int64_t nb),
+FSD_ELEM_KERNEL(mul_bwd_a, (act *da, bool acc, const act *dy, const act *b, int64_t nb),
                 (da, acc, dy, b, nb))
 
-DEVICE void mul_bwd_a_same_elem(int64_t i, real *da, bool acc, const real *dy, const real *b)
+DEVICE void mul_bwd_a_same_elem(int64_t i, act *da, bool acc, const act *dy, const act *b)
 {
-    fsd_store(&da[i], dy[i] * b[i], acc);
+    fsd_store(&da[i], fsd_wide(dy[i]) * fsd_wide(b[i]), acc);
 }
-FSD_ELEM_KERNEL(mul_bwd_a_same, (real *da, bool acc, const real *dy, const real *b),
+FSD_ELEM_KERNEL(mul_bwd_a_same, (act *da, bool acc, const act *dy, const act *b),
                 (da, acc, dy, b))
 
-DEVICE void mul_bwd_b_cols(int64_t j0, int64_t j1, real *db, bool acc, const real *dy,
-                           const real *a, int64_t rows, int64_t nb)
+DEVICE void mul_bwd_b_cols(int64_t j0, int64_t j1, act *db, bool acc, const act *dy,
+                           const act *a, int64_t rows, int64_t nb)
 {
     real s[FSD_COL_TILE];
     for (int64_t j = j0; j < j1; j++)
@@ -94,20 +100,20 @@ DEVICE void mul_bwd_b_cols(int64_t j0, int64_t j1, real *db, bool acc, const rea
     for (int64_t r = 0; r < rows; r++)
         FSD_SIMD
         for (int64_t j = j0; j < j1; j++)
-            s[j - j0] += dy[r * nb + j] * a[r * nb + j];
+            s[j - j0] += fsd_wide(dy[r * nb + j]) * fsd_wide(a[r * nb + j]);
     for (int64_t j = j0; j < j1; j++)
         fsd_store(&db[j], s[j - j0], acc);
 }
 FSD_COL_KERNEL(mul_bwd_b,
-               (real *db, bool acc, const real *dy, const real *a, int64_t rows, int64_t nb),
+               (act *db, bool acc, const act *dy, const act *a, int64_t rows, int64_t nb),
                (db, acc, dy, a, rows, nb))
 
 /* mul_bwd: the backward of y = a · b (b broadcast as in mul_fwd):
  *   da[i] (+)= dy[i] · b[i mod nb]            da, dy, a [n]
  *   db[j] (+)= Σ_{i mod nb = j} dy[i] · a[i]  db, b [nb]
  * db is computed first, so da may be dy (in place). */
-LAUNCHER void mul_bwd(real *da, bool acc_a, real *db, bool acc_b, const real *dy,
-                      const real *a, const real *b, int64_t n, int64_t nb)
+LAUNCHER void mul_bwd(act *da, bool acc_a, act *db, bool acc_b, const act *dy,
+                      const act *a, const act *b, int64_t n, int64_t nb)
 {
     FSD_REQUIRE("mul_bwd", da && db && dy && a && b);
     FSD_REQUIRE("mul_bwd", n > 0 && nb > 0 && n % nb == 0);
@@ -123,18 +129,18 @@ LAUNCHER void mul_bwd(real *da, bool acc_a, real *db, bool acc_b, const real *dy
 
 /* one row: y[r, :] = x[r, :] + b, lanes strided over the columns (no
  * division per element, as add_fwd's broadcast index would take) */
-DEVICE void bias_add_row(int64_t row, int lane, int lanes, real *y, const real *x, const real *b,
+DEVICE void bias_add_row(int64_t row, int lane, int lanes, act *y, const act *x, const act *b,
                          int64_t C)
 {
     FSD_SIMD
     for (int64_t j = lane; j < C; j += lanes)
-        y[row * C + j] = x[row * C + j] + b[j];
+        y[row * C + j] = fsd_narrow(fsd_wide(x[row * C + j]) + fsd_wide(b[j]));
 }
-FSD_ROW_KERNEL(bias_add, (real *y, const real *x, const real *b, int64_t C), (y, x, b, C))
+FSD_ROW_KERNEL(bias_add, (act *y, const act *x, const act *b, int64_t C), (y, x, b, C))
 
 /* bias_add_fwd: y[r, j] = x[r, j] + b[j]; y, x [rows, C], b [C]. y may
  * be x. */
-LAUNCHER void bias_add_fwd(real *y, const real *x, const real *b, int64_t rows, int64_t C)
+LAUNCHER void bias_add_fwd(act *y, const act *x, const act *b, int64_t rows, int64_t C)
 {
     FSD_REQUIRE("bias_add_fwd", y && x && b);
     FSD_REQUIRE("bias_add_fwd", rows > 0 && C > 0);
@@ -143,7 +149,7 @@ LAUNCHER void bias_add_fwd(real *y, const real *x, const real *b, int64_t rows, 
 
 /* bias_bwd: db[j] += Σ_r dy[r, j]; always accumulates (a parameter
  * gradient). db [C], dy [rows, C]. */
-LAUNCHER void bias_bwd(real *db, const real *dy, int64_t rows, int64_t C)
+LAUNCHER void bias_bwd(act *db, const act *dy, int64_t rows, int64_t C)
 {
     FSD_REQUIRE("bias_bwd", db && dy);
     FSD_REQUIRE("bias_bwd", rows > 0 && C > 0);
@@ -155,22 +161,22 @@ LAUNCHER void bias_bwd(real *db, const real *dy, int64_t rows, int64_t C)
 /* reduce_to: dst[j] (+)= Σ_{i mod n_dst = j} src[i]; src [n_src], dst
  * [n_dst], n_src a multiple of n_dst. The gradient of add_fwd's broadcast
  * operand. */
-LAUNCHER void reduce_to(real *dst, bool acc, const real *src, int64_t n_src, int64_t n_dst)
+LAUNCHER void reduce_to(act *dst, bool acc, const act *src, int64_t n_src, int64_t n_dst)
 {
     FSD_REQUIRE("reduce_to", dst && src && dst != src);
     FSD_REQUIRE("reduce_to", n_src > 0 && n_dst > 0 && n_src % n_dst == 0);
     FSD_RUN_COLS(reduce_to, n_dst, (dst, acc, src, n_src / n_dst, n_dst));
 }
 
-DEVICE void copy_elem(int64_t i, real *dst, bool acc, const real *src)
+DEVICE void copy_elem(int64_t i, act *dst, bool acc, const act *src)
 {
-    fsd_store(&dst[i], src[i], acc);
+    fsd_store(&dst[i], fsd_wide(src[i]), acc);
 }
-FSD_ELEM_KERNEL(copy, (real *dst, bool acc, const real *src), (dst, acc, src))
+FSD_ELEM_KERNEL(copy, (act *dst, bool acc, const act *src), (dst, acc, src))
 
 /* copy: dst[i] (+)= src[i]; dst, src [n]. A gradient passed on to a value
  * whose gradient buffer is already taken. */
-LAUNCHER void copy(real *dst, bool acc, const real *src, int64_t n)
+LAUNCHER void copy(act *dst, bool acc, const act *src, int64_t n)
 {
     FSD_REQUIRE("copy", dst && src && n > 0);
     FSD_RUN_ELEMS(copy, n, (dst, acc, src));

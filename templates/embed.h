@@ -8,7 +8,7 @@
 
 /* embed_fwd: out[i, :] = W[idx[i], :] for i in [0, N).
  *   out [N, C], W [V, C], idx [N] with every idx[i] in [0, V). */
-DEVICE void embed_fwd_row(int64_t i, int lane, int lanes, real *out, const real *W,
+DEVICE void embed_fwd_row(int64_t i, int lane, int lanes, act *out, const act *W,
                           const int32_t *idx, int64_t C, int64_t V)
 {
     int64_t t = idx[i];
@@ -16,12 +16,12 @@ DEVICE void embed_fwd_row(int64_t i, int lane, int lanes, real *out, const real 
         fsd_trap();
     FSD_SIMD
     for (int64_t j = lane; j < C; j += lanes)
-        out[i * C + j] = W[t * C + j];
+        out[i * C + j] = W[t * C + j];   /* a copy of the stored value: nothing to round */
 }
-FSD_ROW_KERNEL(embed_fwd, (real *out, const real *W, const int32_t *idx, int64_t C, int64_t V),
+FSD_ROW_KERNEL(embed_fwd, (act *out, const act *W, const int32_t *idx, int64_t C, int64_t V),
                (out, W, idx, C, V))
 
-LAUNCHER void embed_fwd(real *out, const real *W, const int32_t *idx, int64_t N, int64_t C,
+LAUNCHER void embed_fwd(act *out, const act *W, const int32_t *idx, int64_t N, int64_t C,
                         int64_t V)
 {
     FSD_REQUIRE("embed_fwd", out && W && idx);
@@ -34,8 +34,12 @@ LAUNCHER void embed_fwd(real *out, const real *W, const int32_t *idx, int64_t N,
  * accumulates (a parameter gradient; a tied head adds to it too).
  *   dW [V, C], dout [N, C], idx [N].
  * Column-parallel: each column j is summed over i in order by one worker,
- * so repeated tokens need no atomics and the sum is deterministic. */
-DEVICE void embed_bwd_cols(int64_t j0, int64_t j1, real *dW, const real *dout,
+ * so repeated tokens need no atomics and the sum is deterministic. With
+ * bf16 act each position's addition is rounded: a token seen k times gets
+ * k roundings. Rounding once per token would need the positions grouped
+ * by token, scratch the GPU has no room for (the memory plan gives
+ * kernels no workspace). */
+DEVICE void embed_bwd_cols(int64_t j0, int64_t j1, act *dW, const act *dout,
                            const int32_t *idx, int64_t N, int64_t C, int64_t V)
 {
     for (int64_t i = 0; i < N; i++) {
@@ -44,14 +48,14 @@ DEVICE void embed_bwd_cols(int64_t j0, int64_t j1, real *dW, const real *dout,
             fsd_trap();
         FSD_SIMD
         for (int64_t j = j0; j < j1; j++)
-            dW[t * C + j] += dout[i * C + j];
+            fsd_store(&dW[t * C + j], fsd_wide(dout[i * C + j]), true);
     }
 }
 FSD_COL_KERNEL(embed_bwd,
-               (real *dW, const real *dout, const int32_t *idx, int64_t N, int64_t C, int64_t V),
+               (act *dW, const act *dout, const int32_t *idx, int64_t N, int64_t C, int64_t V),
                (dW, dout, idx, N, C, V))
 
-LAUNCHER void embed_bwd(real *dW, const real *dout, const int32_t *idx, int64_t N,
+LAUNCHER void embed_bwd(act *dW, const act *dout, const int32_t *idx, int64_t N,
                         int64_t C, int64_t V)
 {
     FSD_REQUIRE("embed_bwd", dW && dout && idx);

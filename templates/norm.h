@@ -16,31 +16,31 @@
  *   rstd[r] = 1 / sqrt(Σ_j (x[r,j] − mean[r])² / C + eps)
  *   y[r,j]  = (x[r,j] − mean[r]) · rstd[r] · w[j] + b[j]
  *   y [rows, C], mean [rows], rstd [rows], w [C], b [C]. */
-DEVICE void layernorm_fwd_row(int64_t r, int lane, int lanes, real *y, real *mean, real *rstd,
-                              const real *x, const real *w, const real *b, int64_t C, real eps)
+DEVICE void layernorm_fwd_row(int64_t r, int lane, int lanes, act *y, real *mean, real *rstd,
+                              const act *x, const act *w, const act *b, int64_t C, real eps)
 {
-    const real *xr = x + r * C;
+    const act *xr = x + r * C;
     real s, v;
-    FSD_LANE_SUM(s, j, C, lane, lanes, xr[j]);
+    FSD_LANE_SUM(s, j, C, lane, lanes, fsd_wide(xr[j]));
     real m = fsd_warp_sum(s) / (real)C;
     /* two passes: no cancellation when |mean| >> std */
-    FSD_LANE_SUM(v, j, C, lane, lanes, (xr[j] - m) * (xr[j] - m));
+    FSD_LANE_SUM(v, j, C, lane, lanes, (fsd_wide(xr[j]) - m) * (fsd_wide(xr[j]) - m));
     real rs = 1 / fsd_sqrt(fsd_warp_sum(v) / (real)C + eps);
     FSD_SIMD
     for (int64_t j = lane; j < C; j += lanes)
-        y[r * C + j] = (xr[j] - m) * rs * w[j] + b[j];
+        y[r * C + j] = fsd_narrow((fsd_wide(xr[j]) - m) * rs * fsd_wide(w[j]) + fsd_wide(b[j]));
     if (lane == 0) {
         mean[r] = m;
         rstd[r] = rs;
     }
 }
 FSD_ROW_KERNEL(layernorm_fwd,
-               (real *y, real *mean, real *rstd, const real *x, const real *w, const real *b,
+               (act *y, real *mean, real *rstd, const act *x, const act *w, const act *b,
                 int64_t C, real eps),
                (y, mean, rstd, x, w, b, C, eps))
 
-LAUNCHER void layernorm_fwd(real *y, real *mean, real *rstd, const real *x, const real *w,
-                            const real *b, int64_t rows, int64_t C, real eps)
+LAUNCHER void layernorm_fwd(act *y, real *mean, real *rstd, const act *x, const act *w,
+                            const act *b, int64_t rows, int64_t C, real eps)
 {
     FSD_REQUIRE("layernorm_fwd", y && mean && rstd && x && w && b);
     FSD_REQUIRE("layernorm_fwd", rows > 0 && C > 0 && eps >= 0);
@@ -53,27 +53,30 @@ LAUNCHER void layernorm_fwd(real *y, real *mean, real *rstd, const real *x, cons
  *   db[j]   +=  Σ_r dy[r,j]
  * dx accumulates when acc; dw and db always accumulate (parameter
  * gradients). dx, dy, x [rows, C]; dw, db, w [C]; mean, rstd [rows]. */
-DEVICE void layernorm_bwd_row(int64_t r, int lane, int lanes, real *dx, bool acc, const real *dy,
-                              const real *x, const real *w, const real *mean, const real *rstd,
+DEVICE void layernorm_bwd_row(int64_t r, int lane, int lanes, act *dx, bool acc, const act *dy,
+                              const act *x, const act *w, const real *mean, const real *rstd,
                               int64_t C)
 {
-    const real *dyr = dy + r * C, *xr = x + r * C;
+    const act *dyr = dy + r * C, *xr = x + r * C;
     real m = mean[r], rs = rstd[r], sg, sgx;
-    FSD_LANE_SUM(sg, j, C, lane, lanes, dyr[j] * w[j]);
-    FSD_LANE_SUM(sgx, j, C, lane, lanes, dyr[j] * w[j] * (xr[j] - m) * rs);
+    FSD_LANE_SUM(sg, j, C, lane, lanes, fsd_wide(dyr[j]) * fsd_wide(w[j]));
+    FSD_LANE_SUM(sgx, j, C, lane, lanes,
+                 fsd_wide(dyr[j]) * fsd_wide(w[j]) * (fsd_wide(xr[j]) - m) * rs);
     sg = fsd_warp_sum(sg) / (real)C;
     sgx = fsd_warp_sum(sgx) / (real)C;
     FSD_SIMD
     for (int64_t j = lane; j < C; j += lanes)
-        fsd_store(&dx[r * C + j], rs * (dyr[j] * w[j] - sg - (xr[j] - m) * rs * sgx), acc);
+        fsd_store(&dx[r * C + j],
+                  rs * (fsd_wide(dyr[j]) * fsd_wide(w[j]) - sg - (fsd_wide(xr[j]) - m) * rs * sgx),
+                  acc);
 }
 FSD_ROW_KERNEL(layernorm_bwd,
-               (real *dx, bool acc, const real *dy, const real *x, const real *w,
+               (act *dx, bool acc, const act *dy, const act *x, const act *w,
                 const real *mean, const real *rstd, int64_t C),
                (dx, acc, dy, x, w, mean, rstd, C))
 
-DEVICE void layernorm_bwd_params_cols(int64_t j0, int64_t j1, real *dw, real *db,
-                                      const real *dy, const real *x, const real *mean,
+DEVICE void layernorm_bwd_params_cols(int64_t j0, int64_t j1, act *dw, act *db,
+                                      const act *dy, const act *x, const real *mean,
                                       const real *rstd, int64_t rows, int64_t C)
 {
     real sw[FSD_COL_TILE], sb[FSD_COL_TILE];
@@ -82,17 +85,17 @@ DEVICE void layernorm_bwd_params_cols(int64_t j0, int64_t j1, real *dw, real *db
     for (int64_t r = 0; r < rows; r++)
         FSD_SIMD
         for (int64_t j = j0; j < j1; j++) {
-            real d = dy[r * C + j];
-            sw[j - j0] += d * (x[r * C + j] - mean[r]) * rstd[r];
+            real d = fsd_wide(dy[r * C + j]);
+            sw[j - j0] += d * (fsd_wide(x[r * C + j]) - mean[r]) * rstd[r];
             sb[j - j0] += d;
         }
     for (int64_t j = j0; j < j1; j++) {
-        dw[j] += sw[j - j0];
-        db[j] += sb[j - j0];
+        fsd_store(&dw[j], sw[j - j0], true);
+        fsd_store(&db[j], sb[j - j0], true);
     }
 }
 FSD_COL_KERNEL(layernorm_bwd_params,
-               (real *dw, real *db, const real *dy, const real *x, const real *mean,
+               (act *dw, act *db, const act *dy, const act *x, const real *mean,
                 const real *rstd, int64_t rows, int64_t C),
                (dw, db, dy, x, mean, rstd, rows, C))
 
@@ -113,8 +116,8 @@ static inline real *fsd_norm_scratch(const char *kernel, int64_t n)
     return p;
 }
 
-DEVICE void layernorm_bwd_chunk(int64_t c, real *part, real *dx, bool acc, const real *dy,
-                                const real *x, const real *w, const real *mean, const real *rstd,
+DEVICE void layernorm_bwd_chunk(int64_t c, real *part, act *dx, bool acc, const act *dy,
+                                const act *x, const act *w, const real *mean, const real *rstd,
                                 int64_t rows, int64_t C)
 {
     real *pw = part + c * 2 * C, *pb = pw + C;
@@ -123,12 +126,12 @@ DEVICE void layernorm_bwd_chunk(int64_t c, real *part, real *dx, bool acc, const
     for (int64_t j = 0; j < C; j++)
         pw[j] = pb[j] = 0;
     for (int64_t r = c * FSD_NORM_CHUNK; r < r1; r++) {
-        const real *dyr = dy + r * C, *xr = x + r * C;
+        const act *dyr = dy + r * C, *xr = x + r * C;
         real m = mean[r], rs = rstd[r];
         FSD_SIMD
         for (int64_t j = 0; j < C; j++) {
-            pw[j] += dyr[j] * (xr[j] - m) * rs;
-            pb[j] += dyr[j];
+            pw[j] += fsd_wide(dyr[j]) * (fsd_wide(xr[j]) - m) * rs;
+            pb[j] += fsd_wide(dyr[j]);
         }
         layernorm_bwd_row(r, 0, 1, dx, acc, dy, x, w, mean, rstd, C);
     }
@@ -136,9 +139,9 @@ DEVICE void layernorm_bwd_chunk(int64_t c, real *part, real *dx, bool acc, const
 
 #endif
 
-LAUNCHER void layernorm_bwd(real *dx, bool acc, real *dw, real *db, const real *dy,
-                            const real *x, const real *w, const real *mean, const real *rstd,
-                            int64_t rows, int64_t C)
+LAUNCHER void layernorm_bwd(act *dx, bool acc, act *dw, act *db, const act *dy, const act *x,
+                            const act *w, const real *mean, const real *rstd, int64_t rows,
+                            int64_t C)
 {
     FSD_REQUIRE("layernorm_bwd", dx && dw && db && dy && x && w && mean && rstd);
     FSD_REQUIRE("layernorm_bwd", rows > 0 && C > 0);
@@ -154,8 +157,8 @@ LAUNCHER void layernorm_bwd(real *dx, bool acc, real *dw, real *db, const real *
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < tiles; t++) {
             int64_t j0 = t * FSD_COL_TILE, j1 = j0 + FSD_COL_TILE < C ? j0 + FSD_COL_TILE : C;
-            fsd_col_sum(j0, j1, dw, true, part, chunks, 2 * C);
-            fsd_col_sum(j0, j1, db, true, part + C, chunks, 2 * C);
+            fsd_col_sum_real(j0, j1, dw, true, part, chunks, 2 * C);
+            fsd_col_sum_real(j0, j1, db, true, part + C, chunks, 2 * C);
         }
     }
     free(part);
@@ -171,23 +174,23 @@ LAUNCHER void layernorm_bwd(real *dx, bool acc, real *dw, real *db, const real *
  *   rstd[r] = 1 / sqrt(Σ_j x[r,j]² / C + eps)
  *   y[r,j]  = x[r,j] · rstd[r] · w[j]
  *   y [rows, C], rstd [rows], w [C]. (PyTorch's nn.RMSNorm; Llama's.) */
-DEVICE void rmsnorm_fwd_row(int64_t r, int lane, int lanes, real *y, real *rstd, const real *x,
-                            const real *w, int64_t C, real eps)
+DEVICE void rmsnorm_fwd_row(int64_t r, int lane, int lanes, act *y, real *rstd, const act *x,
+                            const act *w, int64_t C, real eps)
 {
-    const real *xr = x + r * C;
+    const act *xr = x + r * C;
     real s;
-    FSD_LANE_SUM(s, j, C, lane, lanes, xr[j] * xr[j]);
+    FSD_LANE_SUM(s, j, C, lane, lanes, fsd_wide(xr[j]) * fsd_wide(xr[j]));
     real rs = 1 / fsd_sqrt(fsd_warp_sum(s) / (real)C + eps);
     FSD_SIMD
     for (int64_t j = lane; j < C; j += lanes)
-        y[r * C + j] = xr[j] * rs * w[j];
+        y[r * C + j] = fsd_narrow(fsd_wide(xr[j]) * rs * fsd_wide(w[j]));
     if (lane == 0)
         rstd[r] = rs;
 }
-FSD_ROW_KERNEL(rmsnorm_fwd, (real *y, real *rstd, const real *x, const real *w, int64_t C, real eps),
+FSD_ROW_KERNEL(rmsnorm_fwd, (act *y, real *rstd, const act *x, const act *w, int64_t C, real eps),
                (y, rstd, x, w, C, eps))
 
-LAUNCHER void rmsnorm_fwd(real *y, real *rstd, const real *x, const real *w, int64_t rows,
+LAUNCHER void rmsnorm_fwd(act *y, real *rstd, const act *x, const act *w, int64_t rows,
                           int64_t C, real eps)
 {
     FSD_REQUIRE("rmsnorm_fwd", y && rstd && x && w);
@@ -200,24 +203,25 @@ LAUNCHER void rmsnorm_fwd(real *y, real *rstd, const real *x, const real *w, int
  *   dw[j]   +=  Σ_r dy[r,j] · x̂[r,j]
  * dx accumulates when acc; dw always accumulates. dx, dy, x [rows, C];
  * dw, w [C]; rstd [rows]. */
-DEVICE void rmsnorm_bwd_row(int64_t r, int lane, int lanes, real *dx, bool acc, const real *dy,
-                            const real *x, const real *w, const real *rstd, int64_t C)
+DEVICE void rmsnorm_bwd_row(int64_t r, int lane, int lanes, act *dx, bool acc, const act *dy,
+                            const act *x, const act *w, const real *rstd, int64_t C)
 {
-    const real *dyr = dy + r * C, *xr = x + r * C;
+    const act *dyr = dy + r * C, *xr = x + r * C;
     real rs = rstd[r], sgx;
-    FSD_LANE_SUM(sgx, j, C, lane, lanes, dyr[j] * w[j] * xr[j] * rs);
+    FSD_LANE_SUM(sgx, j, C, lane, lanes, fsd_wide(dyr[j]) * fsd_wide(w[j]) * fsd_wide(xr[j]) * rs);
     sgx = fsd_warp_sum(sgx) / (real)C;
     FSD_SIMD
     for (int64_t j = lane; j < C; j += lanes)
-        fsd_store(&dx[r * C + j], rs * (dyr[j] * w[j] - xr[j] * rs * sgx), acc);
+        fsd_store(&dx[r * C + j],
+                  rs * (fsd_wide(dyr[j]) * fsd_wide(w[j]) - fsd_wide(xr[j]) * rs * sgx), acc);
 }
 FSD_ROW_KERNEL(rmsnorm_bwd,
-               (real *dx, bool acc, const real *dy, const real *x, const real *w, const real *rstd,
+               (act *dx, bool acc, const act *dy, const act *x, const act *w, const real *rstd,
                 int64_t C),
                (dx, acc, dy, x, w, rstd, C))
 
-DEVICE void rmsnorm_bwd_params_cols(int64_t j0, int64_t j1, real *dw, const real *dy,
-                                    const real *x, const real *rstd, int64_t rows, int64_t C)
+DEVICE void rmsnorm_bwd_params_cols(int64_t j0, int64_t j1, act *dw, const act *dy,
+                                    const act *x, const real *rstd, int64_t rows, int64_t C)
 {
     real sw[FSD_COL_TILE];
     for (int64_t j = j0; j < j1; j++)
@@ -225,19 +229,19 @@ DEVICE void rmsnorm_bwd_params_cols(int64_t j0, int64_t j1, real *dw, const real
     for (int64_t r = 0; r < rows; r++)
         FSD_SIMD
         for (int64_t j = j0; j < j1; j++)
-            sw[j - j0] += dy[r * C + j] * x[r * C + j] * rstd[r];
+            sw[j - j0] += fsd_wide(dy[r * C + j]) * fsd_wide(x[r * C + j]) * rstd[r];
     for (int64_t j = j0; j < j1; j++)
-        dw[j] += sw[j - j0];
+        fsd_store(&dw[j], sw[j - j0], true);
 }
 FSD_COL_KERNEL(rmsnorm_bwd_params,
-               (real *dw, const real *dy, const real *x, const real *rstd, int64_t rows,
+               (act *dw, const act *dy, const act *x, const real *rstd, int64_t rows,
                 int64_t C),
                (dw, dy, x, rstd, rows, C))
 
 #ifdef FSD_NORM_CHUNK
 /* the CPU's one pass, as layernorm_bwd_chunk: part [chunks, C] */
-DEVICE void rmsnorm_bwd_chunk(int64_t c, real *part, real *dx, bool acc, const real *dy,
-                              const real *x, const real *w, const real *rstd, int64_t rows,
+DEVICE void rmsnorm_bwd_chunk(int64_t c, real *part, act *dx, bool acc, const act *dy,
+                              const act *x, const act *w, const real *rstd, int64_t rows,
                               int64_t C)
 {
     real *pw = part + c * C;
@@ -246,18 +250,18 @@ DEVICE void rmsnorm_bwd_chunk(int64_t c, real *part, real *dx, bool acc, const r
     for (int64_t j = 0; j < C; j++)
         pw[j] = 0;
     for (int64_t r = c * FSD_NORM_CHUNK; r < r1; r++) {
-        const real *dyr = dy + r * C, *xr = x + r * C;
+        const act *dyr = dy + r * C, *xr = x + r * C;
         real rs = rstd[r];
         FSD_SIMD
         for (int64_t j = 0; j < C; j++)
-            pw[j] += dyr[j] * xr[j] * rs;
+            pw[j] += fsd_wide(dyr[j]) * fsd_wide(xr[j]) * rs;
         rmsnorm_bwd_row(r, 0, 1, dx, acc, dy, x, w, rstd, C);
     }
 }
 #endif
 
-LAUNCHER void rmsnorm_bwd(real *dx, bool acc, real *dw, const real *dy, const real *x,
-                          const real *w, const real *rstd, int64_t rows, int64_t C)
+LAUNCHER void rmsnorm_bwd(act *dx, bool acc, act *dw, const act *dy, const act *x,
+                          const act *w, const real *rstd, int64_t rows, int64_t C)
 {
     FSD_REQUIRE("rmsnorm_bwd", dx && dw && dy && x && w && rstd);
     FSD_REQUIRE("rmsnorm_bwd", rows > 0 && C > 0);
@@ -273,7 +277,7 @@ LAUNCHER void rmsnorm_bwd(real *dx, bool acc, real *dw, const real *dy, const re
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < tiles; t++) {
             int64_t j0 = t * FSD_COL_TILE, j1 = j0 + FSD_COL_TILE < C ? j0 + FSD_COL_TILE : C;
-            fsd_col_sum(j0, j1, dw, true, part, chunks, C);
+            fsd_col_sum_real(j0, j1, dw, true, part, chunks, C);
         }
     }
     free(part);

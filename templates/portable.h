@@ -56,6 +56,9 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#ifndef __CUDACC_RTC__   /* NVRTC (fsdpc --verify) has no C library */
+#include <string.h>   /* memcpy: bit casts the vectoriser understands, and the CUDA host's */
+#endif
 
 /* Splices a parenthesised list: FSD_UNPAREN (a, b) is a, b. */
 #define FSD_UNPAREN(...) __VA_ARGS__
@@ -330,8 +333,6 @@ DEVICE void fsd_trap(void) { abort(); }
 #define LAUNCHER static __attribute__((unused, target_clones("avx512f", "avx2", "default")))
 #endif
 
-#include <string.h>   /* memcpy: bit casts the vectoriser understands */
-
 #ifndef FSD_FLOAT64
 /* e^x in float, written so that loops calling it vectorise (a call to
  * libm's expf stops the vectoriser, and costs a vectorised loop about 2x
@@ -425,35 +426,104 @@ static inline float fsd_expf(float x)
     } while (0)
 #endif
 
+/* ── act: the stored tensors (runtime/fsdrt.h) ──
+ * fsd_wide(v) is a stored value as `real`, fsd_narrow(x) a real rounded
+ * to what act holds: for bf16, the upper half of the float's bits, rounded
+ * to nearest even (NaN stays NaN), exactly what the runtime's bf16 rounding
+ * (runtime/half.h) and the GPU's __float2bfloat16_rn do; otherwise both
+ * are the identity. Kernels load through fsd_wide, compute in real and
+ * store through fsd_narrow or fsd_store. Under CUDA they are host
+ * functions too (FSD_CONVERT): host code that fills or reads act buffers
+ * (the kernel tests) rounds the same way. */
+#ifdef __CUDACC__
+#define FSD_CONVERT __host__ __device__ inline
+#else
+#define FSD_CONVERT DEVICE
+#endif
+#ifdef FSD_ACT_IS_BF16
+FSD_CONVERT float fsd_bits_float(uint32_t u)
+{
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+FSD_CONVERT uint32_t fsd_float_bits(float f)
+{
+#ifdef __CUDA_ARCH__
+    return __float_as_uint(f);
+#else
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+#endif
+}
+FSD_CONVERT real fsd_wide(act v) { return fsd_bits_float((uint32_t)v.bits << 16); }
+FSD_CONVERT act fsd_narrow(real x)
+{
+    uint32_t u = fsd_float_bits(x);
+    act h;
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        h.bits = (uint16_t)((u >> 16) | 0x40);
+    else
+        h.bits = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+    return h;
+}
+#else
+FSD_CONVERT real fsd_wide(act v) { return v; }
+FSD_CONVERT act fsd_narrow(real x) { return x; }
+#endif
+
 /* Stores a kernel result: gradients either overwrite their output or add
  * to it (autodiff's `acc`: a later contribution to the same gradient).
  * With acc false the old value is never used, so it may be garbage (NaN).
  * The CPU loads it anyway and clears its bits when acc is false, 0 + v:
  * no branch, so the loop around vectorises (a conditional load would stop
- * it). The one difference: v = −0 is stored as +0. */
+ * it: about 7x slower in bf16). The one difference: v = −0 is stored as
+ * +0. With bf16 act the sum is formed in float and rounded once. */
 #if !defined(__CUDACC__) && !defined(FSD_WARP_EMULATION)
-DEVICE void fsd_store(real *p, real v, bool acc)
-{
-#ifdef FSD_FLOAT64
-    uint64_t bits, keep = (uint64_t)0 - (uint64_t)acc;
+#if defined(FSD_ACT_IS_BF16)
+typedef uint16_t fsd_act_bits;   /* an act's bits */
+#elif defined(FSD_FLOAT64)
+typedef uint64_t fsd_act_bits;
 #else
-    uint32_t bits, keep = (uint32_t)0 - (uint32_t)acc;
+typedef uint32_t fsd_act_bits;
 #endif
-    real old = *p;
+DEVICE void fsd_store(act *p, real v, bool acc)
+{
+    fsd_act_bits bits, keep = (fsd_act_bits)((fsd_act_bits)0 - (fsd_act_bits)acc);
+    act old = *p;
     memcpy(&bits, &old, sizeof bits);
     bits &= keep;
     memcpy(&old, &bits, sizeof old);
-    *p = old + v;
+    *p = fsd_narrow(fsd_wide(old) + v);
 }
 #else
-DEVICE void fsd_store(real *p, real v, bool acc) { *p = acc ? *p + v : v; }
+DEVICE void fsd_store(act *p, real v, bool acc) { *p = fsd_narrow(acc ? fsd_wide(*p) + v : v); }
 #endif
 
 /* dst[j] (+)= Σ_r src[r·ld + j] for j in [j0, j1) (a column kernel's tile),
- * rows summed in order: the column sum of reduce_to and bias_bwd, and of
- * the norms' per-chunk partial rows. */
-DEVICE void fsd_col_sum(int64_t j0, int64_t j1, real *dst, bool acc, const real *src, int64_t rows,
+ * rows summed in order, in real: the column sum of reduce_to and bias_bwd.
+ * fsd_col_sum_real is the same over real rows: the norms' per-chunk
+ * partial rows. */
+DEVICE void fsd_col_sum(int64_t j0, int64_t j1, act *dst, bool acc, const act *src, int64_t rows,
                         int64_t ld)
+{
+    real s[FSD_COL_TILE];
+    for (int64_t j = j0; j < j1; j++)
+        s[j - j0] = 0;
+    for (int64_t r = 0; r < rows; r++)
+        FSD_SIMD
+        for (int64_t j = j0; j < j1; j++)
+            s[j - j0] += fsd_wide(src[r * ld + j]);
+    for (int64_t j = j0; j < j1; j++)
+        fsd_store(&dst[j], s[j - j0], acc);
+}
+DEVICE void fsd_col_sum_real(int64_t j0, int64_t j1, act *dst, bool acc, const real *src,
+                             int64_t rows, int64_t ld)
 {
     real s[FSD_COL_TILE];
     for (int64_t j = j0; j < j1; j++)

@@ -16,7 +16,7 @@
 
 /* Turns each pair of one row by sign · angle; sign −1 is the backward.
  * In place (y == x) is safe: a lane reads its pair before writing it. */
-DEVICE void rope_row(int64_t r, int lane, int lanes, real *y, bool acc, const real *x, int64_t T,
+DEVICE void rope_row(int64_t r, int lane, int lanes, act *y, bool acc, const act *x, int64_t T,
                      int64_t H, int64_t hd, real theta, real sign)
 {
     int64_t half = hd / 2;
@@ -24,12 +24,12 @@ DEVICE void rope_row(int64_t r, int lane, int lanes, real *y, bool acc, const re
     for (int64_t i = lane; i < half; i += lanes) {
         real inv_freq = fsd_pow(theta, -(real)(2 * i) / (real)hd);
         real a = pos * inv_freq, c = fsd_cos(a), s = sign * fsd_sin(a);
-        real x1 = x[r * hd + i], x2 = x[r * hd + i + half];
+        real x1 = fsd_wide(x[r * hd + i]), x2 = fsd_wide(x[r * hd + i + half]);
         fsd_store(&y[r * hd + i], x1 * c - x2 * s, acc);
         fsd_store(&y[r * hd + i + half], x2 * c + x1 * s, acc);
     }
 }
-FSD_ROW_KERNEL(rope, (real *y, bool acc, const real *x, int64_t T, int64_t H, int64_t hd,
+FSD_ROW_KERNEL(rope, (act *y, bool acc, const act *x, int64_t T, int64_t H, int64_t hd,
                       real theta, real sign),
                (y, acc, x, T, H, hd, theta, sign))
 
@@ -43,7 +43,7 @@ static inline void rope_check(const char *kernel, const void *y, const void *x, 
 }
 
 /* rope_fwd: y = rotate(x) as above. y, x [B, T, H·hd]; hd even. */
-LAUNCHER void rope_fwd(real *y, const real *x, int64_t B, int64_t T, int64_t H, int64_t hd,
+LAUNCHER void rope_fwd(act *y, const act *x, int64_t B, int64_t T, int64_t H, int64_t hd,
                        real theta)
 {
     rope_check("rope_fwd", y, x, B, T, H, hd, theta);
@@ -51,7 +51,7 @@ LAUNCHER void rope_fwd(real *y, const real *x, int64_t B, int64_t T, int64_t H, 
 }
 
 /* rope_bwd: dx (+)= rotate(dy) by −angle. dx, dy [B, T, H·hd]. */
-LAUNCHER void rope_bwd(real *dx, bool acc, const real *dy, int64_t B, int64_t T, int64_t H,
+LAUNCHER void rope_bwd(act *dx, bool acc, const act *dy, int64_t B, int64_t T, int64_t H,
                        int64_t hd, real theta)
 {
     rope_check("rope_bwd", dx, dy, B, T, H, hd, theta);

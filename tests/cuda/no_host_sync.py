@@ -18,7 +18,8 @@ What it reads, and so what it proves:
      defined in the file and fsdrt_* functions: those are the roots of 2.
 
   2. The CUDA runtime (runtime/*.c of the CUDA library: common.c holds the
-     collectives' entry points, which call cuda.c's bk_* hooks): every
+     collectives' entry points, which call cuda.c's bk_* hooks; and the
+     typed views fsdrt.h defines inline over the library's calls): every
      function reachable from those roots through calls to functions defined
      in these files holds none of the calls above, no
      MPI call, and neither of the runtime's own host waits (host_wait,
@@ -170,10 +171,12 @@ def check_generated(path):
 
 
 def runtime_sources():
-    """What libfsdrt_cuda.a is built from: every runtime .c but cpu.c."""
+    """What libfsdrt_cuda.a is built from: every runtime .c but cpu.c; and
+    fsdrt.h, whose static inline views (fsdrt_act, fsdrt_param, ...) the
+    step calls in place of the library's untyped fsdrt_*_ptr."""
     fns, where = {}, {}
     for f in sorted(os.listdir(RUNTIME)):
-        if not f.endswith(".c") or f == "cpu.c":
+        if (not f.endswith(".c") or f == "cpu.c") and f != "fsdrt.h":
             continue
         text = strip(open(os.path.join(RUNTIME, f)).read())
         for name, v in functions(text).items():

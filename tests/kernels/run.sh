@@ -6,15 +6,19 @@
 #      determinism over thread counts, launcher argument checks;
 #   2. the same under AddressSanitizer and UBSan;
 #   3. float32 build: the same minus finite differences, float tolerances;
+#      and the bf16 build (-DFSD_ACT_BF16: bf16 tensors, float math), bf16
+#      tolerances;
 #   4. float64 again with the GPU's 32-lane warps emulated by OpenMP teams,
 #      so the lane logic the CPU's one-lane warps skip is tested too, and
 #      its block kernels (the tiled attention) as teams of 128 threads; then
-#      float32 the same way: the tiled attention at the GPU's precision;
+#      float32 and bf16 the same way: the tiled attention at the GPU's
+#      precisions;
 #   5. templates/README.md lists every launcher with its exact signature;
 #      the templates pasted one after another, as fsdpc emits them into
-#      train.cu, compile as C on their own;
+#      train.cu, compile as C on their own (float32, float64, bf16);
 #   6. nvcc -x cu compiles the test (every launcher and kernel): float32
-#      for sm_80 and sm_90, float64 for sm_80, when nvcc is installed.
+#      for sm_80 and sm_90, float64 for sm_80, bf16 for sm_90, when nvcc is
+#      installed.
 #
 # Called by tests/all.sh (make test); runs on its own too. Every check
 # prints one line; the last line is "N passed, N failed".
@@ -75,11 +79,13 @@ suite() {
 }
 
 # The nvcc compiles take longest: start them now, collect them at the end.
-# Both precisions for sm_80; float32, what the GPU build uses, also sm_90.
+# Both precisions for sm_80; float32, what the GPU build uses, also sm_90;
+# bf16 tensors (a bf16 policy's build) for sm_90.
 nvcc_pids=""
 declare -A nvcc_pid nvcc_arch
 nvcc_arch[float32]="sm_80 and sm_90"
 nvcc_arch[float64]="sm_80"
+nvcc_arch[bf16]="sm_90"
 if ! command -v "$NVCC" >/dev/null 2>&1; then
     echo "skip kernels: nvcc compile check: $NVCC not found (install the CUDA toolkit to run it)"
 else
@@ -90,7 +96,10 @@ else
     "$NVCC" -x cu -arch=sm_80 -DFSD_FLOAT64 -Xcompiler -Wall -Iruntime -Itemplates -c "$SRC" \
         -o "$B/test_cuda_f64.o" >"$TMP/nvcc.float64" 2>&1 &
     nvcc_pid[float64]=$!
-    nvcc_pids="${nvcc_pid[float32]} ${nvcc_pid[float64]}"
+    "$NVCC" -x cu -arch=sm_90 -DFSD_ACT_BF16 -Xcompiler -Wall -Iruntime -Itemplates -c "$SRC" \
+        -o "$B/test_cuda_bf16.o" >"$TMP/nvcc.bf16" 2>&1 &
+    nvcc_pid[bf16]=$!
+    nvcc_pids="${nvcc_pid[float32]} ${nvcc_pid[float64]} ${nvcc_pid[bf16]}"
 fi
 
 # ── 1. float64: finite differences and references ──
@@ -102,8 +111,9 @@ if build test_san -DFSD_FLOAT64 -O0 -g -fno-omit-frame-pointer \
     suite "kernels san: " env ASAN_OPTIONS=detect_leaks=1 "$B/test_san"
 fi
 
-# ── 3. float32: references, float tolerances ──
+# ── 3. float32: references, float tolerances; bf16 tensors, bf16 tolerances ──
 build test_f32 && suite "kernels f32: " "$B/test_f32"
+build test_bf16 -DFSD_ACT_BF16 && suite "kernels bf16: " "$B/test_bf16"
 
 # ── 4. float64 with 32-lane warps emulated on the CPU ──
 # The GPU's lane logic (strided loops, warp reductions, lane-0 stores) on a
@@ -111,12 +121,15 @@ build test_f32 && suite "kernels f32: " "$B/test_f32"
 # reduction on some lanes hangs there, hence the timeout.
 # Block kernels run as teams of 128 threads the same way (a block barrier
 # is an OpenMP barrier): the GPU's tiled attention, against float64
-# formulas and finite differences, and in float32 against the formulas.
+# formulas and finite differences, and in float32 and bf16 against the
+# formulas.
 if [ "$OMP" = -fopenmp ]; then
     build test_warp32 -DFSD_FLOAT64 -DFSD_WARP_EMULATION -Itests/kernels &&
         suite "kernels warp32: " env OMP_WAIT_POLICY=passive timeout 120 "$B/test_warp32"
     build test_warp32_f32 -DFSD_WARP_EMULATION -Itests/kernels &&
         suite "kernels warp32 f32: " env OMP_WAIT_POLICY=passive timeout 120 "$B/test_warp32_f32"
+    build test_warp32_bf16 -DFSD_ACT_BF16 -DFSD_WARP_EMULATION -Itests/kernels &&
+        suite "kernels warp32 bf16: " env OMP_WAIT_POLICY=passive timeout 120 "$B/test_warp32_bf16"
 else
     echo "skip kernels warp32: warp emulation needs OpenMP, which $CC lacks"
 fi
@@ -147,9 +160,8 @@ fi
     echo '#include "fsdrt.h"'
     for h in $HDRS; do cat "templates/$h"; done
 } >"$B/pasted.c"
-for prec in "" -DFSD_FLOAT64; do
-    what=float32
-    [ -n "$prec" ] && what=float64
+for variant in float32: float64:-DFSD_FLOAT64 bf16:-DFSD_ACT_BF16; do
+    what=${variant%%:*} prec=${variant#*:}
     if $CC -std=c11 -Wall -Wextra -Wshadow -Werror $OMP $prec -Iruntime $BLAS_CFLAGS -fsyntax-only \
             "$B/pasted.c" >"$TMP/pasted" 2>&1; then
         ok "kernels: templates pasted into one file compile with $CC ($what)"
@@ -160,7 +172,7 @@ done
 
 # ── 6. CUDA compile check (started first, in the background) ──
 if [ -n "$nvcc_pids" ]; then
-    for what in float32 float64; do
+    for what in float32 float64 bf16; do
         if wait "${nvcc_pid[$what]}" && ! grep -q warning "$TMP/nvcc.$what"; then
             ok "kernels: nvcc -x cu compiles every kernel, ${nvcc_arch[$what]} ($what)"
         else

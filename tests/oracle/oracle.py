@@ -10,13 +10,16 @@ with the same batches in the same order, and compares its loss and gradient
 norm step by step with the trainer's `--log` JSON.
 
     oracle.py compare --case label=L model=DUMP.txt init=W.safetensors log=LOG.json \
-        world=W data=TOKENS.bin steps=S prec=f32|f64 [--case ...]
+        world=W data=TOKENS.bin steps=S prec=f32|f64|bf16 [lr=LR] [--case ...]
     oracle.py weights DUMP.txt OUT.safetensors [--seed N]
 
 A case is one trainer run: its model (the --dump-model text), the weights it
-started from, its log, its world size, token file and --steps, and its
-precision: f32 for an fp32 trainer (BACKEND=cpu) against float32 torch, f64
-for the float64 build (BACKEND=cpu64) against float64 torch. `weights` writes weights
+started from, its log, its world size, token file and --steps, its --lr if
+it was given one, and its precision: f32 for an fp32 trainer (BACKEND=cpu)
+against float32 torch, f64 for the float64 build (BACKEND=cpu64) against
+float64 torch, bf16 for a CPU trainer whose policy is mixed_precision(param
+= bf16, reduce = fp32 or bf16), which computes in bf16, against torch doing
+what FSDP2 does under that policy (mixed_grads). `weights` writes weights
 far from the default initialisation for the trainer's `--init-from` (see
 far_weights), so the comparison also holds where every detail of the model
 moves the loss.
@@ -25,6 +28,8 @@ Prints one line per case ("ok   ..." or "FAIL ...", with the largest relative
 errors) and ends with "N passed, N failed", like the other suites.
 """
 import argparse
+import collections
+import copy
 import json
 import math
 import re
@@ -36,15 +41,49 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# Relative bars per precision: (loss at every step, loss at step 0, gradient
-# norm). fp32 is the issue's 1e-4 on the loss, with a tighter one at step 0,
-# which depends on the weights and the data only, before any drift; the norm
-# is looser. Both sides agree to about 1e-7 in fp32, but a wrong constant
-# (GELU's erf for its tanh, a norm's eps) moves an fp32 loss by 1e-6 or less,
-# under the bar. The float64 build against float64 torch agrees to the log's
-# 9 significant digits (rounding: up to 5e-9 relative), so 1e-8 catches it.
-BARS = {"f32": (1e-4, 1e-5, 1e-3), "f64": (1e-8, 1e-8, 1e-7)}
-DTYPES = {"f32": torch.float32, "f64": torch.float64}
+# Relative bars per precision: (loss at every step, loss at the starting
+# weights, gradient norm at every step, gradient norm at the starting
+# weights). The steps at the starting weights are those before the first
+# that moves a weight: step 0, or all of them with a learning rate too small
+# to move an fp32 weight (--lr 1e-30); their bar holds the mean of their
+# errors. They depend on the weights and the data only, before any drift.
+#
+# fp32 is the issue's 1e-4 on the loss, with a tighter one at step 0; the
+# norm is looser. Both sides agree to about 1e-7 in fp32, but a wrong
+# constant (GELU's erf for its tanh, a norm's eps) moves an fp32 loss by
+# 1e-6 or less, under the bar. The float64 build against float64 torch
+# agrees to the log's 9 significant digits (rounding: up to 5e-9 relative),
+# so 1e-8 catches it.
+#
+# bf16 must tell bf16 arithmetic from fp32, which the loss hardly shows: a
+# mean over G·T = 1024 targets averages the roundings out. Measured on
+# tiny / tiny_llama from far_weights, 2 ranks (tests/oracle/run.sh), mean
+# relative errors at the starting weights (10 steps; 20 in the second row):
+#   bf16 trainer against this reference      loss 5.9e-6 / 6.4e-6, norm 1.0e-4 / 9.8e-5
+#   this reference against itself, products
+#     summed in float64 (some roundings flip) loss 3.9e-6 / 4.5e-6, norm 4.3e-5 / 3.5e-5
+#   fp32 trainer against this reference      loss 4.0e-5 / 5.9e-5, norm 1.3e-3 / 3.5e-4
+#   fp32 arithmetic on bf16-rounded weights
+#     (bf16 on the wire only)                loss 1.6e-5 / 3.2e-5, norm 2.5e-4 / 2.7e-4
+# so 2e-5 and 4e-4 leave the bf16 trainers 3-4 times under and put the fp32
+# ones 2 (tiny) and 3 (tiny_llama) times over on the loss, 3 times over on
+# tiny's norm (tiny_llama's fp32 norm is under it; its loss fails). bf16
+# weights with fp32 activations fail on tiny_llama's loss only (1.6 times
+# over): closer bars would leave the bf16 trainers no margin. At
+# step 0 of training alone: bf16 trainers 7.5e-7 / 4.6e-6 (loss), 1.0e-4 /
+# 3.1e-5 (norm), fp32 3.3e-5 / 1.4e-4 and 1.2e-3 / 7.0e-5. A tensor rounded
+# twice or not at all is within this noise (rounding a product before
+# adding its bias, and a norm's x̂ before its affine, moves step 0 by 1.9e-5
+# and 1.1e-4): only bf16 against fp32 and real errors are caught.
+# Once a weight moves the runs drift apart (an fp32 weight one ulp off can
+# round to another bf16 value): over 20 steps of training the bf16 trainers'
+# largest errors are 5.7e-5 / 9.9e-5 (loss) and 1.0e-3 / 1.2e-3 (norm);
+# 5e-4 and 1e-2 above that catch what is grossly wrong (a gradient not
+# averaged over ranks, a lost 1/grad_accum).
+BARS = {"f32": (1e-4, 1e-5, 1e-3, 1e-3), "f64": (1e-8, 1e-8, 1e-7, 1e-7),
+        "bf16": (5e-4, 2e-5, 1e-2, 4e-4)}
+# the master weights' dtype: bf16 trainers keep fp32 masters (mixed_grads)
+MASTER = {"f32": torch.float32, "f64": torch.float64, "bf16": torch.float32}
 LR_RTOL = 1e-6       # the schedule is a formula: both sides must agree
 
 
@@ -67,18 +106,26 @@ def split_args(text):
 
 def parse_dump(text):
     """The parts of `fsdpc --dump-model` the reference needs: every layer
-    (path -> (kind, args)), every parameter (name -> shape) and the train
-    section (key -> value text)."""
-    layers, params, train = {}, {}, {}
+    (path -> (kind, args)), every parameter (name -> shape), the shard
+    section (key -> value text; `mixed_precision(...)` -> its arguments) and
+    the train section (key -> value text)."""
+    layers, params, shard, train = {}, {}, {}, {}
     section = None
     for line in text.splitlines():
         if line and not line.startswith(" "):
-            section = line.split()[0]
+            section = line.strip()           # "shard", not "shard groups (...)"
             continue
         s = line.strip()
         if not s:
             continue
-        if section == "layers":
+        if section == "shard":
+            m = re.match(r"(\w+)\((.*)\)$", s)
+            if m:
+                shard[m.group(1)] = split_args(m.group(2))
+            else:
+                k, _, v = s.partition("=")
+                shard[k.strip()] = v.strip()
+        elif section == "layers":
             m = re.match(r"(\S+)\s+\[([\d, ]*)\]\s", s)
             if m:
                 params[m.group(1)] = [int(d) for d in m.group(2).split(",") if d.strip()]
@@ -89,7 +136,7 @@ def parse_dump(text):
         elif section == "train":
             k, _, v = s.partition("=")
             train[k.strip()] = v.strip()
-    return layers, params, train
+    return layers, params, shard, train
 
 
 def read_safetensors(path):
@@ -151,6 +198,31 @@ def call_args(text):
 
 
 # ── built-in layers (design §9), written from their definitions ──
+#
+# Each layer computes in the dtype of its input, which is its parameters'
+# dtype: float32 or float64, or bfloat16 for the working copy of a bf16
+# trainer (mixed_grads). In bf16 a layer does what fsdpc's kernels do: it
+# widens its bf16 inputs to float (wide), computes in float, and rounds its
+# output to bf16 once (`.to(x.dtype)`); autograd then rounds each gradient
+# once on its way back through the same casts. Products too: PyTorch's own
+# bf16 CPU matrix-vector product sums in bf16, fsdpc's in fp32. Statistics
+# (the norms', the softmax's, the loss) never leave float. In float32 and
+# float64, wide and the casts do nothing.
+
+def wide(t):
+    """bf16 storage widened to float for the arithmetic (fsd_wide)."""
+    return t.float() if t.dtype == torch.bfloat16 else t
+
+
+def linear(x, weight, bias=None):
+    """x·Wᵀ + b, summed in float, rounded once."""
+    return F.linear(wide(x), wide(weight), None if bias is None else wide(bias)).to(x.dtype)
+
+
+class Linear(nn.Linear):
+    def forward(self, x):
+        return linear(x, self.weight, self.bias)
+
 
 class LayerNorm(nn.Module):
     def __init__(self, dim, eps):
@@ -160,7 +232,8 @@ class LayerNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x):
-        return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
+        return F.layer_norm(wide(x), x.shape[-1:], wide(self.weight), wide(self.bias),
+                            self.eps).to(x.dtype)
 
 
 class RMSNorm(nn.Module):
@@ -171,7 +244,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        xw = wide(x)
+        return (xw * torch.rsqrt(xw.pow(2).mean(-1, keepdim=True) + self.eps)
+                * wide(self.weight)).to(x.dtype)
 
 
 def rotate_half(x):
@@ -182,15 +257,18 @@ def rotate_half(x):
 class Attention(nn.Module):
     """q, k, v, o Linears; scale 1/sqrt(hd); causal; GQA as HF's repeat_kv
     (query head h reads kv head floor(h·kv/heads)); RoPE as HF's Llama
-    (rotate half, frequencies theta^(-2i/hd), pairs (i, i + hd/2))."""
+    (rotate half, frequencies theta^(-2i/hd), pairs (i, i + hd/2)). In bf16
+    the rotated q and k are stored (rounded), and the attention itself is
+    one fused kernel: scores, softmax and the weighted sum in float, its
+    output rounded once."""
     def __init__(self, dim, heads, kv_heads, causal, bias, theta):
         super().__init__()
         self.heads, self.kv_heads, self.hd = heads, kv_heads, dim // heads
         self.causal, self.theta = causal, theta
-        self.q = nn.Linear(dim, heads * self.hd, bias=bias)
-        self.k = nn.Linear(dim, kv_heads * self.hd, bias=bias)
-        self.v = nn.Linear(dim, kv_heads * self.hd, bias=bias)
-        self.o = nn.Linear(heads * self.hd, dim, bias=bias)
+        self.q = Linear(dim, heads * self.hd, bias=bias)
+        self.k = Linear(dim, kv_heads * self.hd, bias=bias)
+        self.v = Linear(dim, kv_heads * self.hd, bias=bias)
+        self.o = Linear(heads * self.hd, dim, bias=bias)
 
     def forward(self, x):
         B, T, _ = x.shape
@@ -203,40 +281,40 @@ class Attention(nn.Module):
             inv = 1.0 / (self.theta ** (torch.arange(0, self.hd, 2, dtype=torch.float64) / self.hd))
             ang = torch.outer(torch.arange(T, dtype=torch.float64), inv)
             ang = torch.cat((ang, ang), dim=-1)
-            cos, sin = ang.cos().to(q.dtype), ang.sin().to(q.dtype)
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
+            cos, sin = ang.cos().to(wide(q).dtype), ang.sin().to(wide(q).dtype)
+            q = (wide(q) * cos + rotate_half(wide(q)) * sin).to(x.dtype)
+            k = (wide(k) * cos + rotate_half(wide(k)) * sin).to(x.dtype)
         rep = self.heads // self.kv_heads
-        k = k.repeat_interleave(rep, dim=1)          # HF repeat_kv
-        v = v.repeat_interleave(rep, dim=1)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.hd))
+        k = wide(k).repeat_interleave(rep, dim=1)    # HF repeat_kv
+        v = wide(v).repeat_interleave(rep, dim=1)
+        att = (wide(q) @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.hd))
         if self.causal:
             mask = torch.ones(T, T, dtype=torch.bool).triu(1)
             att = att.masked_fill(mask, float("-inf"))
-        y = att.softmax(-1) @ v
+        y = (att.softmax(-1) @ v).to(x.dtype)
         return self.o(y.transpose(1, 2).reshape(B, T, self.heads * self.hd))
 
 
 class MLP(nn.Module):
     """fc, proj for gelu (tanh, GPT-2's) and relu; gate, up, down for swiglu:
-    down(silu(gate x) · up x)."""
+    down(silu(gate x) · up x), silu(g)·u one fused step."""
     def __init__(self, dim, hidden, act, bias):
         super().__init__()
         self.act = act
         if act == "swiglu":
-            self.gate = nn.Linear(dim, hidden, bias=bias)
-            self.up = nn.Linear(dim, hidden, bias=bias)
-            self.down = nn.Linear(hidden, dim, bias=bias)
+            self.gate = Linear(dim, hidden, bias=bias)
+            self.up = Linear(dim, hidden, bias=bias)
+            self.down = Linear(hidden, dim, bias=bias)
         else:
-            self.fc = nn.Linear(dim, hidden, bias=bias)
-            self.proj = nn.Linear(hidden, dim, bias=bias)
+            self.fc = Linear(dim, hidden, bias=bias)
+            self.proj = Linear(hidden, dim, bias=bias)
 
     def forward(self, x):
         if self.act == "swiglu":
-            return self.down(F.silu(self.gate(x)) * self.up(x))
-        h = self.fc(x)
+            return self.down((F.silu(wide(self.gate(x))) * wide(self.up(x))).to(x.dtype))
+        h = wide(self.fc(x))
         h = F.gelu(h, approximate="tanh") if self.act == "gelu" else F.relu(h)
-        return self.proj(h)
+        return self.proj(h.to(x.dtype))
 
 
 def boolean(v):
@@ -250,7 +328,7 @@ def make_layer(kind, a):
     if kind == "Linear":
         if "tie" in a:
             return None                      # uses the tied embedding's weight
-        return nn.Linear(int(a["in"]), int(a["out"]), bias=boolean(a["bias"]))
+        return Linear(int(a["in"]), int(a["out"]), bias=boolean(a["bias"]))
     if kind == "LayerNorm":
         return LayerNorm(int(a["dim"]), num(a["eps"]))
     if kind == "RMSNorm":
@@ -303,7 +381,7 @@ class Tiny(Model):
         for b in self.blocks:
             x = x + b.attn(b.ln1(x))
             x = x + b.mlp(b.ln2(x))
-        return self.ln_f(x) @ self.tok.weight.t()      # head = Linear(tie = tok)
+        return linear(self.ln_f(x), self.tok.weight)   # head = Linear(tie = tok)
 
 
 class TinyLlama(Model):
@@ -319,7 +397,7 @@ class TinyLlama(Model):
 class MlpLM(Model):
     """mlp.fsd: out(fc2(relu(fc1(emb(idx)))))."""
     def forward(self, idx):
-        return self.out(self.fc2(F.relu(self.fc1(self.emb(idx)))))
+        return self.out(self.fc2(F.relu(self.fc1(self.emb(idx)))))   # relu is exact in bf16
 
 
 MODELS = {"tiny": Tiny, "tiny_llama": TinyLlama, "mlp": MlpLM}
@@ -362,76 +440,167 @@ def batch(tokens, s, G, T):
     return a[:, :-1], a[:, 1:]
 
 
-def run_case(label, dump_path, init_path, log_path, world, data_path, steps, prec):
-    with open(dump_path) as f:
-        dump = f.read()
+def mean_loss(model, x, y):
+    """The mean cross entropy over x's targets, from logits widened to float
+    (the loss and its log-sum-exp are statistics)."""
+    logits = model(x)
+    return F.cross_entropy(wide(logits).reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
+def whole_grads(model, x, y, **_):
+    """The step's gradient in the model's own precision: the mean over all
+    G·T targets, in one pass (the sum over ranks and micro-batches is the
+    same function). Returns the loss."""
+    loss = mean_loss(model, x, y)
+    loss.backward()
+    return loss.item()
+
+
+def mixed_grads(model, x, y, work, world, B, k, reduce, accumulate):
+    """The step's gradient as a trainer whose policy is
+    mixed_precision(param = bf16, reduce = ...) computes it, which is what
+    PyTorch FSDP2 does with MixedPrecisionPolicy(param_dtype=bf16,
+    reduce_dtype=...): the fp32 master weights (model) are rounded to bf16
+    (work, the unsharded parameters the all-gather writes); each rank runs
+    forward and backward on each of its micro-batches in bf16 (the layers
+    above), so the parameter gradients come out in bf16; they are widened
+    to fp32 and averaged over ranks (reduce = fp32), or averaged and rounded
+    to bf16 (reduce = bf16), and summed over micro-batches into the fp32
+    gradient of the master weights. With accumulate = unsharded each rank
+    first sums its micro-batches' gradients in bf16 and the average is taken
+    once, after the last. Micro-batch m of rank r holds sequences
+    (m·world + r)·B … + B − 1 of the step (README's data order); its loss is
+    scaled by 1/grad_accum, as the trainer's. Returns the mean loss."""
+    with torch.no_grad():
+        for w, p in zip(work.parameters(), model.parameters()):
+            w.copy_(p)                   # the all-gather's cast: round to nearest even
+    total = [torch.zeros_like(p) for p in model.parameters()]
+    held = [None] * world                # each rank's bf16 gradients not yet reduced
+    loss_sum = 0.0
+    for m in range(k):
+        for r in range(world):
+            rows = slice((m * world + r) * B, (m * world + r + 1) * B)
+            loss = mean_loss(work, x[rows], y[rows])
+            (loss / k).backward()
+            loss_sum += loss.item()
+            g = [w.grad for w in work.parameters()]
+            work.zero_grad(set_to_none=True)
+            held[r] = g if held[r] is None else [a + b for a, b in zip(held[r], g)]
+        if accumulate == "sharded" or m == k - 1:
+            for i, t in enumerate(total):
+                avg = sum(h[i].float() for h in held) / world
+                t += avg.bfloat16().float() if reduce == "bf16" else avg
+            held = [None] * world
+    for p, t in zip(model.parameters(), total):
+        p.grad = t
+    return loss_sum / (k * world)
+
+
+def precision_policy(prec, shard, model):
+    """The trainer's gradient function and its arguments, from the dump's
+    shard section: prec bf16 is a policy gathering parameters in bf16 (the
+    trainer then computes in bf16, design §4), f32 and f64 one that does
+    not; anything else is a case set up wrong."""
+    mp = shard["mixed_precision"]
+    if (prec == "bf16") != (mp["param"] == "bf16"):
+        raise ValueError(f"prec={prec} is for trainers that do{'' if prec == 'bf16' else ' not'} "
+                         f"compute in bf16, but the policy is mixed_precision(param = {mp['param']}, "
+                         f"reduce = {mp['reduce']})")
+    if prec != "bf16":
+        return whole_grads, {}
+    if mp["reduce"] not in ("bf16", "fp32"):
+        raise ValueError(f"no bf16 reference for reduce = {mp['reduce']}")
+    return mixed_grads, {"work": copy.deepcopy(model).to(torch.bfloat16), "reduce": mp["reduce"],
+                         "accumulate": shard["accumulate"]}
+
+
+Step = collections.namedtuple("Step", "loss norm lr clipped fresh")
+
+
+def train_reference(dump, init, tokens, world, steps, prec, lr=None):
+    """Trains the dump's model from the weights init ({name: array}) in
+    PyTorch, with peak learning rate lr when the trainer ran with --lr; one
+    Step a step: the loss, the gradient norm, the learning rate, whether it
+    clipped (None without clipping) and whether the step ran at the weights
+    it started from (fresh: no step before it moved a weight)."""
     name = dump.split()[1]
-    layers, params, train = parse_dump(dump)
-    tokens = read_tokens(data_path)
+    layers, params, shard, train = parse_dump(dump)
     model = MODELS[name](layers)
 
     # the exported names and shapes are the model's (design §9), and load whole
-    init = read_safetensors(init_path)
     mine = {k: list(v.shape) for k, v in model.state_dict().items()}
     if mine != params or {k: list(v.shape) for k, v in init.items()} != params:
-        return False, (f"{label}: parameter names/shapes differ: dump {sorted(params)}, "
-                       f"torch {sorted(mine)}, export {sorted(init)}")
+        raise ValueError(f"parameter names/shapes differ: dump {sorted(params)}, "
+                         f"torch {sorted(mine)}, export {sorted(init)}")
     model.load_state_dict({k: torch.from_numpy(v) for k, v in init.items()}, strict=True)
-    model.to(DTYPES[prec])                   # the float64 build widens the F32 file too
+    model.to(MASTER[prec])                   # the float64 build widens the F32 file too
+    grads, policy = precision_policy(prec, shard, model)
 
     T = int(re.search(r"^\s+seq\s+(\d+)", dump, re.M).group(1))
-    V = int(re.search(r"^\s+vocab\s+(\d+)", dump, re.M).group(1))
     B, k = int(train["micro_batch"]), int(train["grad_accum"])
     G = B * k * world
     okind, oargs = call_args(train["optimizer"])
     skind, sargs = call_args(train["lr_schedule"])
     clip = None if train["grad_clip"] == "none" else num(train["grad_clip"])
     opt = make_optimizer(model, okind, oargs)
-    peak = num(oargs["lr"])
+    peak = num(oargs["lr"]) if lr is None else lr
     params_list = list(model.parameters())
-
-    log = read_log(log_path)
-    if len(log) != steps or [r["step"] for r in log] != list(range(steps)):
-        return False, f"{label}: the log has {len(log)} steps, expected 0 … {steps - 1}"
+    start = [p.detach().clone() for p in params_list]
 
     rows = []
     for s in range(steps):
+        fresh = (not rows or rows[-1].fresh) and all(map(torch.equal, params_list, start))
         x, y = batch(tokens, s, G, T)
         opt.zero_grad(set_to_none=False)
-        loss = F.cross_entropy(model(x).reshape(-1, V), y.reshape(-1))   # mean over G·T
-        loss.backward()
+        loss = grads(model, x, y, world=world, B=B, k=k, **policy)
         if clip is not None:
-            norm = torch.nn.utils.clip_grad_norm_(params_list, clip)
+            norm = torch.nn.utils.clip_grad_norm_(params_list, clip).item()
         else:
             norm = torch.linalg.vector_norm(
-                torch.stack([torch.linalg.vector_norm(p.grad) for p in params_list]))
-        lr = lr_at(s, steps, skind, sargs, peak)
+                torch.stack([torch.linalg.vector_norm(p.grad) for p in params_list])).item()
+        rate = lr_at(s, steps, skind, sargs, peak)
         for g in opt.param_groups:
-            g["lr"] = lr
+            g["lr"] = rate
         opt.step()
-        rows.append((loss.item(), norm.item(), lr))
+        rows.append(Step(loss, norm, rate, None if clip is None else norm > clip, fresh))
+    return rows
+
+
+def run_case(label, dump_path, init_path, log_path, world, data_path, steps, prec, lr=None):
+    with open(dump_path) as f:
+        dump = f.read()
+    log = read_log(log_path)
+    if len(log) != steps or [r["step"] for r in log] != list(range(steps)):
+        return False, f"{label}: the log has {len(log)} steps, expected 0 … {steps - 1}"
+    rows = train_reference(dump, read_safetensors(init_path), read_tokens(data_path), world,
+                           steps, prec, lr)
 
     def rel(a, b):
         if a is None or b is None:
             return math.inf
         return abs(a - b) / max(abs(b), 1e-30)
 
-    eloss = [rel(r["loss"], ref[0]) for r, ref in zip(log, rows)]
-    enorm = [rel(r["grad_norm"], ref[1]) for r, ref in zip(log, rows)]
-    elr = [rel(r["lr"], ref[2]) for r, ref in zip(log, rows)]
-    bar_loss, bar_step0, bar_norm = BARS[prec]
-    good = (max(eloss) <= bar_loss and eloss[0] <= bar_step0 and max(enorm) <= bar_norm
-            and max(elr) <= LR_RTOL)
-    clipped = ("no clipping" if clip is None else
-               f"{sum(1 for r in rows if r[1] > clip)} steps clipped")
+    eloss = [rel(r["loss"], ref.loss) for r, ref in zip(log, rows)]
+    enorm = [rel(r["grad_norm"], ref.norm) for r, ref in zip(log, rows)]
+    elr = [rel(r["lr"], ref.lr) for r, ref in zip(log, rows)]
+    nfresh = sum(ref.fresh for ref in rows)
+    floss = sum(eloss[:nfresh]) / nfresh     # the means over the fresh steps
+    fnorm = sum(enorm[:nfresh]) / nfresh
+    bar_loss, bar_floss, bar_norm, bar_fnorm = BARS[prec]
+    good = (max(eloss) <= bar_loss and floss <= bar_floss and max(enorm) <= bar_norm
+            and fnorm <= bar_fnorm and max(elr) <= LR_RTOL)
+    fresh = "step 0" if nfresh == 1 else f"mean over steps 0-{nfresh - 1} at the starting weights"
+    clipped = ("no clipping" if rows[0].clipped is None else
+               f"{sum(r.clipped for r in rows)} steps clipped")
     msg = (f"{label}: {steps} steps, loss max rel err {max(eloss):.1e} (bar {bar_loss:g}; "
-           f"step 0 {eloss[0]:.1e}, bar {bar_step0:g}), grad norm max rel err {max(enorm):.1e} "
-           f"(bar {bar_norm:g}), loss {rows[0][0]:.3f} -> {rows[-1][0]:.3f}, {clipped}")
+           f"{fresh} {floss:.1e}, bar {bar_floss:g}), grad norm max rel err {max(enorm):.1e} "
+           f"(bar {bar_norm:g}; {fresh} {fnorm:.1e}, bar {bar_fnorm:g}), "
+           f"loss {rows[0].loss:.3f} -> {rows[-1].loss:.3f}, {clipped}")
     if not good:
         msg += "\n     step  loss(trainer)  loss(torch)   rel     norm(trainer) norm(torch)  rel     lr rel"
         for s, (r, ref) in enumerate(zip(log, rows)):
-            msg += (f"\n     {s:4d}  {r['loss']:.8f}  {ref[0]:.8f}  {eloss[s]:.1e}  "
-                    f"{r['grad_norm']:.8f}  {ref[1]:.8f}  {enorm[s]:.1e}  {elr[s]:.1e}")
+            msg += (f"\n     {s:4d}  {r['loss']:.8f}  {ref.loss:.8f}  {eloss[s]:.1e}  "
+                    f"{r['grad_norm']:.8f}  {ref.norm:.8f}  {enorm[s]:.1e}  {elr[s]:.1e}")
     return good, msg
 
 
@@ -444,7 +613,7 @@ def far_weights(dump_path, out_path, seed):
     std 1/sqrt(fan-in) (attention scores of order 1), norm weights
     1 + 0.2·N(0, 1) and biases 0.1·N(0, 1)."""
     with open(dump_path) as f:
-        layers, params, _ = parse_dump(f.read())
+        layers, params, _, _ = parse_dump(f.read())
     rng = np.random.default_rng(seed)
     out = {}
     for name, shape in params.items():
@@ -468,7 +637,8 @@ def main():
     w.add_argument("--seed", type=int, default=1)
     c = sub.add_parser("compare", help="train in PyTorch and compare with trainer logs")
     c.add_argument("--case", nargs="+", action="append", required=True, metavar="KEY=VALUE",
-                   help="label, model, init, log, world, data, steps, prec (f32 or f64)")
+                   help="label, model, init, log, world, data, steps, prec (f32, f64 or bf16), "
+                        "optionally lr (the trainer's --lr)")
     args = ap.parse_args()
     if args.cmd == "weights":
         far_weights(args.dump, args.out, args.seed)
@@ -485,7 +655,8 @@ def main():
         label = c.get("label", " ".join(spec))
         try:
             good, msg = run_case(label, c["model"], c["init"], c["log"], int(c["world"]),
-                                 c["data"], int(c["steps"]), c["prec"])
+                                 c["data"], int(c["steps"]), c["prec"],
+                                 float(c["lr"]) if "lr" in c else None)
         except Exception as e:          # a broken input is a failed case, not a crash
             good, msg = False, f"{label}: {type(e).__name__}: {e}"
         print(("ok   " if good else "FAIL ") + msg, flush=True)

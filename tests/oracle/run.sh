@@ -15,10 +15,19 @@
 # fp32's 1e-4 cannot see a wrong constant (GELU's variant, a norm's eps),
 # this can.
 #
+# bf16 compute: tiny and tiny_llama under mixed_precision(param = bf16,
+# reduce = fp32), from the far weights on 2 ranks, against oracle.py's bf16
+# model of the same policy (prec=bf16; its bars and their measurements are
+# in oracle.py): 20 steps of training, and 10 steps at the starting weights
+# (--lr 1e-30 moves no fp32 weight; the 10 steps are cosine's warmup, below
+# that rate), each a fresh draw of the bf16 forward and backward, whose mean
+# error is what tells bf16 from fp32. That it does is checked too: tiny's
+# fp32 trainer, run the same way, must fail the bf16 reference.
+#
 # Needs MPI and a Python with torch and numpy (Debian's python3-torch and
 # python3-numpy, for /usr/bin/python3; tools/setup.sh installs them as
 # root); without them it says so and skips. Every case prints one line; the
-# last line is "N passed, N failed". About 40 s on 2 cores.
+# last line is "N passed, N failed". About 60 s on 2 cores.
 set -u
 cd "$(dirname "$0")/../.."
 
@@ -63,22 +72,44 @@ SHORT=$OUT/short.bin   # 10,000 tokens: 3 ranks wrap around it
 build/fsdata synth "$LONG" --tokens 200000 --seed 11 >/dev/null
 build/fsdata synth "$SHORT" --tokens 10000 --seed 12 >/dev/null
 
-# case MODEL cpu|cpu64 WORLD own|far DATA STEPS: one trainer run; appends
-# to CASES what oracle.py needs to hold it to PyTorch
+# case MODEL cpu|cpu64|bf16 WORLD own|far DATA STEPS [LR]: one trainer run
+# (with --lr LR when given); appends to CASES what oracle.py needs to hold it
+# to PyTorch. bf16 is the CPU trainer of $OUT/MODEL/bf16.fsd.
 CASES=()
 case_() {
-    local m=$1 be=$2 w=$3 start=$4 data=$5 steps=$6 d=$OUT/$1
-    local run=$d/$be-$start-w$w init=$d/$start.safetensors from=()
+    local m=$1 kind=$2 w=$3 start=$4 data=$5 steps=$6 lr=${7:-} d=$OUT/$1
+    local run=$d/$kind-$start-w$w${lr:+-lr$lr} init=$d/$start.safetensors from=() rate=()
     local what="$m, $w ranks, $([ $start = far ] && echo "far init" || echo "its own init")"
-    [ $be = cpu64 ] && what="$what, float64"
+    local train=build/$m/$kind/train model=$d/model.txt prec=f32
+    case $kind in
+    cpu64) what="$what, float64" prec=f64 ;;
+    bf16)  what="$what, bf16" prec=bf16 train=$d/bf16/train model=$d/bf16.txt ;;
+    esac
     [ "$start" = far ] && from=(--init-from "$init")
-    if ! mp "$w" build/$m/$be/train --data "$data" --steps "$steps" --log "$run.log" --quiet \
-            "${from[@]}" >"$run.out" 2>&1; then
+    [ -n "$lr" ] && what="$what, at its starting weights (--lr $lr)" rate=(--lr "$lr")
+    if ! mp "$w" "$train" --data "$data" --steps "$steps" --log "$run.log" --quiet \
+            "${from[@]}" "${rate[@]}" >"$run.out" 2>&1; then
         bad "$what: the trainer failed" "$run.out"
         return
     fi
-    CASES+=(--case "label=$what" "model=$d/model.txt" "init=$init" "log=$run.log" "world=$w"
-            "data=$data" "steps=$steps" "prec=$([ $be = cpu64 ] && echo f64 || echo f32)")
+    CASES+=(--case "label=$what" "model=$model" "init=$init" "log=$run.log" "world=$w"
+            "data=$data" "steps=$steps" "prec=$prec" ${lr:+"lr=$lr"})
+}
+
+# bf16_cases MODEL: MODEL's trainer under mixed_precision(param = bf16,
+# reduce = fp32), built from a copy of its .fsd, trained from the far
+# weights and run at them
+bf16_cases() {
+    local m=$1 d=$OUT/$1
+    sed "s/^shard {/shard {\n  mixed_precision(param = bf16, reduce = fp32)/" examples/$m.fsd >"$d/bf16.fsd"
+    if ! $MAKE --no-print-directory -s trainer FSD="$d/bf16.fsd" BACKEND=cpu TRAINER="$d/bf16" \
+            >"$d/build-bf16.txt" 2>&1; then
+        bad "$m: make trainer FSD=$d/bf16.fsd BACKEND=cpu" "$d/build-bf16.txt"
+        return
+    fi
+    "$FSDPC" "$d/bf16.fsd" --dump-model >"$d/bf16.txt"
+    case_ $m bf16 2 far "$LONG" 20
+    case_ $m bf16 2 far "$LONG" 10 1e-30
 }
 
 for m in tiny tiny_llama mlp; do
@@ -102,6 +133,7 @@ for m in tiny tiny_llama mlp; do
     *)          case_ $m cpu 3 far "$SHORT" 20 ;;
     esac
     case_ $m cpu64 2 far "$LONG" 10
+    [ $m = mlp ] || bf16_cases $m
 done
 
 if [ ${#CASES[@]} -gt 0 ]; then
@@ -117,4 +149,18 @@ if [ ${#CASES[@]} -gt 0 ]; then
     done <"$OUT/oracle.txt"
     grep -q " passed, " "$OUT/oracle.txt" || bad "oracle.py ended without a summary (status $st)" "$OUT/oracle.txt"
 fi
+
+# the bf16 reference tells bf16 from fp32: tiny's fp32 trainer at its
+# starting weights, as the bf16 case above, must fail it
+d=$OUT/tiny
+if [ -f "$d/bf16.txt" ] && mp 2 build/tiny/cpu/train --data "$LONG" --steps 10 --lr 1e-30 \
+        --init-from "$d/far.safetensors" --log "$d/fp32-as-bf16.log" --quiet >"$d/fp32-as-bf16.out" 2>&1; then
+    "$PY" tests/oracle/oracle.py compare --case "label=fp32" "model=$d/bf16.txt" \
+        "init=$d/far.safetensors" "log=$d/fp32-as-bf16.log" world=2 "data=$LONG" steps=10 \
+        prec=bf16 lr=1e-30 >"$d/fp32-as-bf16.txt" 2>&1
+    st=$?
+    if [ $st = 1 ] && res=$(grep -m1 "^FAIL fp32: 10 steps, " "$d/fp32-as-bf16.txt"); then
+        ok "tiny's fp32 trainer fails the bf16 reference: ${res#FAIL fp32: }"
+    else bad "tiny's fp32 trainer against the bf16 reference: status $st, expected a failure" "$d/fp32-as-bf16.txt"; fi
+else bad "tiny's fp32 trainer at its starting weights (or tiny's bf16 case missing)" "$d/fp32-as-bf16.out"; fi
 done_

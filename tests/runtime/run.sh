@@ -2,8 +2,10 @@
 # run.sh — the CPU runtime's tests: a hand-written trainer (trainer.c) on
 # 1 to 4 MPI ranks, checked for world-size invariance, counters, the
 # initialisation formula, safetensors round trips, the data order, every
-# user error, the schedule bugs the collectives refuse, traces; unit tests of the arena placement, the 16-bit
-# conversions and the BLAS products (fsdrt_gemm, fsdrt_gemm_bias); fsdata.
+# user error, the schedule bugs the collectives refuse, traces, and built
+# with FSD_ACT_BF16 for bf16 compute; unit tests of the arena placement,
+# the 16-bit conversions and the BLAS products (fsdrt_gemm,
+# fsdrt_gemm_bias, fp32 and bf16); fsdata.
 #
 # It builds what it needs (`make runtime-tests`). Every test prints one
 # line; the last line is "N passed, N failed". Ranks share the cores
@@ -167,6 +169,47 @@ if [ $st = 0 ] && [ -n "$r16" ] && [ "$((r16 * 2))" = "$r32" ] && $CHECK logs "$
     ok "bf16 reduce-scatter: half the bytes ($r16 vs $r32), loss within 1e-3"
 else bad "bf16 reduce: status $st, $r16 vs $r32" "$TMP/rbf16.out"; fi
 
+# ── bf16 compute: trainer.c built with FSD_ACT_BF16 (make runtime-tests
+# has no rule for it: built here with the library's flags), as an emitted
+# program with param = bf16 runs: bf16 unsharded buffers gathered in place,
+# bf16 gradients reduced through an fp32 reduce buffer (reduce = fp32) or in
+# bf16. Each run checks its counters against trainer.c's formulas (the
+# peak: bf16 parameters and gradients, or the gradients and the 4-byte
+# reduce buffers while both reduce-scatters run) and exits 2 if they differ.
+TRAIN_BF16=$TMP/trainer_bf16
+if mpicc -O2 -g -std=c11 -D_POSIX_C_SOURCE=200809L -Wall -Wextra -Wshadow -Wno-unused-parameter \
+        -Wno-missing-field-initializers -fopenmp -fno-math-errno -DFSD_ACT_BF16 -Iruntime \
+        $(pkg-config --cflags openblas 2>/dev/null) -o "$TRAIN_BF16" tests/runtime/trainer.c \
+        build/runtime/libfsdrt_cpu.a -fopenmp -pthread \
+        $(pkg-config --libs openblas 2>/dev/null || echo -lopenblas) -lm >"$TMP/build_bf16" 2>&1 &&
+        ! grep -q "warning:" "$TMP/build_bf16"; then
+    ok "build: trainer.c with FSD_ACT_BF16, without warnings"
+else bad "build: trainer.c with FSD_ACT_BF16" "$TMP/build_bf16"; fi
+$TRAIN_BF16 --data "$D" --micro-batch 12 --log "$TMP/act16.1.json" --quiet >"$TMP/act16.1.out" 2>&1
+st1=$?
+mp 2 $TRAIN_BF16 --data "$D" --micro-batch 6 --log "$TMP/act16.2.json" --quiet >"$TMP/act16.2.out" 2>&1
+st2=$?
+mp 3 $TRAIN_BF16 --data "$D" --micro-batch 4 --log "$TMP/act16.3.json" --quiet >"$TMP/act16.3.out" 2>&1
+st3=$?
+counter() { sed -n "s/^counters .*$1 \([0-9]*\).*/\1/p" "$2"; }
+g16=$(counter gather "$TMP/act16.2.out") r16=$(counter reduce "$TMP/act16.2.out")
+if [ $st1$st2$st3 = 000 ] && [ -n "$g16" ] && [ "$((g16 * 2))" = "$(counter gather "$TMP/sharded.2.out")" ] &&
+    [ "$r16" = "$(counter reduce "$TMP/sharded.2.out")" ]; then
+    ok "bf16 compute, reduce fp32: counters equal their formulas on 1-3 ranks; half the gather bytes of fp32 ($g16), the same reduce bytes"
+else bad "bf16 compute counters: status $st1 $st2 $st3, gather $g16, reduce $r16" "$TMP/act16.2.out"; fi
+if $CHECK logs "$TMP/act16.1.json" "$TMP/act16.3.json" 1e-2 >"$TMP/cmp" &&
+    $CHECK logs "$TMP/sharded.2.json" "$TMP/act16.2.json" 1e-2 >>"$TMP/cmp" &&
+    ! $CHECK logs "$TMP/sharded.2.json" "$TMP/act16.2.json" 1e-9 >/dev/null 2>&1; then
+    ok "bf16 compute: 3 ranks = 1 rank, and fp32's loss and norm, to bf16's precision (1e-2; not equal)"
+else bad "bf16 compute: loss and norm" "$TMP/cmp"; fi
+FSD_TEST_REDUCE_BF16=1 mp 3 $TRAIN_BF16 --data "$D" --micro-batch 4 --log "$TMP/act16r.json" --quiet >"$TMP/act16r.out" 2>&1
+st=$?
+r=$(counter reduce "$TMP/act16r.out")
+if [ $st = 0 ] && [ -n "$r" ] && [ "$((r * 2))" = "$(counter reduce "$TMP/sharded.3.out")" ] &&
+    $CHECK logs "$TMP/act16.3.json" "$TMP/act16r.json" 1e-2 >"$TMP/cmp"; then
+    ok "bf16 compute, reduce bf16: in place, half the reduce bytes ($r), counters equal their formulas"
+else bad "bf16 compute, reduce bf16: status $st, reduce $r" "$TMP/act16r.out"; fi
+
 # ── data formats and order ──
 $CHECK mkdata v2 "$TMP/v2.bin" "$D"
 mp 2 $TRAIN --data "$TMP/v2.bin" --micro-batch 6 --log "$TMP/v2.json" --quiet >"$TMP/out" 2>&1
@@ -256,6 +299,7 @@ err "data too short" 2 "data file $TMP/short.bin: 16 tokens is too short for one
 err "token >= vocab (found by the last rank)" 3 "data file $TMP/token.bin: token 87 at position $pos is not below the model's vocabulary size 64" --data "$TMP/token.bin"
 err "bad --val-data" 2 "data file $TMP/magic.bin: wrong magic number" --data "$D" --val-data "$TMP/magic.bin"
 FSD_TEST_TINY=1 err "world larger than a group" 3 "world size 3 is larger than shard group tiny's 2 elements (its parameters, aligned): run on at most 2 ranks" --data "$D"
+FSD_TEST_FP16=1 TRAIN=$TRAIN_BF16 err "bf16 compute with fp16 parameters" 2 "model softmax_regression computes in bf16 but gathers its parameters in fp16" --data "$D"
 err "unwritable --log" 2 "cannot write --log file /nonexistent/log.json: No such file or directory" --data "$D" --log /nonexistent/log.json
 err "unwritable --export" 2 "cannot write --export file /nonexistent/w.st.tmp." --steps 0 --export /nonexistent/w.st
 for k in missing shape dtype json hlen truncated; do $CHECK mkweights $k "$TMP/$k.st" "$TMP/sharded.2.st"; done

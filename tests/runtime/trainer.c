@@ -23,10 +23,18 @@
  * FSD_TEST_BUG=KIND (step 0 breaks one of the schedule's rules, break_rule:
  * the runtime must report it as a bug and abort).
  *
+ * Built with -DFSD_ACT_BF16 (run.sh's trainer_bf16) it is the same model
+ * computing in bf16, as an emitted program with param = bf16 does: arena
+ * tensors, unsharded parameters and gradients bf16, loaded through wide()
+ * and stored through narrow(), sums kept in real; its parameters are then
+ * gathered in bf16 (FSD_TEST_FP16: in fp16, which the runtime refuses) and
+ * FSD_TEST_REDUCE_BF16 picks the reduce dtype.
+ *
  * Every rank checks its counters against the formulas at the end and the
  * arena placement on the first step; a mismatch exits 2.
  */
 #include "fsdrt.h"
+#include "half.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -58,32 +66,44 @@ enum { X, LOGITS, DLOGITS, DX, NACTS };
 
 static bool env(const char *name) { return getenv(name) && *getenv(name) && strcmp(getenv(name), "0"); }
 
+/* A stored value as real, a real rounded to what act holds (the templates'
+ * fsd_wide and fsd_narrow, written with half.h's conversions). */
+#ifdef FSD_ACT_IS_BF16
+static real wide(act v) { return float_from_bf16(v.bits); }
+static act narrow(real x) { return (act){bf16_from_float(x)}; }
+#else
+static real wide(act v) { return v; }
+static act narrow(real x) { return x; }
+#endif
+
 /* ── kernels ── */
 
-static void embed(real *x, const real *tok, const real *scale, const int32_t *idx, int64_t n)
+static void embed(act *x, const act *tok, const act *scale, const int32_t *idx, int64_t n)
 {
     for (int64_t i = 0; i < n; i++)
         for (int c = 0; c < C; c++)
-            x[i * C + c] = tok[idx[i] * C + c] * scale[c];
+            x[i * C + c] = narrow(wide(tok[idx[i] * C + c]) * wide(scale[c]));
 }
 
 /* Mean loss of the rows; dlogits = (softmax − onehot) · scale. */
-static double cross_entropy(real *dlogits, const real *logits, const int32_t *tgt, int64_t n,
+static double cross_entropy(act *dlogits, const act *logits, const int32_t *tgt, int64_t n,
                             real scale)
 {
     double total = 0;
     for (int64_t i = 0; i < n; i++) {
-        const real *l = logits + i * V;
-        real mx = l[0];
+        const act *l = logits + i * V;
+        real mx = wide(l[0]);
         for (int v = 1; v < V; v++)
-            mx = l[v] > mx ? l[v] : mx;
+            mx = wide(l[v]) > mx ? wide(l[v]) : mx;
         double sum = 0;
         for (int v = 0; v < V; v++)
-            sum += exp((double)(l[v] - mx));
+            sum += exp((double)(wide(l[v]) - mx));
         double lse = (double)mx + log(sum);
-        total += lse - (double)l[tgt[i]];
-        for (int v = 0; v < V; v++)
-            dlogits[i * V + v] = (real)((exp((double)l[v] - lse) - (v == tgt[i])) * scale);
+        total += lse - (double)wide(l[tgt[i]]);
+        for (int v = 0; v < V; v++) {
+            double p = exp((double)wide(l[v]) - lse);
+            dlogits[i * V + v] = narrow((real)((p - (v == tgt[i])) * scale));
+        }
     }
     return total / (double)n;
 }
@@ -108,8 +128,8 @@ static void check_arena(FsdRun *r, int64_t n)
             if (acts[a].last < acts[b].first || acts[b].last < acts[a].first)
                 continue;
             char *pa = (char *)fsdrt_act(r, a), *pb = (char *)fsdrt_act(r, b);
-            int64_t na = (acts[a].per_sample * fsdrt_batch(r)) * (int64_t)sizeof(real);
-            int64_t nb = (acts[b].per_sample * fsdrt_batch(r)) * (int64_t)sizeof(real);
+            int64_t na = (acts[a].per_sample * fsdrt_batch(r)) * (int64_t)sizeof(act);
+            int64_t nb = (acts[b].per_sample * fsdrt_batch(r)) * (int64_t)sizeof(act);
             if (pa < pb + nb && pb < pa + na) {
                 fprintf(stderr, "rank %d: arena tensors %s and %s overlap\n", fsdrt_rank(r),
                         acts[a].name, acts[b].name);
@@ -177,7 +197,9 @@ static int64_t padded(int g, int W) { return (groups[g].flat_numel + W - 1) / W 
 
 int main(int argc, char **argv)
 {
-    const bool bf16 = env("FSD_TEST_BF16"), fp16 = env("FSD_TEST_FP16");
+    const bool act16 = FSD_ACT_DTYPE == FSD_BF16, fp16 = env("FSD_TEST_FP16");
+    /* (bf16 act with FSD_TEST_FP16: a model the runtime must refuse) */
+    const bool bf16 = (act16 && !fp16) || env("FSD_TEST_BF16");
     const bool reduce_bf16 = env("FSD_TEST_REDUCE_BF16"), unsharded = env("FSD_TEST_UNSHARDED");
     const bool sgd = env("FSD_TEST_SGD"), tiny = env("FSD_TEST_TINY");
     const char *order_dir = getenv("FSD_TEST_ORDER");
@@ -196,6 +218,7 @@ int main(int argc, char **argv)
         .groups = groups,
         .acts = acts,
         .param_dtype = bf16 ? FSD_BF16 : fp16 ? FSD_FP16 : FSD_FP32,
+        .act_dtype = FSD_ACT_DTYPE,
         .reduce_dtype = reduce_bf16 ? FSD_BF16 : FSD_FP32,
         .accumulate_unsharded = unsharded,
         .flops_per_sample = 6.0 * T * V * C,
@@ -234,8 +257,8 @@ int main(int argc, char **argv)
                     fprintf(order, " %d\n", tgt[b * T + T - 1]);
                 }
             bool first = micro == 0, last = micro == k - 1;
-            real *x = fsdrt_act(r, X), *logits = fsdrt_act(r, LOGITS);
-            real *dlogits = fsdrt_act(r, DLOGITS), *dx = fsdrt_act(r, DX);
+            act *x = fsdrt_act(r, X), *logits = fsdrt_act(r, LOGITS);
+            act *dlogits = fsdrt_act(r, DLOGITS), *dx = fsdrt_act(r, DX);
 
             fsdrt_all_gather(r, 0);
             fsdrt_all_gather(r, 1);
@@ -247,34 +270,42 @@ int main(int argc, char **argv)
             fsdrt_reshard(r, 0);
 
             fsdrt_trace_begin(r, "matmul head");
-            const real *head = fsdrt_param(r, HEAD), *bias = fsdrt_param(r, BIAS);
+            const act *head = fsdrt_param(r, HEAD), *bias = fsdrt_param(r, BIAS);
             fsdrt_gemm(r, false, true, n, V, C, 1, x, C, head, C, 0, logits, V);
             for (int64_t i = 0; i < n; i++)
                 for (int v = 0; v < V; v++)
-                    logits[i * V + v] += bias[v];
+                    logits[i * V + v] = narrow(wide(logits[i * V + v]) + wide(bias[v]));
             fsdrt_trace_end(r);
             fsdrt_add_loss(r, (real)cross_entropy(dlogits, logits, tgt, n, fsdrt_loss_scale(r)));
 
             if (!unsharded || first)
                 fsdrt_alloc_grads(r, 1);
-            real *dhead = fsdrt_grad(r, HEAD), *dbias = fsdrt_grad(r, BIAS);
+            act *dhead = fsdrt_grad(r, HEAD), *dbias = fsdrt_grad(r, BIAS);
             fsdrt_gemm(r, true, false, V, C, n, 1, dlogits, V, x, C, 1, dhead, C);
-            for (int64_t i = 0; i < n; i++)
-                for (int v = 0; v < V; v++)
-                    dbias[v] += dlogits[i * V + v];
+            /* column sums in real, each gradient element stored once */
+            for (int v = 0; v < V; v++) {
+                real s = wide(dbias[v]);
+                for (int64_t i = 0; i < n; i++)
+                    s += wide(dlogits[i * V + v]);
+                dbias[v] = narrow(s);
+            }
             fsdrt_gemm(r, false, false, n, C, V, 1, dlogits, V, head, C, 0, dx, C);
 
             fsdrt_all_gather(r, 0);   /* backward needs tok again */
             fsdrt_wait_gather(r, 0);
             if (!unsharded || first)
                 fsdrt_alloc_grads(r, 0);
-            const real *tok = fsdrt_param(r, TOK), *scale = fsdrt_param(r, SCALE);
-            real *dtok = fsdrt_grad(r, TOK), *dscale = fsdrt_grad(r, SCALE);
-            for (int64_t i = 0; i < n; i++)
-                for (int c = 0; c < C; c++) {
-                    dscale[c] += dx[i * C + c] * tok[idx[i] * C + c];
-                    dtok[idx[i] * C + c] += dx[i * C + c] * scale[c];
+            const act *tok = fsdrt_param(r, TOK), *scale = fsdrt_param(r, SCALE);
+            act *dtok = fsdrt_grad(r, TOK), *dscale = fsdrt_grad(r, SCALE);
+            for (int c = 0; c < C; c++) {
+                real s = wide(dscale[c]);
+                for (int64_t i = 0; i < n; i++) {
+                    s += wide(dx[i * C + c]) * wide(tok[idx[i] * C + c]);
+                    act *d = &dtok[idx[i] * C + c];
+                    *d = narrow(wide(*d) + wide(dx[i * C + c]) * wide(scale[c]));
                 }
+                dscale[c] = narrow(s);
+            }
             fsdrt_reshard(r, 0);
             fsdrt_reshard(r, 1);
             if (!unsharded || last) {
@@ -294,9 +325,13 @@ int main(int argc, char **argv)
 
     /* counters against their formulas: per micro-batch tok is gathered
      * twice and root once; each group is reduce-scattered every
-     * micro-batch, or once per step when accumulating unsharded */
+     * micro-batch, or once per step when accumulating unsharded. With bf16
+     * act the gradients are bf16 whatever the reduce dtype, and an fp32
+     * reduce adds a 4-byte reduce buffer per group while it runs (both run
+     * at once, after the parameters are resharded). */
     const int64_t pb = bf16 || fp16 ? 2 : (int64_t)sizeof(real);
     const int64_t rb = reduce_bf16 ? 2 : (int64_t)sizeof(real);
+    const int64_t gb = act16 ? 2 : rb, reduce_buf = act16 && !reduce_bf16 ? 4 : 0;
     int64_t shard_elems = 0, wire_g = 0, wire_r = 0;
     for (int g = 0; g < model.ngroups; g++)
         shard_elems += padded(g, W) / W;
@@ -308,10 +343,11 @@ int main(int argc, char **argv)
     const int64_t resident = shard_elems * (int64_t)sizeof(real) * (sgd ? 3 : 4);
     /* the placement puts logits at 0, dlogits above it, x above both, and dx
      * (live with none of logits, x) at 0 again */
-    const int64_t L = (n * V * (int64_t)sizeof(real) + 255) / 256 * 256;
-    const int64_t Xb = (n * C * (int64_t)sizeof(real) + 255) / 256 * 256;
+    const int64_t L = (n * V * (int64_t)sizeof(act) + 255) / 256 * 256;
+    const int64_t Xb = (n * C * (int64_t)sizeof(act) + 255) / 256 * 256;
     const int64_t arena = 2 * L + Xb;
-    const int64_t live = (padded(0, W) + padded(1, W)) * (pb + rb);
+    const int64_t both = padded(0, W) + padded(1, W);
+    const int64_t live = both * (pb + gb > gb + reduce_buf ? pb + gb : gb + reduce_buf);
     FsdCounters c = fsdrt_counters(r);
     const int64_t steps = step;
     expect(r, "gather_bytes", c.gather_bytes, steps * k * wire_g);
