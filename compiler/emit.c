@@ -128,6 +128,16 @@ static void emit_op(Emit *e, const OpNode *op)
           rows_expr(x), N, K, R(x), K, R(op->in[1]), K, R(op->in[2]), R(y), N);
         break;
     }
+    case OP_MATMUL_BIAS_GELU: /* p[rows, N] = x · Wᵀ + b, y = gelu(p) */ {
+        /* the CUDA backend applies gelu in the product's epilogue; the CPU
+         * backend writes p alone and the template's gelu follows */
+        int64_t N = op->in[1]->dim[0], K = op->in[1]->dim[1];
+        P("    if (!fsdrt_gemm_bias_gelu(r, false, true, %s, %" PRId64 ", %" PRId64 ", %s, %" PRId64
+          ", %s, %" PRId64 ", %s, %s, %s, %" PRId64 "))\n",
+          rows_expr(x), N, K, R(x), K, R(op->in[1]), K, R(op->in[2]), R(y), R(op->out[1]), N);
+        P("        gelu_fwd(%s, %s, %s);\n", R(op->out[1]), R(y), numel_expr(y));
+        break;
+    }
     case OP_MATMUL_DX: /* dx[rows, K] (+)= dy[rows, N] · W[N, K] */ {
         int64_t N = op->in[1]->dim[0], K = op->in[1]->dim[1];
         P("    fsdrt_gemm(r, false, false, %s, %" PRId64 ", %" PRId64 ", 1, %s, %" PRId64
@@ -154,6 +164,16 @@ static void emit_op(Emit *e, const OpNode *op)
         P("    layernorm_bwd(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %" PRId64 ");\n", R(y),
           acc(op, 0), R(op->out[1]), R(op->out[2]), R(x), R(op->in[1]), R(op->in[2]),
           R(op->in[3]), R(op->in[4]), rows_expr(x), last_dim(x));
+        break;
+    case OP_ADD_LAYERNORM: /* in: a, b, w, bias; out: sum, y, mean, rstd */
+        P("    add_layernorm_fwd(%s, %s, %s, %s, %s, %s, %s, %s, %s, %" PRId64 ", %.9g);\n", R(y),
+          R(op->out[1]), R(op->out[2]), R(op->out[3]), R(x), R(op->in[1]), R(op->in[2]),
+          R(op->in[3]), rows_expr(x), last_dim(x), op->eps);
+        break;
+    case OP_ADD_RMSNORM: /* in: a, b, w; out: sum, y, rstd */
+        P("    add_rmsnorm_fwd(%s, %s, %s, %s, %s, %s, %s, %" PRId64 ", %.9g);\n", R(y),
+          R(op->out[1]), R(op->out[2]), R(x), R(op->in[1]), R(op->in[2]), rows_expr(x),
+          last_dim(x), op->eps);
         break;
     case OP_RMSNORM:
         P("    rmsnorm_fwd(%s, %s, %s, %s, %s, %" PRId64 ", %.9g);\n", R(y), R(op->out[1]), R(x),
@@ -460,7 +480,9 @@ static const char *template_of(OpKind k)
     case OP_LAYERNORM:
     case OP_LAYERNORM_BWD:
     case OP_RMSNORM:
-    case OP_RMSNORM_BWD: return "norm.h";
+    case OP_RMSNORM_BWD:
+    case OP_ADD_LAYERNORM:
+    case OP_ADD_RMSNORM: return "norm.h";
     case OP_ROPE:
     case OP_ROPE_BWD: return "rope.h";
     case OP_ATTENTION:
@@ -472,7 +494,8 @@ static const char *template_of(OpKind k)
     case OP_SILU:
     case OP_SILU_BWD:
     case OP_SWIGLU:
-    case OP_SWIGLU_BWD: return "act.h";
+    case OP_SWIGLU_BWD:
+    case OP_MATMUL_BIAS_GELU: return "act.h";   /* gelu_fwd where the backend's product does not */
     case OP_CROSS_ENTROPY:
     case OP_CROSS_ENTROPY_BWD: return "cross_entropy.h";
     case OP_MATMUL:

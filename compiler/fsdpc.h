@@ -457,9 +457,9 @@ struct OpNode {
     OpKind kind;
     int index;              /* position in Graph.ops */
     bool backward;
-    Tensor *in[6], *out[3];
+    Tensor *in[6], *out[4];
     int nin, nout;
-    bool acc[3];            /* output i accumulates (+=) instead of writing */
+    bool acc[4];            /* output i accumulates (+=) instead of writing */
     int64_t heads, kv_heads, head_dim;   /* attention, rope */
     double eps, theta;      /* norms; rope */
     bool causal;
@@ -514,6 +514,13 @@ Graph *lower_model(Model *m);
 
 /* Appends the backward ops of g's forward, marks saved activations. */
 void autodiff(Graph *g);
+
+/* ───────────────────────── fuse.c: fused forward ops ─────────────────── */
+
+/* Merges add + layernorm/rmsnorm and matmul_bias + gelu pairs of
+ * consecutive forward ops into one op each (add_layernorm, add_rmsnorm,
+ * matmul_bias_gelu); tensors and backward ops are left as they are. */
+void fuse(Graph *g);
 
 /* ───────────────────────── plan.c: layout and policies ──────────────── */
 

@@ -74,7 +74,7 @@ void ir_in(OpNode *op, Tensor *t)
 
 void ir_out(OpNode *op, Tensor *t, bool acc)
 {
-    if (op->nout >= 3)
+    if (op->nout >= 4)
         fsd_unreachable();
     op->acc[op->nout] = acc;
     op->out[op->nout++] = t;
@@ -131,6 +131,7 @@ double op_flops(const OpNode *op, int64_t batch)
     switch (op->kind) {
     case OP_MATMUL:      /* x [.., K] · W [N, K]ᵀ (+ b [N]) */
     case OP_MATMUL_BIAS:
+    case OP_MATMUL_BIAS_GELU:
         K = (double)op->in[1]->dim[1];
         break;
     case OP_MATMUL_DX:   /* dy [.., N] · W [N, K]: contracts N */
@@ -207,6 +208,13 @@ int ir_verify(Graph *g, FILE *err)
                  op_arity(op->kind), op_outputs(op->kind));
         if (op->backward != (i >= g->nfwd))
             FAIL("is in the wrong phase");
+        /* fuse.c's rules: an add fuses with operands of one shape, its sum's */
+        if ((op->kind == OP_ADD_LAYERNORM || op->kind == OP_ADD_RMSNORM) &&
+            op->nin == op_arity(op->kind) && op->nout == op_outputs(op->kind) &&
+            (op->in[0]->rank != op->in[1]->rank || op->in[0]->rank != op->out[0]->rank ||
+             memcmp(op->in[0]->dim, op->in[1]->dim, sizeof op->in[0]->dim) != 0 ||
+             memcmp(op->in[0]->dim, op->out[0]->dim, sizeof op->in[0]->dim) != 0))
+            FAIL("adds %s and %s of different shapes", op->in[0]->name, op->in[1]->name);
         for (int j = 0; j < op->nin; j++) {
             Tensor *t = op->in[j];
             if (!written[t->id])
@@ -280,7 +288,8 @@ void ir_dump(FILE *out, Graph *g)
         if (op->kind == OP_ROPE || op->kind == OP_ROPE_BWD)
             fprintf(out, " heads=%" PRId64 " head_dim=%" PRId64 " theta=%g", op->heads,
                     op->head_dim, op->theta);
-        if (op->kind == OP_LAYERNORM || op->kind == OP_RMSNORM)
+        if (op->kind == OP_LAYERNORM || op->kind == OP_RMSNORM || op->kind == OP_ADD_LAYERNORM ||
+            op->kind == OP_ADD_RMSNORM)
             fprintf(out, " eps=%g", op->eps);
         if (op->group >= 0)
             fprintf(out, "  [group %s]", m->groups[op->group]->name);

@@ -2,10 +2,11 @@
  * main.c — the fsdpc command line, and the pipeline as one list of calls:
  *
  *   source_read → parse_program → sema_check → lower_model → autodiff
- *     → plan_build → memplan_fit (schedule_build, memplan_build)
+ *     → fuse (unless --no-fuse) → plan_build
+ *     → memplan_fit (schedule_build, memplan_build)
  *     → sim_run (for --sim and --trace) → (dumps, or train.cu)
  *
- * (--verify stops after autodiff: it compiles the graph's kernel templates
+ * (--verify stops after fuse: it compiles the graph's kernel templates
  * with NVRTC and prints its report instead of writing train.cu.)
  *
  * with a verifier after every pass that builds or transforms the IR: a
@@ -37,6 +38,7 @@ typedef struct Options {
     const char *sim_spec;      /* --sim PRESET[:nodes=N,gpus=N] */
     const char *trace;         /* --trace FILE.json */
     bool verify;               /* --verify: the kernels through NVRTC */
+    bool no_fuse;              /* --no-fuse: keep every forward op apart */
     const char *arch;          /* --arch sm_80,sm_90: what --verify compiles for */
     SimCluster cluster;        /* what --sim and --trace simulate */
 } Options;
@@ -74,6 +76,8 @@ static void usage(FILE *out)
           "                   registers and spills, and failures against the template\n"
           "                   and the .fsd lines using it; no GPU needed\n"
           "  --arch LIST      --verify's architectures (default sm_80,sm_90)\n"
+          "  --no-fuse        keep add + norm and matmul_bias + gelu as separate ops\n"
+          "                   (by default each pair is one fused op; docs/compiler.md)\n"
           "  -o FILE          write the output to FILE instead of standard output\n"
           "  --help           print this help\n"
           "  --version        print the version\n",
@@ -136,6 +140,8 @@ static int parse_options(int argc, char **argv, Options *o)
             o->trace = argv[i];
         } else if (strcmp(a, "--verify") == 0) {
             o->verify = true;
+        } else if (strcmp(a, "--no-fuse") == 0) {
+            o->no_fuse = true;
         } else if (strcmp(a, "--arch") == 0) {
             if (++i == argc) {
                 fprintf(stderr, "fsdpc: --arch needs a list of architectures, e.g. sm_80,sm_90\n");
@@ -318,6 +324,10 @@ int main(int argc, char **argv)
     verified(ir_verify(graph, stderr), "lowering");
     autodiff(graph);
     verified(ir_verify(graph, stderr), "autodiff");
+    if (!o.no_fuse) {
+        fuse(graph);
+        verified(ir_verify(graph, stderr), "fusion");
+    }
     if (o.verify) {   /* the kernels through NVRTC: the report, and no train.cu */
         if (!out && !(out = open_output(&o, &tmp)))
             return 1;

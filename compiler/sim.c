@@ -4,15 +4,16 @@
  * section 4, "Simulation"), and writes the replay as a Chrome trace.
  *
  * It runs after schedule_build and changes nothing: the schedule's events
- * are given durations (a roofline per compute op, an alpha-beta ring model
- * per collective) and replayed on the three streams with the schedule's own
- * ordering rules, so what it predicts is what the emitted program does,
- * under the assumptions named below. docs/simulator.md explains the model,
- * its sources and its known limits at more length.
+ * are given durations (a roofline per compute op, slowed while collectives
+ * run beside it; an alpha-beta ring model per collective) and replayed on
+ * the three streams with the schedule's own ordering rules, so what it
+ * predicts is what the emitted program does, under the assumptions named
+ * below. docs/simulator.md explains the model, its sources and its known
+ * limits at more length.
  *
- * Every hardware figure comes from a vendor datasheet or NCCL's own tuning
- * model, and says which; every modelling assumption is a named constant
- * with the reason for its value.
+ * Every hardware figure comes from a vendor datasheet, NCCL's own tuning
+ * model or NCCL's maintainers, and says which; every modelling assumption
+ * is a named constant with the reason for its value.
  */
 #include "fsdpc.h"
 
@@ -101,6 +102,18 @@ static const SimGpu presets[] = {
 #undef G
 #define NPRESETS ((int)(sizeof presets / sizeof presets[0]))
 
+/* Streaming multiprocessors of each preset's GPU, in presets[] order: the
+ * units NCCL's kernels take from compute (below). NVIDIA A100 Tensor Core
+ * GPU Architecture whitepaper: 108 SMs. NVIDIA H100 Tensor Core GPU
+ * Architecture whitepaper: 132 SMs in H100 SXM5; H200 is the same GH100
+ * part. B200: 148 SMs, 74 enabled on each of its two dies (Chips and
+ * Cheese, "Nvidia's B200: Keeping the CUDA Juggernaut Rolling", 2025). */
+static const int preset_sms[] = {108, 132, 132, 148};
+_Static_assert(sizeof preset_sms / sizeof preset_sms[0] == sizeof presets / sizeof presets[0],
+               "one SM count per preset");
+
+static int gpu_sms(const SimGpu *gpu) { return preset_sms[gpu - presets]; }
+
 /* GPUs per node in every preset: HGX/DGX baseboards of 8 GPUs on one
  * NVSwitch fabric. `gpus=N` may ask for fewer, not more. */
 #define NODE_MAX_GPUS 8
@@ -138,6 +151,35 @@ static const SimGpu presets[] = {
  * build does (cuBLASLt with CUBLAS_COMPUTE_32F_FAST_TF32 on sm_80 and up)
  * and PyTorch does with allow_tf32. MFU is measured against the same peak. */
 #define FP32_MATMUL_USES_TF32 1
+
+/* ── what a collective takes from the compute beside it ──
+ * NCCL runs each collective as a CUDA kernel of one thread block per
+ * channel, and each block holds an SM of its own for the kernel's whole
+ * life ("Reducing the number of channels also reduces the number of CUDA
+ * blocks used for communication, hence the impact on GPU computing
+ * resources": NCCL's documentation of NCCL_MAX_NCHANNELS; NCCL is
+ * "optimized to use as little SMs as possible, but not to share SMs with
+ * other kernels", its threads using many registers: NCCL's maintainer in
+ * NVIDIA/nccl#181). While a collective runs, the compute beside it has the
+ * other SMs, and the HBM bandwidth its traffic leaves: see
+ * contended_seconds. The channel counts are what NCCL picks: */
+/* On one NVSwitch node of 8 GPUs NCCL's ring search finds 12 channels and
+ * doubles them: 24, on H100 (NVIDIA/nccl#1367, NCCL 2.19) as on A100
+ * (NVIDIA/nccl-tests#100, "Channel 23/24"). Assumed the same on B200. */
+#define NCCL_NVLINK_CHANNELS 24
+/* Across nodes with one NIC per GPU, 16: "If you are on DGX with 8 NICs
+ * ... then it would use 16 SMs" (NCCL's maintainer, quoted in
+ * NVIDIA/nccl#689); rings "Channel 00/16" on 3 nodes of 8 H100s
+ * (NVIDIA/nccl#1453). */
+#define NCCL_NET_CHANNELS 16
+/* Each byte a rank receives crosses its HBM about three times: stored on
+ * arrival, read back to be forwarded or reduced, and the user's buffer
+ * written (all-gather) or read (reduce-scatter's own contribution). "300GB/s
+ * needs to be multiplied by at least 2x for memory bandwidth, as we need to
+ * store to memory, then read back from it. If you add reading from or
+ * writing to user data, it can be 3x" (NCCL's maintainer, NVIDIA/nccl#1428,
+ * on kernels running 1.8x longer beside an all-gather on A100s). */
+#define NCCL_HBM_BYTES_PER_LINK_BYTE 3.0
 
 /* ── cluster specs ── */
 
@@ -241,15 +283,32 @@ static double hbm_rate(const Sim *sim)
     return sim->cluster.gpu->hbm_bytes_per_s * HBM_EFFICIENCY;
 }
 
-/* Roofline: the slower of the op's arithmetic at its unit's achievable
- * peak and its memory traffic at achievable HBM bandwidth. */
-static double op_seconds(const Sim *sim, const OpNode *op, CostCat *cat, bool *mem_bound)
+/* Work on the compute stream as the roofline's two sides: seconds of
+ * arithmetic at its unit's achievable peak, and seconds of memory traffic
+ * at achievable HBM bandwidth. */
+typedef struct {
+    double compute_s, memory_s;
+} Work;
+
+/* The roofline with what collectives running beside the work leave of the
+ * GPU: its arithmetic on 1 - sm_share of the SMs, its traffic on
+ * 1 - hbm_share of the bandwidth, the slower of the two, and never under
+ * KERNEL_MIN_S. With nothing beside it (0, 0) it is the plain roofline. */
+static double work_seconds(Work w, double sm_share, double hbm_share)
+{
+    double tc = w.compute_s / (1 - sm_share), tm = w.memory_s / (1 - hbm_share);
+    double t = tc > tm ? tc : tm;
+    return t > KERNEL_MIN_S ? t : KERNEL_MIN_S;
+}
+
+static Work op_work(const Sim *sim, const OpNode *op, CostCat *cat)
 {
     int64_t B = sim->sched->plan->micro_batch;
-    double flops = op_flops(op, B), bytes = op_bytes(op, B), rate;
+    double rate;
     switch (op->kind) {
     case OP_MATMUL:
-    case OP_MATMUL_BIAS:   /* the bias rides in the product's epilogue */
+    case OP_MATMUL_BIAS:        /* the bias rides in the product's epilogue */
+    case OP_MATMUL_BIAS_GELU:   /* and so does the fused gelu */
     case OP_MATMUL_DX:
     case OP_MATMUL_DW:
         *cat = CAT_MATMUL;
@@ -265,10 +324,7 @@ static double op_seconds(const Sim *sim, const OpNode *op, CostCat *cat, bool *m
         rate = sim->cluster.gpu->fp32_flops * VECTOR_EFFICIENCY;
         break;
     }
-    double tc = flops / rate, tm = bytes / hbm_rate(sim);
-    *mem_bound = tm > tc;
-    double t = tc > tm ? tc : tm;
-    return t > KERNEL_MIN_S ? t : KERNEL_MIN_S;
+    return (Work){op_flops(op, B) / rate, op_bytes(op, B) / hbm_rate(sim)};
 }
 
 /* Elements of every group's shard on one rank. */
@@ -292,25 +348,30 @@ static double optimizer_bytes_per_elem(const TrainConfig *t)
     return t->momentum > 0 ? 5 * 4 : 3 * 4;
 }
 
+/* The bus bandwidth that bounds a ring over the whole world: NVLink within
+ * one node; across nodes the ring's inter-node hops go through each GPU's
+ * own NIC, so InfiniBand bounds the whole ring. */
+static double ring_bytes_per_s(const SimCluster *c)
+{
+    return c->world > c->gpus_per_node ? c->gpu->ib_bytes_per_s * IB_EFFICIENCY
+                                       : c->gpu->nvlink_bytes_per_s * NVLINK_EFFICIENCY;
+}
+
 /* A ring all-gather or reduce-scatter over the whole world, NCCL's model
  * (src/graph/tuning.cc): a fixed launch latency, one latency per ring step
  * (W-1 steps, N-1 of which cross nodes), and the bytes each rank receives
- * at the slowest link's bus bandwidth. Within one node that link is
- * NVLink; across nodes the ring's inter-node hops go through each GPU's own
- * NIC, so InfiniBand bounds the whole ring. A hierarchical model (reduce-
- * scatter within nodes over NVLink, then across nodes over all 8 rails) is
- * a possible refinement; NCCL's ring is what FSDP runs today. */
+ * at the ring's bus bandwidth. A hierarchical model (reduce-scatter within
+ * nodes over NVLink, then across nodes over all 8 rails) is a possible
+ * refinement; NCCL's ring is what FSDP runs today. */
 double sim_collective_seconds(const SimCluster *c, int64_t bytes)
 {
     if (c->world <= 1)
         return 0;
-    bool multi = c->world > c->gpus_per_node;
-    int64_t nodes = multi ? c->nodes : 1, steps = c->world - 1, inter = nodes - 1;
+    int64_t nodes = c->world > c->gpus_per_node ? c->nodes : 1;
+    int64_t steps = c->world - 1, inter = nodes - 1;
     double alpha = NCCL_BASE_LAT_S + (double)(steps - inter) * c->gpu->nvlink_alpha_s +
                    (double)inter * c->gpu->ib_alpha_s;
-    double bw = multi ? c->gpu->ib_bytes_per_s * IB_EFFICIENCY
-                      : c->gpu->nvlink_bytes_per_s * NVLINK_EFFICIENCY;
-    return alpha + (double)bytes / bw;
+    return alpha + (double)bytes / ring_bytes_per_s(c);
 }
 
 /* A latency-bound all-reduce of one float (the global gradient norm): a
@@ -324,14 +385,111 @@ static double scalar_allreduce_seconds(const SimCluster *c)
     return 2 * (NCCL_BASE_LAT_S + hops * hop);
 }
 
+/* The work event e does on the compute stream and its cost category;
+ * CAT_COUNT for events that do none there (collectives, waits,
+ * bookkeeping). The gradient norm's scalar all-reduce is latency, not
+ * work: it comes back in *latency_s. */
+static CostCat event_work(const Sim *sim, const Event *e, Work *w, double *latency_s)
+{
+    CostCat cat = CAT_OPTIMIZER;
+    *w = (Work){0, 0};
+    *latency_s = 0;
+    switch (e->kind) {
+    case EV_COMPUTE:
+        *w = op_work(sim, e->op, &cat);
+        break;
+    case EV_GRAD_NORM:   /* one pass over the fp32 gradient shards */
+        w->memory_s = shard_elems(sim, -1) * 4 / hbm_rate(sim);
+        *latency_s = scalar_allreduce_seconds(&sim->cluster);
+        break;
+    case EV_OPTIMIZER:
+        w->memory_s = shard_elems(sim, e->group) *
+                      optimizer_bytes_per_elem(&sim->sched->plan->m->train) / hbm_rate(sim);
+        break;
+    default:
+        cat = CAT_COUNT;
+        break;
+    }
+    return cat;
+}
+
+/* ── contention ──
+ * A collective in flight on its stream, and what it takes from the compute
+ * beside it while it runs: its channels' SMs, and its HBM traffic's share
+ * of the achievable bandwidth. */
+typedef struct {
+    double start_s, end_s;
+    double sm_share, hbm_share;
+} Flight;
+
+/* One collective stream's flights in order. `first` is the earliest that
+ * may still be running at the compute stream's time, which only moves
+ * forward, so the flights before it need no second look. */
+typedef struct {
+    Flight *f;
+    int n, first;
+} Flights;
+
+/* The channels, so the SMs, NCCL gives a ring over the whole world. */
+static int nccl_channels(const SimCluster *c)
+{
+    return c->world > c->gpus_per_node ? NCCL_NET_CHANNELS : NCCL_NVLINK_CHANNELS;
+}
+
+static Flight flight(const Sim *sim, double start_s, double dur_s, int64_t bytes)
+{
+    const SimCluster *c = &sim->cluster;
+    return (Flight){start_s, start_s + dur_s, (double)nccl_channels(c) / gpu_sms(c->gpu),
+                    NCCL_HBM_BYTES_PER_LINK_BYTE * (double)bytes / dur_s / hbm_rate(sim)};
+}
+
+/* Seconds work w takes from `start` on the compute stream, slowed while
+ * collectives run beside it: piece by piece between the moments one starts
+ * or ends, each piece at the roofline of what they leave (work_seconds).
+ * An all-gather and a reduce-scatter running together both hold their
+ * SMs, so those shares add; their HBM traffic is bounded by the bytes the
+ * links bring in, one ring's worth (together they would share the links,
+ * though the collective model lets each run at full speed). Alone, or with
+ * nothing in flight, it is exactly the plain roofline. */
+static double contended_seconds(const Sim *sim, Flights flights[STREAM_COUNT], double start, Work w)
+{
+    double hbm_max = NCCL_HBM_BYTES_PER_LINK_BYTE * ring_bytes_per_s(&sim->cluster) / hbm_rate(sim);
+    double t = start, spent = 0, left = 1;   /* left: the fraction of w still to do */
+    for (;;) {
+        double sm = 0, hbm = 0, next = INFINITY;   /* next: when what runs beside changes */
+        for (int st = STREAM_GATHER; st < STREAM_COUNT; st++) {
+            Flights *q = &flights[st];
+            while (q->first < q->n && q->f[q->first].end_s <= t)
+                q->first++;
+            if (q->first == q->n)
+                continue;
+            const Flight *f = &q->f[q->first];
+            if (f->start_s <= t) {
+                sm += f->sm_share;
+                hbm += f->hbm_share;
+                next = fmin(next, f->end_s);
+            } else {
+                next = fmin(next, f->start_s);
+            }
+        }
+        double whole = work_seconds(w, sm, fmin(hbm, hbm_max));
+        if (t + left * whole <= next)
+            return spent + left * whole;
+        spent += next - t;
+        left -= (next - t) / whole;
+        t = next;
+    }
+}
+
 /* ── replay ──
  * Compute events run back to back on the compute stream. A collective is
  * issued when the compute stream reaches it (the event recorded there
  * completes when the work before it has) and starts when its stream has
- * finished the previous collective. A wait holds the compute stream until
- * that group's latest collective of its kind has finished; the time it
- * holds is exposed communication. Reshard, allocation and free events are
- * bookkeeping and take no time. */
+ * finished the previous collective; it does not depend on the compute
+ * beside it, but slows it (contended_seconds). A wait holds the compute
+ * stream until that group's latest collective of its kind has finished;
+ * the time it holds is exposed communication. Reshard, allocation and free
+ * events are bookkeeping and take no time. */
 Sim *sim_run(Schedule *s, const SimCluster *c)
 {
     Sim *sim = arena_alloc(sizeof *sim);
@@ -346,30 +504,25 @@ Sim *sim_run(Schedule *s, const SimCluster *c)
     double *gather_done = arena_alloc(sizeof(double) * (size_t)m->ngroups);
     double *reduce_done = arena_alloc(sizeof(double) * (size_t)m->ngroups);
     double now[STREAM_COUNT] = {0, 0, 0};
+    Flights flights[STREAM_COUNT] = {{0}};   /* by stream; the compute stream's stays empty */
+    for (int st = STREAM_GATHER; st < STREAM_COUNT; st++)
+        flights[st].f = arena_alloc(sizeof(Flight) * (size_t)(s->nev + 1));
 
     for (int i = 0; i < s->nev; i++) {
         Event *e = &s->ev[i];
         double start = now[STREAM_COMPUTE], dur = 0;
         CostCat cat = CAT_COUNT;
         switch (e->kind) {
-        case EV_COMPUTE: {
-            bool mb;
-            dur = op_seconds(sim, e->op, &cat, &mb);
-            sim->mem_bound[i] = mb;
+        case EV_COMPUTE:
+        case EV_GRAD_NORM:
+        case EV_OPTIMIZER: {
+            Work w;
+            double latency;
+            cat = event_work(sim, e, &w, &latency);
+            dur = contended_seconds(sim, flights, start, w) + latency;
+            sim->mem_bound[i] = w.memory_s > w.compute_s;
             break;
         }
-        case EV_GRAD_NORM:
-            cat = CAT_OPTIMIZER;
-            dur = shard_elems(sim, -1) * 4 / hbm_rate(sim);
-            dur = (dur > KERNEL_MIN_S ? dur : KERNEL_MIN_S) + scalar_allreduce_seconds(c);
-            sim->mem_bound[i] = true;
-            break;
-        case EV_OPTIMIZER:
-            cat = CAT_OPTIMIZER;
-            dur = shard_elems(sim, e->group) * optimizer_bytes_per_elem(&m->train) / hbm_rate(sim);
-            dur = dur > KERNEL_MIN_S ? dur : KERNEL_MIN_S;
-            sim->mem_bound[i] = true;
-            break;
         case EV_ALL_GATHER:
         case EV_REDUCE_SCATTER: {
             StreamId st = event_stream(e->kind);
@@ -377,6 +530,8 @@ Sim *sim_run(Schedule *s, const SimCluster *c)
             if (now[st] > start)
                 start = now[st];
             dur = sim_collective_seconds(c, bytes);
+            if (dur > 0)
+                flights[st].f[flights[st].n++] = flight(sim, start, dur, bytes);
             now[st] = start + dur;
             (e->kind == EV_ALL_GATHER ? gather_done : reduce_done)[e->group] = now[st];
             sim->busy_s[st] += dur;
@@ -448,6 +603,20 @@ static const char *human_rate(double v, const char *unit)
 
 static const char *gib(double b) { return arena_printf("%.2f GiB", b / (double)(1 << 30)); }
 
+/* Seconds the compute stream lost to the collectives beside it: its work's
+ * time in the replay less the same work's time alone on the GPU. */
+static double contention_seconds(const Sim *sim)
+{
+    double alone = 0;
+    for (int i = 0; i < sim->sched->nev; i++) {
+        Work w;
+        double latency;
+        if (event_work(sim, &sim->sched->ev[i], &w, &latency) != CAT_COUNT)
+            alone += work_seconds(w, 0, 0) + latency;
+    }
+    return fmax(0, sim->compute_s - alone);   /* never below 0 by rounding */
+}
+
 void sim_dump(FILE *out, const Sim *sim, const MemPlan *mp)
 {
     const SimCluster *c = &sim->cluster;
@@ -474,6 +643,10 @@ void sim_dump(FILE *out, const Sim *sim, const MemPlan *mp)
             "compute", ms(sim->compute_s), sim->cat_s[CAT_MATMUL] * 1e3,
             sim->cat_s[CAT_ATTENTION] * 1e3, sim->cat_s[CAT_MEMORY] * 1e3,
             sim->cat_s[CAT_OPTIMIZER] * 1e3);
+    fprintf(out, "  %-16s %s  (of compute: the collectives beside it hold %d of %d SMs each and "
+                 "move %.0f HBM bytes per byte received)\n",
+            "contention", ms(contention_seconds(sim)), nccl_channels(c), gpu_sms(gpu),
+            NCCL_HBM_BYTES_PER_LINK_BYTE);
     fprintf(out, "  %-16s %s  (waiting on all-gather %.3f, reduce-scatter %.3f ms; %.1f%% of "
                  "the step)\n",
             "exposed comm", ms(sim->exposed_s), sim->exposed_gather_s * 1e3,

@@ -752,6 +752,16 @@ void fsdrt_gemm_bias(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, 
         gemm_slabs(transA, transB, M, N, K, 1, A, lda, B, ldb, 1, C, ldc, bias);
 }
 
+/* OpenBLAS has no epilogue: pre alone, and the emitted code's gelu_fwd
+ * (the template an unfused program runs) writes y. */
+bool fsdrt_gemm_bias_gelu(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                          const void *A, int64_t lda, const void *B, int64_t ldb,
+                          const void *bias, void *pre, void *y, int64_t ldc)
+{
+    fsdrt_gemm_bias(r, transA, transB, M, N, K, A, lda, B, ldb, bias, pre, ldc);
+    return false;
+}
+
 /* ── the step's update: optim.c's loops, on the shards where they are ── */
 
 void bk_update(FsdRun *r, double lr, int64_t t, double v[2])

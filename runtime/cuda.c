@@ -98,12 +98,14 @@
 #define BLAS_WORKSPACE_BYTES (32 << 20)
 
 /* One product shape's cuBLASLt set-up, made on its first call and kept for
- * the run (fsdrt_gemm, fsdrt_gemm_bias): the descriptor, the layouts and
- * the algorithm the heuristic chose, so a step never asks the heuristic
- * again and every call of a shape runs the same algorithm. */
+ * the run (fsdrt_gemm, fsdrt_gemm_bias, fsdrt_gemm_bias_gelu): the
+ * descriptor, the layouts and the algorithm the heuristic chose, so a step
+ * never asks the heuristic again and every call of a shape runs the same
+ * algorithm. */
 typedef struct GemmPlan {
     bool bf16;                       /* the model's act: bf16 operands, else fp32 */
-    bool transA, transB, bias;
+    bool transA, transB;
+    cublasLtEpilogue_t epilogue;     /* DEFAULT, BIAS or GELU_AUX_BIAS */
     int64_t M, N, K, lda, ldb, ldc;
     uint32_t align;                  /* bytes every operand is aligned to, 16..256 */
     cublasLtMatmulDesc_t desc;
@@ -793,7 +795,12 @@ void bk_gather_shards(FsdRun *r, int g, real *dst)
     Backend *bk = r->bk;
     Group *G = &r->groups[g];
     const int64_t bytes = G->padded * (int64_t)sizeof(real);
-    real *all = bk_pool_get(r, bytes, 0);
+    /* its own allocation, not the pool's: outside the step, and with bf16
+     * act twice the size of the pool's parameter buffers, which it would
+     * otherwise join for good */
+    real *all = bk_alloc(r, bytes);
+    if (!all)   /* the other ranks are in the all-gather: end them too */
+        failed(r, __FILE__, __LINE__, "cudaMalloc", "out of GPU memory gathering a group's shards");
     const real *mine = G->master;
     if (bk->offload) {   /* a host shard: gathered from its slice, in place */
         CUDA_CHECK(r, cudaMemcpyAsync(all + G->lo, G->master, (size_t)G->shard * sizeof(real),
@@ -805,7 +812,7 @@ void bk_gather_shards(FsdRun *r, int g, real *dst)
     if (r->rank == 0)
         CUDA_CHECK(r, cudaMemcpyAsync(dst, all, (size_t)bytes, cudaMemcpyDeviceToHost, bk->compute));
     stream_wait_host(r, bk->compute, "gathering a group's shards");
-    bk_pool_put(r, all, 0);
+    bk_free(r, all, bytes);
 }
 
 bool bk_gather_bytes(FsdRun *r, const char *buf, int64_t n, char **out, int64_t *outn)
@@ -1477,14 +1484,15 @@ static uint32_t addr_align(const void *p)
 }
 
 static GemmPlan *gemm_plan(FsdRun *r, bool bf16, bool transA, bool transB, int64_t M, int64_t N,
-                           int64_t K, int64_t lda, int64_t ldb, int64_t ldc, const void *bias,
+                           int64_t K, int64_t lda, int64_t ldb, int64_t ldc,
+                           cublasLtEpilogue_t epilogue, const void *bias, void *aux,
                            uint32_t align)
 {
     Backend *bk = r->bk;
     for (int i = 0; i < bk->nplans; i++) {
         GemmPlan *p = &bk->plans[i];
         if (p->bf16 == bf16 && p->transA == transA && p->transB == transB &&
-            p->bias == (bias != NULL) &&
+            p->epilogue == epilogue &&
             p->M == M && p->N == N && p->K == K && p->lda == lda && p->ldb == ldb &&
             p->ldc == ldc && p->align == align)
             return p;
@@ -1498,7 +1506,7 @@ static GemmPlan *gemm_plan(FsdRun *r, bool bf16, bool transA, bool transB, int64
         bk->plans_cap = cap;
     }
     GemmPlan *p = &bk->plans[bk->nplans++];   /* counted now: bk_stop frees what was made */
-    *p = (GemmPlan){bf16, transA, transB, bias != NULL, M, N, K, lda, ldb, ldc, align};
+    *p = (GemmPlan){bf16, transA, transB, epilogue, M, N, K, lda, ldb, ldc, align};
     const cudaDataType_t type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
     const cublasComputeType_t compute =
         bk->tf32 && !bf16 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
@@ -1510,9 +1518,8 @@ static GemmPlan *gemm_plan(FsdRun *r, bool bf16, bool transA, bool transB, int64
     BLAS_CHECK(r, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb,
                                                  sizeof opb));
     if (bias) {
-        cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
-        BLAS_CHECK(r, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep,
-                                                     sizeof ep));
+        BLAS_CHECK(r, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                     &epilogue, sizeof epilogue));
         /* the heuristic reads the bias's alignment from its address */
         BLAS_CHECK(r, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                      &bias, sizeof bias));
@@ -1522,6 +1529,21 @@ static GemmPlan *gemm_plan(FsdRun *r, bool bf16, bool transA, bool transB, int64
             BLAS_CHECK(r, cublasLtMatmulDescSetAttribute(
                               p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
                               sizeof bias_type));
+    }
+    if (aux) {
+        /* GELU_AUX_BIAS: D = gelu(AB + bias), and AB + bias itself to aux,
+         * laid out as D (the heuristic reads aux's alignment from its
+         * address, as the bias's); bf16 aux said so, as the bias */
+        const int64_t aux_ld = ldc;
+        BLAS_CHECK(r, cublasLtMatmulDescSetAttribute(
+                          p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+        BLAS_CHECK(r, cublasLtMatmulDescSetAttribute(
+                          p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
+        const int32_t aux_type = CUDA_R_16BF;
+        if (bf16)
+            BLAS_CHECK(r, cublasLtMatmulDescSetAttribute(
+                              p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &aux_type,
+                              sizeof aux_type));
     }
     /* column-major layouts of the stored matrices: op(B)ᵀ is [N, K], op(A)ᵀ [K, M] */
     BLAS_CHECK(r, cublasLtMatrixLayoutCreate(&p->a, type, (uint64_t)(transB ? K : N),
@@ -1548,9 +1570,10 @@ static GemmPlan *gemm_plan(FsdRun *r, bool bf16, bool transA, bool transB, int64
     if (found < 1 || best.state != CUBLAS_STATUS_SUCCESS) {
         char why[256];
         snprintf(why, sizeof why,
-                 "no algorithm for %s C[%lld, %lld] = op(A)·op(B)%s with K %lld, trans %d%d, lda "
-                 "%lld ldb %lld ldc %lld, operands aligned to %u bytes, a %d MiB workspace",
-                 bf16 ? "bf16" : "fp32", (long long)M, (long long)N, bias ? " + bias" : "",
+                 "no algorithm for %s C[%lld, %lld] = %sop(A)·op(B)%s%s with K %lld, trans %d%d, "
+                 "lda %lld ldb %lld ldc %lld, operands aligned to %u bytes, a %d MiB workspace",
+                 bf16 ? "bf16" : "fp32", (long long)M, (long long)N, aux ? "gelu(" : "",
+                 bias ? " + bias" : "", aux ? ") and its input" : "",
                  (long long)K, transA, transB,
                  (long long)lda, (long long)ldb, (long long)ldc, align,
                  BLAS_WORKSPACE_BYTES >> 20);
@@ -1578,26 +1601,35 @@ static void gemm_plans_free(FsdRun *r)
     bk->nplans = bk->plans_cap = 0;
 }
 
-/* One product on the compute stream, through its shape's plan. */
+/* One product on the compute stream, through its shape's plan: with a
+ * bias, EPILOGUE_BIAS; with aux as well, GELU_AUX_BIAS (C = gelu(product +
+ * bias), aux = product + bias). */
 static void lt_matmul(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
                       float alpha, const void *A, int64_t lda, const void *B, int64_t ldb,
-                      float beta, void *C, int64_t ldc, const void *bias)
+                      float beta, void *C, int64_t ldc, const void *bias, void *aux)
 {
     Backend *bk = r->bk;
-    uint32_t align = addr_align(A), ab = addr_align(B), ac = addr_align(C);
-    align = ab < align ? ab : align;
-    align = ac < align ? ac : align;
-    if (bias) {
-        uint32_t ax = addr_align(bias);
-        align = ax < align ? ax : align;
+    const void *operands[] = {A, B, C, bias, aux};
+    uint32_t align = 256;
+    for (size_t i = 0; i < sizeof operands / sizeof *operands; i++) {
+        uint32_t ai = operands[i] ? addr_align(operands[i]) : 256;
+        align = ai < align ? ai : align;
     }
     if (align < 16)
         RT_BUG(r, "a [%lld, %lld] product's operand is aligned to %u bytes; the runtime hands out "
                   "buffers aligned to at least 16", (long long)M, (long long)N, align);
-    GemmPlan *p = gemm_plan(r, act_bf16(r), transA, transB, M, N, K, lda, ldb, ldc, bias, align);
-    if (bias)   /* this call's bias: host-side state of the descriptor, read at launch */
+    cublasLtEpilogue_t epilogue = aux    ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                  : bias ? CUBLASLT_EPILOGUE_BIAS
+                                         : CUBLASLT_EPILOGUE_DEFAULT;
+    GemmPlan *p = gemm_plan(r, act_bf16(r), transA, transB, M, N, K, lda, ldb, ldc, epilogue,
+                            bias, aux, align);
+    /* this call's bias and aux: host-side state of the descriptor, read at launch */
+    if (bias)
         BLAS_CHECK(r, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                      &bias, sizeof bias));
+    if (aux)
+        BLAS_CHECK(r, cublasLtMatmulDescSetAttribute(
+                          p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
     BLAS_CHECK(r, cublasLtMatmul(bk->lt, p->desc, &alpha, B, p->a, A, p->b, &beta, C, p->c, C,
                                  p->c, &p->algo, bk->blas_ws, BLAS_WORKSPACE_BYTES, bk->compute));
 }
@@ -1614,7 +1646,7 @@ void fsdrt_gemm(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64
         CUDA_CHECK(r, cu_scale(C, M, N, ldc, beta, act_bf16(r), bk->compute));
         return;
     }
-    lt_matmul(r, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL);
+    lt_matmul(r, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL, NULL);
 }
 
 void fsdrt_gemm_bias(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
@@ -1639,7 +1671,29 @@ void fsdrt_gemm_bias(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, 
         }
         return;
     }
-    lt_matmul(r, transA, transB, M, N, K, 1, A, lda, B, ldb, 0, C, ldc, bias);
+    lt_matmul(r, transA, transB, M, N, K, 1, A, lda, B, ldb, 0, C, ldc, bias, NULL);
+}
+
+/* cuBLASLt's GELU epilogue is the tanh approximation (what PyTorch's
+ * _addmm_activation relies on for gelu(approximate='tanh')), GPT-2's gelu and
+ * templates/act.h's, evaluated by its own code: y agrees with gelu_fwd of pre
+ * to rounding, not bit for bit, and in bf16 it is gelu of the fp32 sum, not
+ * of pre rounded to bf16. An aux leading dimension that is not a multiple of
+ * 8 (cuBLASLt's requirement) and an empty product take the unfused path. */
+bool fsdrt_gemm_bias_gelu(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                          const void *A, int64_t lda, const void *B, int64_t ldb,
+                          const void *bias, void *pre, void *y, int64_t ldc)
+{
+    rt_check_gemm(r, "fsdrt_gemm_bias_gelu", transA, transB, M, N, K, lda, ldb, ldc);
+    if (M == 0 || N == 0 || K == 0 || ldc % 8 != 0) {
+        fsdrt_gemm_bias(r, transA, transB, M, N, K, A, lda, B, ldb, bias, pre, ldc);
+        return false;
+    }
+    if (!bias || !pre)
+        RT_BUG(r, "fsdrt_gemm_bias_gelu: no %s for a [%lld, %lld] product",
+               bias ? "pre-activation" : "bias", (long long)M, (long long)N);
+    lt_matmul(r, transA, transB, M, N, K, 1, A, lda, B, ldb, 0, y, ldc, bias, pre);
+    return true;
 }
 
 /* ── the step's update ── */

@@ -234,6 +234,17 @@ void fsdrt_gemm_bias(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, 
                      const void *A, int64_t lda, const void *B, int64_t ldb, const void *bias,
                      void *C, int64_t ldc);
 
+/* pre[M,N] = op(A)·op(B) + bias as fsdrt_gemm_bias, and y = gelu(pre) (the
+ * tanh approximation, templates/act.h's) when the backend can apply it in
+ * the product: returns true when it wrote y too, false when it wrote pre
+ * alone and the caller runs gelu_fwd(y, pre, M·N). The CUDA backend does it
+ * in one cuBLASLt call (the GELU_AUX_BIAS epilogue: pre is its auxiliary
+ * output, y is D); the CPU backend returns false, so the CPU build applies
+ * the same gelu kernel as an unfused program. pre and y share ldc. */
+bool fsdrt_gemm_bias_gelu(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                          const void *A, int64_t lda, const void *B, int64_t ldb,
+                          const void *bias, void *pre, void *y, int64_t ldc);
+
 /* ── observability ── */
 
 /* Marks one op for --trace-out (name: op and layer; no cost when off). */

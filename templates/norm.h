@@ -2,12 +2,32 @@
  * norm.h — LayerNorm and RMSNorm over the last dimension, forward and
  * backward, with PyTorch's semantics: biased variance, eps inside the
  * square root. The forward saves per-row statistics (mean and rstd, or
- * rstd) that the backward reads instead of recomputing them. Needs
- * portable.h.
+ * rstd) that the backward reads instead of recomputing them. The fused
+ * forwards add_layernorm_fwd and add_rmsnorm_fwd (compiler/fuse.c) form the
+ * residual sum a + b of a row first and normalise it in the same kernel.
+ * Needs portable.h.
  */
 #ifndef FSD_PORTABLE_H
 #include "portable.h"
 #endif
+
+/* ── the fused residual add ── */
+
+/* sum[r, :] = a[r, :] + b[r, :], rounded to act as add_fwd rounds it, for a
+ * fused norm to normalise next: the norm then reads the stored (rounded)
+ * sum, exactly what an unfused norm reads back after add_fwd, so fused and
+ * unfused give the same bits in every build. Each lane reads back only the
+ * elements it stored itself (the norms' loops stride by lane alike), so no
+ * synchronisation is needed, and the re-reads hit the cache the stores just
+ * filled: the sum is not read from memory again, as a separate norm kernel
+ * would. */
+DEVICE void add_norm_row(int64_t r, int lane, int lanes, act *sum, const act *a, const act *b,
+                         int64_t C)
+{
+    FSD_SIMD
+    for (int64_t j = lane; j < C; j += lanes)
+        sum[r * C + j] = fsd_narrow(fsd_wide(a[r * C + j]) + fsd_wide(b[r * C + j]));
+}
 
 /* ── LayerNorm ── */
 
@@ -45,6 +65,30 @@ LAUNCHER void layernorm_fwd(act *y, real *mean, real *rstd, const act *x, const 
     FSD_REQUIRE("layernorm_fwd", y && mean && rstd && x && w && b);
     FSD_REQUIRE("layernorm_fwd", rows > 0 && C > 0 && eps >= 0);
     FSD_RUN_ROWS(layernorm_fwd, rows, (y, mean, rstd, x, w, b, C, eps));
+}
+
+/* add_layernorm_fwd: sum = a + b, then layernorm_fwd of sum (y, mean, rstd):
+ * the residual add and the norm that reads it, in one pass over the row.
+ * sum, a, b [rows, C]; the rest as layernorm_fwd. */
+DEVICE void add_layernorm_fwd_row(int64_t r, int lane, int lanes, act *sum, act *y, real *mean,
+                                  real *rstd, const act *a, const act *b, const act *w,
+                                  const act *bias, int64_t C, real eps)
+{
+    add_norm_row(r, lane, lanes, sum, a, b, C);
+    layernorm_fwd_row(r, lane, lanes, y, mean, rstd, sum, w, bias, C, eps);
+}
+FSD_ROW_KERNEL(add_layernorm_fwd,
+               (act *sum, act *y, real *mean, real *rstd, const act *a, const act *b,
+                const act *w, const act *bias, int64_t C, real eps),
+               (sum, y, mean, rstd, a, b, w, bias, C, eps))
+
+LAUNCHER void add_layernorm_fwd(act *sum, act *y, real *mean, real *rstd, const act *a,
+                                const act *b, const act *w, const act *bias, int64_t rows,
+                                int64_t C, real eps)
+{
+    FSD_REQUIRE("add_layernorm_fwd", sum && y && mean && rstd && a && b && w && bias);
+    FSD_REQUIRE("add_layernorm_fwd", rows > 0 && C > 0 && eps >= 0);
+    FSD_RUN_ROWS(add_layernorm_fwd, rows, (sum, y, mean, rstd, a, b, w, bias, C, eps));
 }
 
 /* layernorm_bwd: with x̂ = (x − mean) · rstd and g = dy · w,
@@ -196,6 +240,27 @@ LAUNCHER void rmsnorm_fwd(act *y, real *rstd, const act *x, const act *w, int64_
     FSD_REQUIRE("rmsnorm_fwd", y && rstd && x && w);
     FSD_REQUIRE("rmsnorm_fwd", rows > 0 && C > 0 && eps >= 0);
     FSD_RUN_ROWS(rmsnorm_fwd, rows, (y, rstd, x, w, C, eps));
+}
+
+/* add_rmsnorm_fwd: sum = a + b, then rmsnorm_fwd of sum (y, rstd), as
+ * add_layernorm_fwd. sum, a, b [rows, C]; the rest as rmsnorm_fwd. */
+DEVICE void add_rmsnorm_fwd_row(int64_t r, int lane, int lanes, act *sum, act *y, real *rstd,
+                                const act *a, const act *b, const act *w, int64_t C, real eps)
+{
+    add_norm_row(r, lane, lanes, sum, a, b, C);
+    rmsnorm_fwd_row(r, lane, lanes, y, rstd, sum, w, C, eps);
+}
+FSD_ROW_KERNEL(add_rmsnorm_fwd,
+               (act *sum, act *y, real *rstd, const act *a, const act *b, const act *w,
+                int64_t C, real eps),
+               (sum, y, rstd, a, b, w, C, eps))
+
+LAUNCHER void add_rmsnorm_fwd(act *sum, act *y, real *rstd, const act *a, const act *b,
+                              const act *w, int64_t rows, int64_t C, real eps)
+{
+    FSD_REQUIRE("add_rmsnorm_fwd", sum && y && rstd && a && b && w);
+    FSD_REQUIRE("add_rmsnorm_fwd", rows > 0 && C > 0 && eps >= 0);
+    FSD_RUN_ROWS(add_rmsnorm_fwd, rows, (sum, y, rstd, a, b, w, C, eps));
 }
 
 /* rmsnorm_bwd: with x̂ = x · rstd and g = dy · w,

@@ -12,6 +12,9 @@
 #   c. --trace writes valid JSON (python3 -m json.tool) with one track per
 #      stream, whose slices do not overlap on any track;
 #   d. plausibility: GPT-2 124M on one H100 predicts an MFU of 20-80%;
+#   e. contention: on one rank every op takes exactly its roofline time;
+#      beside collectives no op runs faster than that, nor slower than the
+#      most the collectives can take from it over the time they overlap it;
 #   and the --sim command line's errors.
 set -u
 cd "$(dirname "$0")/.."
@@ -40,9 +43,12 @@ variant() {
 }
 
 # ── a. prefetch never exposes more communication ──
-# The replay is monotone: prefetching issues the same all-gathers in the
-# same order, only earlier, so no wait can grow. The examples' own prefetch
-# lines are replaced (or added when they have none).
+# Prefetching issues the same all-gathers in the same order, only earlier.
+# Were compute's times fixed the replay would be monotone and no wait could
+# grow; as collectives slow the compute beside them (section e), compute
+# that an earlier all-gather slows issues its reduce-scatters later, so
+# this is a property of these examples rather than a theorem. The examples'
+# own prefetch lines are replaced (or added when they have none).
 for f in examples/*.fsd; do
     name=$(basename "$f" .fsd)
     for pf in 0 1 2; do
@@ -248,6 +254,82 @@ if [ -n "$a" ] && [ -n "$b" ] && awk -v a="$a" -v b="$b" 'BEGIN { exit !(b < a) 
     ok "sim presets: llama3_8b steps in $b ms on 8 B200s, $a ms on 8 A100s"
 else
     bad "sim presets: llama3_8b '$b' ms on B200, '$a' ms on A100" "$TMP/a"
+fi
+
+# ── e. contention: collectives slow the compute beside them ──
+# From the trace alone: each op slice's roofline time on an H100 (bf16; the
+# rates and efficiencies of docs/simulator.md) from its FLOPs and bytes, and
+# the time it overlaps the collective slices. An op that overlaps nothing
+# takes exactly its roofline time; one that does never less, and never more
+# than S_MAX of the overlapped time: an all-gather and a reduce-scatter
+# together hold 2 x 24 of the 132 SMs, and their HBM traffic takes at most
+# one NVLink ring's 3 bytes per byte received, 3 x 0.8 x 450 GB/s of the
+# 0.8 x 3.35 TB/s. Prints the ops' total slowdown in ms.
+if ! command -v python3 >/dev/null 2>&1; then
+    echo "skip sim contention tests: python3 not found (it reads the trace)"
+else
+    cat >"$TMP/check_contention.py" <<'PY'
+import bisect, json, sys
+ev = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e["ph"] == "X"]
+S_MAX = max(2 * 24 / 132, 3 * 0.8 * 450e9 / (0.8 * 3.35e12))
+HBM = 0.8 * 3.35e12
+def rate(kind):   # FLOP/s
+    if kind.startswith("matmul"):
+        return 0.75 * 989.5e12
+    if kind.startswith("attention"):
+        return 0.50 * 989.5e12
+    return 0.50 * 67e12
+spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in ev if e["tid"] != 0)
+merged = []
+for a, b in spans:
+    if merged and a <= merged[-1][1]:
+        merged[-1][1] = max(merged[-1][1], b)
+    else:
+        merged.append([a, b])
+starts = [a for a, _ in merged]
+def overlap(a, b):
+    i, t = max(bisect.bisect_right(starts, a) - 1, 0), 0.0
+    while i < len(merged) and merged[i][0] < b:
+        t += max(0.0, min(b, merged[i][1]) - max(a, merged[i][0]))
+        i += 1
+    return t
+slow, ops = 0.0, 0
+for e in ev:
+    if e["tid"] != 0 or "op" not in e["args"]:
+        continue
+    ops += 1
+    x = e["args"]
+    base = max(x["flops"] / rate(e["name"].split()[0]), x["bytes"] / HBM, 2e-6) * 1e6
+    extra = e["dur"] - base
+    most = S_MAX * overlap(e["ts"], e["ts"] + e["dur"])
+    assert -0.002 <= extra <= most + 0.002, (e, base, most)
+    slow += extra
+assert ops > 0
+print("%.3f" % (slow / 1e3))
+PY
+    # one rank: no collective, so the old model's times exactly
+    "$FSDPC" examples/gpt2.fsd --sim h100:gpus=1 --trace "$TMP/c1.json" >"$TMP/c1" 2>&1
+    if python3 "$TMP/check_contention.py" "$TMP/c1.json" >"$TMP/slow" 2>"$TMP/err" &&
+        [ "$(cat "$TMP/slow")" = 0.000 ] && [ "$(field contention "$TMP/c1")" = 0.000 ] &&
+        [ "$(field step "$TMP/c1")" = "$(field compute "$TMP/c1")" ]; then
+        ok "sim contention one rank: every op at its roofline time, no contention"
+    else
+        cat "$TMP/c1" >>"$TMP/err"
+        bad "sim contention one rank" "$TMP/err"
+    fi
+    # one node of 8: slowed where collectives overlap, by no more than they take
+    for name in gpt2 llama3_8b; do
+        "$FSDPC" examples/$name.fsd --sim h100 --trace "$TMP/c8.json" >"$TMP/c8" 2>&1
+        total=$(field contention "$TMP/c8")
+        if ! python3 "$TMP/check_contention.py" "$TMP/c8.json" >"$TMP/slow" 2>"$TMP/err"; then
+            bad "sim contention $name W=8: an op outside its bounds" "$TMP/err"
+        elif [ -n "$total" ] && awk -v s="$(cat "$TMP/slow")" -v t="$total" \
+            'BEGIN { exit !(s > 0 && s <= t + 0.001) }'; then
+            ok "sim contention $name W=8: ops slowed $(cat "$TMP/slow") ms of the $total ms reported, each within its bound"
+        else
+            bad "sim contention $name W=8: ops slowed $(cat "$TMP/slow") ms, summary says '$total' ms" "$TMP/c8"
+        fi
+    done
 fi
 
 # ── the command line ──

@@ -29,8 +29,12 @@ Each prints why and exits 1 when its check fails.
 """
 import json
 import math
+import os
 import struct
 import sys
+
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # tests/fsdfiles.py
+from fsdfiles import read_safetensors, read_tokens, write_safetensors
 
 
 def die(msg):
@@ -39,23 +43,11 @@ def die(msg):
 
 
 def read_st(path):
-    with open(path, "rb") as f:
-        blob = f.read()
-    (n,) = struct.unpack_from("<Q", blob, 0)
-    header = json.loads(blob[8:8 + n])
-    meta = header.pop("__metadata__", None)
+    """{name: (shape, [floats])} of an export, with fsdpc's __metadata__"""
+    tensors, meta = read_safetensors(path)
     if meta != {"format": "pt"}:
         die(f"{path}: __metadata__ {meta}")
-    out = {}
-    for name, t in header.items():
-        if t["dtype"] != "F32":
-            die(f"{path}: {name} is {t['dtype']}")
-        b, e = t["data_offsets"]
-        count = math.prod(t["shape"])
-        if e - b != 4 * count:
-            die(f"{path}: {name}: {e - b} bytes for {t['shape']}")
-        out[name] = (t["shape"], list(struct.unpack_from(f"<{count}f", blob, 8 + n + b)))
-    return out
+    return {name: (t.shape, t.values()) for name, t in tensors.items()}
 
 
 def matrix(t):
@@ -284,12 +276,8 @@ def llama_loss(w, ids, targets, heads, kv_heads, theta, interleaved=False):
 
 
 def sequence0(tokens_path, T):
-    with open(tokens_path, "rb") as f:
-        blob = f.read()
-    hdr = struct.unpack_from("<256i", blob, 0)
-    fmt = "<%dH" if hdr[1] == 1 else "<%dI"
-    tok = struct.unpack_from(fmt % (T + 1), blob, 1024)
-    return list(tok[:T]), list(tok[1:T + 1])
+    tok = read_tokens(tokens_path)
+    return tok[:T], tok[1:T + 1]
 
 
 def compare(loss, log_path, differ=False):
@@ -308,18 +296,12 @@ def randomize(src, dst, seed):
     """src's tensors, random values; written as fsdpc's export writes them"""
     import random
     rnd = random.Random(seed)
-    header, data, at = {"__metadata__": {"format": "pt"}}, b"", 0
+    out = {}
     for name, (shape, vals) in read_st(src).items():
         norm = name.endswith("norm.weight") or ".ln_" in name and name.endswith("weight")
         v = [(1.0 if norm else 0.0) + rnd.gauss(0, 0.3) for _ in vals]
-        raw = struct.pack(f"<{len(v)}f", *v)
-        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [at, at + len(raw)]}
-        data += raw
-        at += len(raw)
-    h = json.dumps(header).encode()
-    h += b" " * (-(8 + len(h)) % 8)
-    with open(dst, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + data)
+        out[name] = (shape, struct.pack(f"<{len(v)}f", *v))
+    write_safetensors(dst, out)
 
 
 def main(argv):

@@ -22,6 +22,9 @@ import os
 import struct
 import sys
 
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # tests/fsdfiles.py
+from fsdfiles import read_safetensors
+
 # magic, version, rank, world, ngroups, nsections, elem_bytes, step, opt_t, seed, model_hash
 HEADER = struct.Struct("<8sIIIIIIqqqQ")
 MAGIC = b"FSDPCKPT"
@@ -133,19 +136,6 @@ class Checkpoint:
         return [t["name"] for t in self.meta["tensors"]]
 
 
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        blob = f.read()
-    (n,) = struct.unpack_from("<Q", blob, 0)
-    header = json.loads(blob[8:8 + n])
-    header.pop("__metadata__", None)
-    out = {}
-    for name, t in header.items():
-        b, e = t["data_offsets"]
-        out[name] = (t["shape"], list(struct.unpack_from(f"<{(e - b) // 4}f", blob, 8 + n + b)))
-    return out
-
-
 def die(msg):
     print(msg)
     sys.exit(1)
@@ -179,17 +169,15 @@ def main(argv):
         elif cmd == "same-as-export":
             ck = Checkpoint(args[0])
             ck.verify()
-            st = read_safetensors(args[1])
+            st, _ = read_safetensors(args[1])
             if sorted(st) != sorted(ck.names()):
                 die(f"names differ: {sorted(set(st) ^ set(ck.names()))}")
             for name in ck.names():
                 shape, vals = ck.tensor(name)
-                if st[name][0] != shape:
-                    die(f"{name}: shape {shape} vs {st[name][0]}")
+                if st[name].shape != shape:
+                    die(f"{name}: shape {shape} vs {st[name].shape}")
                 # the export is F32; compare as F32 bit patterns
-                a = struct.pack(f"<{len(vals)}f", *vals)
-                b = struct.pack(f"<{len(vals)}f", *st[name][1])
-                if a != b:
+                if struct.pack(f"<{len(vals)}f", *vals) != st[name].raw:
                     die(f"{name}: values differ from the export")
         elif cmd == "same-state":
             a, b = Checkpoint(args[0]), Checkpoint(args[1])

@@ -188,7 +188,7 @@ if tools/embed_templates.sh $(ls "$TMP"/templates/*.h | sort) >"$TMP/templates.c
     st=$?
     if [ $st = 1 ] && grep -q "templates/act.h:$line: error: .*undefined_in_act_h" "$TMP/broken.log" &&
             grep -q 'templates/act.h .*FAILED' "$TMP/broken.log" &&
-            grep -q 'used by examples/tiny.fsd:[0-9]* (gelu ' "$TMP/broken.log"; then
+            grep -q 'used by examples/tiny.fsd:[0-9]* (\(matmul_bias_\)\?gelu ' "$TMP/broken.log"; then
         ok "cuda: --verify reports a broken kernel at templates/act.h:$line and the .fsd line using it"
     else
         bad "cuda: --verify on a broken act.h (status $st)" "$TMP/broken.log"

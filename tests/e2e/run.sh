@@ -14,7 +14,9 @@
 #   4. the plan holds: the bytes every step moves equal fsdpc's schedule,
 #      the measured memory peak its memory plan, and the trace of each run
 #      its order of collectives;
-#   5. bad input: a clear message and exit 1 on every rank, no hang.
+#   5. bad input: a clear message and exit 1 on every rank, no hang;
+#   6. fusion: tiny, tiny_llama and tiny in bf16, compiled with and without
+#      fsdpc --no-fuse, train to the same losses and weights, bit for bit.
 #
 # Trainers and the .fsd variants (made with sed) go to build/e2e/. Every
 # test prints one line; the last line is "N passed, N failed". Ranks share
@@ -81,7 +83,8 @@ train {
 }
 EOF
 
-# NAME FSD BACKEND: build/e2e/NAME/train; two builds at a time
+# NAME FSD BACKEND: build/e2e/NAME/train; two builds at a time. FSD may
+# carry fsdpc options after commas (make trainer passes them on).
 TRAINERS=(
     "tiny examples/tiny.fsd cpu"
     "tiny_sharded_keep $OUT/tiny_sharded_keep.fsd cpu"
@@ -96,9 +99,13 @@ TRAINERS=(
     "tiny_llama64 examples/tiny_llama.fsd cpu64"
     "mlp64 examples/mlp.fsd cpu64"
     "tiny_reduce_bf16_64 $OUT/tiny_reduce_bf16.fsd cpu64"
+    "tiny_llama examples/tiny_llama.fsd cpu"
+    "tiny_nofuse examples/tiny.fsd,--no-fuse cpu"
+    "tiny_llama_nofuse examples/tiny_llama.fsd,--no-fuse cpu"
+    "tiny_bf16_nofuse $OUT/tiny_bf16.fsd,--no-fuse cpu"
 )
 build_one() {
-    $MAKE --no-print-directory -s trainer FSD="$2" BACKEND="$3" TRAINER="$OUT/$1" >"$TMP/build.$1" 2>&1
+    $MAKE --no-print-directory -s trainer FSD="${2//,/ }" BACKEND="$3" TRAINER="$OUT/$1" >"$TMP/build.$1" 2>&1
     echo $? >"$TMP/status.$1"
 }
 # the first alone: it brings fsdpc and the runtime up to date, so the
@@ -115,7 +122,7 @@ built=0
 for t in "${TRAINERS[@]}"; do
     set -- $t
     if [ "$(cat "$TMP/status.$1")" != 0 ] || [ ! -x "$OUT/$1/train" ]; then
-        bad "build: make trainer FSD=$2 BACKEND=$3" "$TMP/build.$1"
+        bad "build: make trainer FSD=\"${2//,/ }\" BACKEND=$3" "$TMP/build.$1"
     elif grep -q "warning:" "$TMP/build.$1"; then
         bad "build: $1 has warnings" "$TMP/build.$1"
     else
@@ -320,6 +327,28 @@ st=$?
 if [ $st = 0 ] && res=$($CHECK losses "$TMP/sg.1.log" "$TMP/sg.4.log" 1e-5); then
     ok "small_group on 4 ranks (more than norm's 2 parameters) trains as on 1 rank: $res"
 else bad "small_group on 4 ranks vs 1: status $st ${res:-}" "$TMP/out"; fi
+
+# ── 6. fusion: the same training bit for bit ──
+# fsdpc fuses add + norm and matmul_bias + gelu (compiler/fuse.c); on the
+# CPU the fused norm normalises the rounded sum an unfused one reads back,
+# and the product leaves gelu to the same kernel, so a fused trainer must
+# train exactly as one built from fsdpc --no-fuse: 5 steps on 2 ranks, the
+# same losses and the same exported weights, in fp32 and in bf16.
+for v in tiny tiny_llama tiny_bf16; do
+    if ! grep -q "^    add_[a-z]*norm_fwd(" "$OUT/$v/train.cu" || grep -q "^    add_[a-z]*norm_fwd(" "$OUT/${v}_nofuse/train.cu"; then
+        bad "fusion $v: the fused train.cu has no fused norm, or the --no-fuse one has"
+        continue
+    fi
+    for t in $v ${v}_nofuse; do
+        mp 2 $OUT/$t/train --data "$D" --steps 5 --micro-batch 2 --grad-accum 2 --log "$TMP/fuse.$t.log" \
+            --export "$TMP/fuse.$t.st" --quiet >"$TMP/fuse.$t.out" 2>&1 || bad "fusion: $t on 2 ranks" "$TMP/fuse.$t.out"
+    done
+    if ! res=$($CHECK losses "$TMP/fuse.${v}_nofuse.log" "$TMP/fuse.$v.log" 0); then
+        bad "fusion $v: fused and --no-fuse trainers' losses differ: $res"
+    elif ! cmp -s "$TMP/fuse.$v.st" "$TMP/fuse.${v}_nofuse.st"; then
+        bad "fusion $v: fused and --no-fuse trainers' exported weights differ"
+    else ok "fusion $v: fused and --no-fuse trainers give the same losses ($res) and weights, bit for bit"; fi
+done
 
 echo "     (e2e took $(($(date +%s) - t0)) s)" >&2
 done_

@@ -41,7 +41,8 @@
 #      the plan's "sharded gradients"); a checkpoint after 10 steps resumed
 #      to 20 equal to 20 straight, exported weights byte for byte (shards
 #      already on the host through bk_to_host / bk_from_host);
-#   7. tests/kernels/test_kernels.c built with nvcc for this GPU and run:
+#   7. tests/kernels/test_kernels.c built with nvcc for this GPU (fp32 and
+#      bf16 act) and run:
 #      every kernel (the tiled attention included) against its float64
 #      references and finite differences, on the device.
 #
@@ -290,16 +291,23 @@ resume_check "tiny, offload = cpu" build/tiny_offload/cuda/train tiny_offload
 # device (managed memory) against its float64 references and finite
 # differences: the tiled attention kernels included, which the CPU checks
 # only through the block emulation.
-if nvcc -x cu -O2 -arch="$ARCH" -Iruntime -Itemplates tests/kernels/test_kernels.c \
-        -o "$OUT/test_kernels_cuda" >"$OUT/kernels_build.log" 2>&1; then
-    if timeout 300 "$OUT/test_kernels_cuda" >"$OUT/kernels.log" 2>&1; then
-        ok "kernel tests on the GPU: $(tail -n 1 "$OUT/kernels.log")"
+# Built twice: fp32, and with bf16 act (-DFSD_ACT_BF16: tensors stored as
+# bf16, references from the rounded inputs). FSD_STREAM=0: the test has no
+# runtime, so kernels launch on the default stream.
+for prec in fp32 bf16; do
+    flags=()
+    [ $prec = bf16 ] && flags=(-DFSD_ACT_BF16)
+    if nvcc -x cu -O2 -arch="$ARCH" -DFSD_STREAM=0 "${flags[@]}" -Iruntime -Itemplates \
+            tests/kernels/test_kernels.c -o "$OUT/test_kernels_$prec" >"$OUT/kernels_build_$prec.log" 2>&1; then
+        if timeout 300 "$OUT/test_kernels_$prec" >"$OUT/kernels_$prec.log" 2>&1; then
+            ok "kernel tests on the GPU ($prec): $(tail -n 1 "$OUT/kernels_$prec.log")"
+        else
+            bad "kernel tests on the GPU ($prec, status $?)" "$OUT/kernels_$prec.log"
+        fi
     else
-        bad "kernel tests on the GPU (status $?)" "$OUT/kernels.log"
+        bad "nvcc tests/kernels/test_kernels.c for $ARCH ($prec)" "$OUT/kernels_build_$prec.log"
     fi
-else
-    bad "nvcc tests/kernels/test_kernels.c for $ARCH" "$OUT/kernels_build.log"
-fi
+done
 
 # ── 5. no step allocated ──
 if grep -l "did not foresee" "$OUT"/*.log >"$OUT/notes.txt" 2>/dev/null; then

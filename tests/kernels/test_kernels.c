@@ -209,6 +209,11 @@ static void err_add(double *num, double *den, double got, double want)
     *den = fmax(*den, fabs(want));
 }
 
+static bool same_bits(const act *a, const act *b, int64_t n)
+{
+    return memcmp(a, b, sizeof(act) * (size_t)n) == 0;
+}
+
 /* max |a − ref| / max |ref|, for a tensor and for a statistic */
 static double err_vs(const act *a, const double *ref, int64_t n)
 {
@@ -744,6 +749,37 @@ static void ref_norms(int64_t rows, int64_t C)
     check_err(e, REF_TOL, "reference", name);
 }
 
+/* The fused residual add + norm (compiler/fuse.c) against add_fwd then the
+ * plain norm: the same bits in sum and in every output, in every build (the
+ * norm normalises the rounded sum an unfused norm reads back). */
+static void ref_fused_norms(int64_t rows, int64_t C)
+{
+    int64_t n = rows * C;
+    act *a = rand_act(n, -2, 3), *b = rand_act(n, -1, 1), *w = rand_act(C, 0.5, 1.5);
+    act *bias = rand_act(C, -1, 1);
+    act *sum0 = new_act(n), *y0 = new_act(n), *sum1 = new_act(n), *y1 = new_act(n);
+    real *m0 = new_real(rows), *r0 = new_real(rows), *m1 = new_real(rows), *r1 = new_real(rows);
+
+    add_fwd(sum0, a, b, n, n);
+    layernorm_fwd(y0, m0, r0, sum0, w, bias, rows, C, (real)1e-5);
+    add_layernorm_fwd(sum1, y1, m1, r1, a, b, w, bias, rows, C, (real)1e-5);
+    SYNC();
+    report(same_bits(sum0, sum1, n) && same_bits(y0, y1, n) &&
+               memcmp(m0, m1, sizeof(real) * (size_t)rows) == 0 &&
+               memcmp(r0, r1, sizeof(real) * (size_t)rows) == 0,
+           -1, 0, "add_layernorm_fwd rows=%ld C=%ld: the bits of add_fwd then layernorm_fwd",
+           (long)rows, (long)C);
+
+    add_fwd(sum0, a, b, n, n);
+    rmsnorm_fwd(y0, r0, sum0, w, rows, C, (real)1e-6);
+    add_rmsnorm_fwd(sum1, y1, r1, a, b, w, rows, C, (real)1e-6);
+    SYNC();
+    report(same_bits(sum0, sum1, n) && same_bits(y0, y1, n) &&
+               memcmp(r0, r1, sizeof(real) * (size_t)rows) == 0,
+           -1, 0, "add_rmsnorm_fwd rows=%ld C=%ld: the bits of add_fwd then rmsnorm_fwd",
+           (long)rows, (long)C);
+}
+
 /* Hugging Face's apply_rotary_pos_emb: cos and sin of cat(freqs, freqs),
  * q·cos + rotate_half(q)·sin with rotate_half(x) = cat(−x2, x1). */
 static void ref_rope(int64_t B, int64_t T, int64_t H, int64_t hd, double theta)
@@ -1078,6 +1114,8 @@ static void forward_checks(void)
     ref_embed();
     ref_norms(3, 5);
     ref_norms(17, 300);
+    ref_fused_norms(3, 5);
+    ref_fused_norms(17, 384);
     ref_rope(2, 5, 4, 6, 10000);
     ref_rope(1, 64, 2, 16, 500000);
     ref_attention(2, 5, 4, 2, 6, true);
@@ -1130,10 +1168,6 @@ static void bf16_rounding(void)
 /* ═══════════════ determinism: the thread count does not matter ═══════════════ */
 
 #if defined(_OPENMP) && !defined(__CUDACC__)
-static bool same_bits(const act *a, const act *b, int64_t n)
-{
-    return memcmp(a, b, sizeof(act) * (size_t)n) == 0;
-}
 
 static void determinism_checks(void)
 {

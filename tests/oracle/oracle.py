@@ -32,14 +32,17 @@ import collections
 import copy
 import json
 import math
+import os
 import re
-import struct
 import sys
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # tests/fsdfiles.py
+import fsdfiles
 
 # Relative bars per precision: (loss at every step, loss at the starting
 # weights, gradient norm at every step, gradient norm at the starting
@@ -140,46 +143,21 @@ def parse_dump(text):
 
 
 def read_safetensors(path):
-    """{name: float32 array}, read with struct and json (F32 only)."""
-    with open(path, "rb") as f:
-        blob = f.read()
-    (n,) = struct.unpack_from("<Q", blob, 0)
-    header = json.loads(blob[8:8 + n])
-    header.pop("__metadata__", None)
-    out = {}
-    for name, t in header.items():
-        if t["dtype"] != "F32":
-            raise ValueError(f"{path}: {name} is {t['dtype']}, expected F32")
-        b, e = t["data_offsets"]
-        a = np.frombuffer(blob, dtype="<f4", count=(e - b) // 4, offset=8 + n + b)
-        out[name] = a.reshape(t["shape"]).copy()
-    return out
+    """{name: float32 array} (F32 only; tests/fsdfiles.py reads the file)."""
+    tensors, _ = fsdfiles.read_safetensors(path)
+    return {name: np.frombuffer(t.raw, dtype="<f4").reshape(t.shape).copy()
+            for name, t in tensors.items()}
 
 
 def write_safetensors(path, tensors):
     """{name: float32 array} -> a safetensors file (F32, data 8-byte aligned)."""
-    header, at = {"__metadata__": {"format": "pt"}}, 0
-    for name, a in tensors.items():
-        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [at, at + a.nbytes]}
-        at += a.nbytes
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h)
-        for a in tensors.values():
-            f.write(np.ascontiguousarray(a, dtype="<f4").tobytes())
+    fsdfiles.write_safetensors(path, {name: (a.shape, np.ascontiguousarray(a, dtype="<f4").tobytes())
+                                      for name, a in tensors.items()})
 
 
 def read_tokens(path):
-    """An llm.c token file: 256 int32 header (magic, version, count), then
-    uint16 (version 1) or uint32 (version 2) tokens."""
-    with open(path, "rb") as f:
-        blob = f.read()
-    magic, version, count = struct.unpack_from("<3i", blob, 0)
-    if magic != 20240520 or version not in (1, 2):
-        raise ValueError(f"{path}: not a token file (magic {magic}, version {version})")
-    dt = "<u2" if version == 1 else "<u4"
-    return np.frombuffer(blob, dtype=dt, count=count, offset=1024).astype(np.int64)
+    """An llm.c token file's tokens (fsdfiles.read_tokens), as int64."""
+    return np.asarray(fsdfiles.read_tokens(path), dtype=np.int64)
 
 
 def read_log(path):

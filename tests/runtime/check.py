@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """check.py — the Python half of tests/runtime/run.sh: an independent
-reader of what the runtime writes (safetensors, JSON logs, Chrome traces),
-the initialisation formula and the data order re-derived from
-docs/runtime.md, and makers of broken input files. Standard library only.
+reader of what the runtime writes (safetensors and token files through
+tests/fsdfiles.py, JSON logs, Chrome traces), the initialisation formula
+and the data order re-derived from docs/runtime.md, and makers of broken
+input files. Standard library only.
 
 Every subcommand exits 0 when its check holds and prints why when not.
 """
@@ -12,6 +13,9 @@ import os
 import struct
 import sys
 
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # tests/fsdfiles.py
+from fsdfiles import FormatError, TOKEN_MAGIC, layout, read_safetensors, read_tokens, write_raw
+
 
 def die(msg):
     print(msg)
@@ -20,44 +24,16 @@ def die(msg):
 
 # ── safetensors ──
 
-def read_safetensors(path):
-    """{name: (dtype, shape, [values])} and the metadata, read with struct."""
-    with open(path, "rb") as f:
-        blob = f.read()
-    (n,) = struct.unpack_from("<Q", blob, 0)
-    header = json.loads(blob[8:8 + n].decode("utf-8"))
-    if (8 + n) % 8:
-        die(f"{path}: data does not start 8-byte aligned")
-    data = blob[8 + n:]
-    meta = header.pop("__metadata__", None)
-    out = {}
-    end_max = 0
-    for name, t in header.items():
-        b, e = t["data_offsets"]
-        count = math.prod(t["shape"])
-        if t["dtype"] != "F32" or e - b != 4 * count:
-            die(f"{path}: {name}: dtype {t['dtype']}, {e - b} bytes for shape {t['shape']}")
-        out[name] = (t["dtype"], t["shape"], list(struct.unpack_from(f"<{count}f", data, b)))
-        end_max = max(end_max, e)
-    if end_max != len(data):
-        die(f"{path}: data section has {len(data)} bytes, tensors end at {end_max}")
-    return out, meta
-
-
-def write_safetensors(path, tensors, header_override=None, raw_header=None, cut=0, transform=None):
-    """tensors: {name: (dtype, shape, bytes)}; the broken variants come from
-    overriding the header, replacing it with raw bytes, or cutting data."""
-    header, data, at = {"__metadata__": {"format": "pt"}}, b"", 0
-    for name, (dtype, shape, raw) in tensors.items():
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [at, at + len(raw)]}
-        data += raw
-        at += len(raw)
+def write_variant(path, tensors, header_override=None, raw_header=None, cut=0, transform=None):
+    """tensors: {name: (shape, bytes)} as a safetensors file, spelled or
+    broken as the case needs: the header overridden as a dict, replaced by
+    raw bytes or transformed as text, the data cut short."""
+    header, data = layout(tensors)
     if header_override:
         header_override(header)
     text = json.dumps(header)
     h = raw_header if raw_header is not None else (transform(text) if transform else text).encode()
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + data[:len(data) - cut])
+    write_raw(path, h, data[:len(data) - cut])
 
 
 # ── the model of tests/runtime/trainer.c ──
@@ -96,17 +72,17 @@ def cmd_init(path, seed):
     w, meta = read_safetensors(path)
     if meta != {"format": "pt"}:
         die(f"{path}: __metadata__ is {meta}")
-    if {k: v[1] for k, v in w.items()} != SHAPES:
-        die(f"{path}: tensors {sorted((k, v[1]) for k, v in w.items())}")
+    if {k: t.shape for k, t in w.items()} != SHAPES:
+        die(f"{path}: tensors {sorted((k, t.shape) for k, t in w.items())}")
     seed = int(seed)
-    for name, (_, _, vals) in w.items():
-        for i, got in enumerate(vals):
+    for name, t in w.items():
+        for i, got in enumerate(t.values()):
             want = {"head.bias": 0.0, "scale.weight": 1.0}.get(name)
             if want is None:
                 want = f32(init_normal(name, seed, i))
             if abs(got - want) > 1e-9:
                 die(f"{path}: {name}[{i}] = {got!r}, the formula gives {want!r}")
-    std = math.sqrt(sum(v * v for v in w["tok.weight"][2]) / (V * C))
+    std = math.sqrt(sum(v * v for v in w["tok.weight"].values()) / (V * C))
     if not 0.015 < std < 0.025:
         die(f"tok.weight's standard deviation is {std}, not about 0.02")
 
@@ -119,11 +95,11 @@ def cmd_weights(a, b, tol):
     order into a visible relative difference of that one element."""
     wa, _ = read_safetensors(a)
     wb, _ = read_safetensors(b)
-    if {k: v[1] for k, v in wa.items()} != {k: v[1] for k, v in wb.items()}:
+    if {k: t.shape for k, t in wa.items()} != {k: t.shape for k, t in wb.items()}:
         die(f"{a} and {b} hold different tensors")
     tol = float(tol)
     for name in wa:
-        x, y = wa[name][2], wb[name][2]
+        x, y = wa[name].values(), wb[name].values()
         norm = math.sqrt(sum(v * v for v in x))
         diff = math.sqrt(sum((p - q) ** 2 for p, q in zip(x, y)))
         if diff > tol * norm:
@@ -189,15 +165,7 @@ def cmd_trace(path, world):
 
 # ── token files ──
 
-def read_tokens(path):
-    with open(path, "rb") as f:
-        blob = f.read()
-    hdr = struct.unpack_from("<256i", blob, 0)
-    fmt = "<%dH" if hdr[1] == 1 else "<%dI"
-    return list(struct.unpack_from(fmt % hdr[2], blob, 1024))
-
-
-def write_tokens(path, tokens, version=1, magic=20240520, count=None, cut=0):
+def write_tokens(path, tokens, version=1, magic=TOKEN_MAGIC, count=None, cut=0):
     hdr = [0] * 256
     hdr[0], hdr[1], hdr[2] = magic, version, len(tokens) if count is None else count
     body = struct.pack("<%d%s" % (len(tokens), "H" if version == 1 else "I"), *tokens)
@@ -251,22 +219,21 @@ def cmd_mkdata(kind, out, good):
 
 
 def cmd_mkweights(kind, out, good):
-    w, _ = read_safetensors(good)
-    t = {k: (v[0], v[1], struct.pack("<%df" % len(v[2]), *v[2])) for k, v in w.items()}
+    t, _ = read_safetensors(good)    # {name: (shape, bytes)}, as write_variant takes them
     if kind == "missing":
         del t["head.bias"]
-        write_safetensors(out, t)
+        write_variant(out, t)
     elif kind == "shape":
-        write_safetensors(out, t, header_override=lambda h: h["tok.weight"].update(shape=[C, V]))
+        write_variant(out, t, header_override=lambda h: h["tok.weight"].update(shape=[C, V]))
     elif kind == "dtype":
-        write_safetensors(out, t, header_override=lambda h: h["scale.weight"].update(dtype="BF16"))
+        write_variant(out, t, header_override=lambda h: h["scale.weight"].update(dtype="BF16"))
     elif kind == "json":
-        write_safetensors(out, t, raw_header=b'{"tok.weight": {"dtype": "F32",, }')
+        write_variant(out, t, raw_header=b'{"tok.weight": {"dtype": "F32",, }')
     elif kind == "hlen":
         with open(out, "wb") as f:
             f.write(struct.pack("<Q", 1 << 40) + b"{}")
     elif kind == "truncated":
-        write_safetensors(out, t, cut=64)
+        write_variant(out, t, cut=64)
     elif kind == "escaped":
         # still valid: every name spelled in \u escapes, and metadata with a
         # surrogate pair (json.dumps writes U+1F600 as one), quotes, a tab
@@ -277,7 +244,7 @@ def cmd_mkweights(kind, out, good):
             for name in t:
                 text = text.replace(json.dumps(name), '"%s"' % "".join("\\u%04x" % ord(c) for c in name))
             return text
-        write_safetensors(out, t, header_override=note, transform=spell)
+        write_variant(out, t, header_override=note, transform=spell)
     else:
         die(f"unknown kind {kind}")
 
@@ -288,4 +255,7 @@ if __name__ == "__main__":
             "mkweights": cmd_mkweights}
     if len(sys.argv) < 2 or sys.argv[1] not in cmds:
         die("usage: check.py " + "|".join(cmds) + " ARGS...")
-    cmds[sys.argv[1]](*sys.argv[2:])
+    try:
+        cmds[sys.argv[1]](*sys.argv[2:])
+    except FormatError as e:      # a fault in a file the runtime wrote
+        die(str(e))
