@@ -578,6 +578,13 @@ void emit_program(FILE *out, Schedule *one, Schedule *three)
         P("/* param = bf16: activations, gradients and unsharded parameters are bf16\n"
           " * in memory, arithmetic in float (runtime/fsdrt.h, `act`) */\n"
           "#define FSD_ACT_BF16 1\n");
+    /* The GPU's tiled attention sizes its shared-memory tiles and registers
+     * for the widest head it takes (templates/attention.h): half of them
+     * for heads of 64 or less. Measured on an H200 (GPT-2 124M, bf16):
+     * attention forward 67 -> 53 ms and backward 310 -> 262 ms a step. */
+    const int64_t hd = widest_head(g);
+    if (hd > 0 && hd <= 64)
+        P("#define FSD_ATTN_HD_MAX 64   /* every head is %" PRId64 " wide or less */\n", hd);
     P("#include \"fsdrt.h\"\n\n");
     emit_templates(e);
     P("/* ──── the model ──── */\n\n");

@@ -497,6 +497,8 @@ DType compute_dtype(const Model *m);
 Tensor *ir_stat(Tensor *t);
 /* "bf16[B, 64, 64]": the tensor's shape with its dtype in memory. */
 const char *tensor_type(const Tensor *t);
+/* The widest attention head of the graph (0: no attention). */
+int64_t widest_head(const Graph *g);
 /* FLOPs and bytes touched by one op at micro-batch size `batch`. */
 double op_flops(const OpNode *op, int64_t batch);
 double op_bytes(const OpNode *op, int64_t batch);

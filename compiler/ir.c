@@ -107,6 +107,15 @@ Tensor *ir_stat(Tensor *t)
     return t;
 }
 
+int64_t widest_head(const Graph *g)
+{
+    int64_t hd = 0;
+    for (int i = 0; i < g->nops; i++)
+        if (g->ops[i]->kind == OP_ATTENTION && g->ops[i]->head_dim > hd)
+            hd = g->ops[i]->head_dim;
+    return hd;
+}
+
 const char *tensor_type(const Tensor *t)
 {
     Type ty = {t->dtype, t->rank, {0}};

@@ -437,8 +437,14 @@ int verify_kernels(FILE *out, Model *m, Graph *g, const char *arch_list)
             }
             const char *opts[] = {arena_printf("--gpu-architecture=%s", archs[a]), "-default-device",
                                   "--ptxas-options=-v", "-diag-suppress=177", "--std=c++17",
-                                  "-DFSD_ACT_BF16"};   /* the last only for a bf16 model */
-            int nopts = (int)(sizeof opts / sizeof *opts) - (compute_dtype(m) != DTYPE_BF16);
+                                  "-DFSD_ATTN_HD_MAX=64", "-DFSD_ACT_BF16"};
+            /* the last two only as the emitter writes them (emit.c) */
+            const int64_t hd = widest_head(g);
+            int nopts = (int)(sizeof opts / sizeof *opts) - 2;
+            if (hd > 0 && hd <= 64)
+                opts[nopts++] = "-DFSD_ATTN_HD_MAX=64";
+            if (compute_dtype(m) == DTYPE_BF16)
+                opts[nopts++] = "-DFSD_ACT_BF16";
             rc = nv.compile(prog, nopts, opts);
             size_t ln = 0;
             nv.log_size(prog, &ln);

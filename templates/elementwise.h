@@ -6,21 +6,25 @@
  * Broadcasting is by suffix, as the front end allows it: an operand b of
  * nb elements against a of n elements (n a multiple of nb) is repeated
  * over a's leading dimensions, b[i mod nb]. Its gradient sums over them:
- * column j of the view [n/nb, nb]. Those sums run one column per worker
- * in row order (portable.h's cols shape): deterministic, no atomics.
+ * column j of the view [n/nb, nb]. Those sums are column reductions
+ * (portable.h's sum shape): deterministic, no atomics.
  */
 #ifndef FSD_PORTABLE_H
 #include "portable.h"
 #endif
 
-/* dst[j] (+)= Σ_r src[r·C + j] over rows r: the shared column sum. */
-DEVICE void reduce_to_cols(int64_t j0, int64_t j1, act *dst, bool acc, const act *src,
-                           int64_t rows, int64_t C)
+/* the column sum of reduce_to and bias_bwd, dst[j] (+)= Σ_r src[r·C + j]:
+ * rows [r0, r1) into s[j − j0] (one output) */
+DEVICE void reduce_to_sum(int64_t r0, int64_t r1, int64_t j0, int64_t j1, real *s, int64_t ls,
+                          const act *src, int64_t C)
 {
-    fsd_col_sum(j0, j1, dst, acc, src, rows, C);
+    (void)ls;
+    for (int64_t r = r0; r < r1; r++)
+        FSD_SIMD
+        for (int64_t j = j0; j < j1; j++)
+            s[j - j0] += fsd_wide(src[r * C + j]);
 }
-FSD_COL_KERNEL(reduce_to, (act *dst, bool acc, const act *src, int64_t rows, int64_t C),
-               (dst, acc, src, rows, C))
+FSD_COL_SUM_KERNEL(reduce_to, (const act *src, int64_t C), (src, C))
 
 /* ── add ── */
 
@@ -91,22 +95,17 @@ DEVICE void mul_bwd_a_same_elem(int64_t i, act *da, bool acc, const act *dy, con
 FSD_ELEM_KERNEL(mul_bwd_a_same, (act *da, bool acc, const act *dy, const act *b),
                 (da, acc, dy, b))
 
-DEVICE void mul_bwd_b_cols(int64_t j0, int64_t j1, act *db, bool acc, const act *dy,
-                           const act *a, int64_t rows, int64_t nb)
+/* db[j] (+)= Σ_r dy[r·nb + j] · a[r·nb + j]: rows [r0, r1) into s[j − j0] */
+DEVICE void mul_bwd_b_sum(int64_t r0, int64_t r1, int64_t j0, int64_t j1, real *s, int64_t ls,
+                          const act *dy, const act *a, int64_t nb)
 {
-    real s[FSD_COL_TILE];
-    for (int64_t j = j0; j < j1; j++)
-        s[j - j0] = 0;
-    for (int64_t r = 0; r < rows; r++)
+    (void)ls;
+    for (int64_t r = r0; r < r1; r++)
         FSD_SIMD
         for (int64_t j = j0; j < j1; j++)
             s[j - j0] += fsd_wide(dy[r * nb + j]) * fsd_wide(a[r * nb + j]);
-    for (int64_t j = j0; j < j1; j++)
-        fsd_store(&db[j], s[j - j0], acc);
 }
-FSD_COL_KERNEL(mul_bwd_b,
-               (act *db, bool acc, const act *dy, const act *a, int64_t rows, int64_t nb),
-               (db, acc, dy, a, rows, nb))
+FSD_COL_SUM_KERNEL(mul_bwd_b, (const act *dy, const act *a, int64_t nb), (dy, a, nb))
 
 /* mul_bwd: the backward of y = a · b (b broadcast as in mul_fwd):
  *   da[i] (+)= dy[i] · b[i mod nb]            da, dy, a [n]
@@ -118,7 +117,7 @@ LAUNCHER void mul_bwd(act *da, bool acc_a, act *db, bool acc_b, const act *dy,
     FSD_REQUIRE("mul_bwd", da && db && dy && a && b);
     FSD_REQUIRE("mul_bwd", n > 0 && nb > 0 && n % nb == 0);
     FSD_REQUIRE("mul_bwd", db != dy && db != a && da != db);
-    FSD_RUN_COLS(mul_bwd_b, nb, (db, acc_b, dy, a, n / nb, nb));
+    FSD_RUN_COL_SUMS(mul_bwd_b, n / nb, nb, acc_b, (db), (dy, a, nb));
     if (nb == n)
         FSD_RUN_ELEMS(mul_bwd_a_same, n, (da, acc_a, dy, b));
     else
@@ -153,7 +152,7 @@ LAUNCHER void bias_bwd(act *db, const act *dy, int64_t rows, int64_t C)
 {
     FSD_REQUIRE("bias_bwd", db && dy);
     FSD_REQUIRE("bias_bwd", rows > 0 && C > 0);
-    FSD_RUN_COLS(reduce_to, C, (db, true, dy, rows, C));
+    FSD_RUN_COL_SUMS(reduce_to, rows, C, true, (db), (dy, C));
 }
 
 /* ── gradient plumbing ── */
@@ -165,7 +164,7 @@ LAUNCHER void reduce_to(act *dst, bool acc, const act *src, int64_t n_src, int64
 {
     FSD_REQUIRE("reduce_to", dst && src && dst != src);
     FSD_REQUIRE("reduce_to", n_src > 0 && n_dst > 0 && n_src % n_dst == 0);
-    FSD_RUN_COLS(reduce_to, n_dst, (dst, acc, src, n_src / n_dst, n_dst));
+    FSD_RUN_COL_SUMS(reduce_to, n_src / n_dst, n_dst, acc, (dst), (src, n_dst));
 }
 
 DEVICE void copy_elem(int64_t i, act *dst, bool acc, const act *src)

@@ -119,29 +119,26 @@ FSD_ROW_KERNEL(layernorm_bwd,
                 const real *mean, const real *rstd, int64_t C),
                (dx, acc, dy, x, w, mean, rstd, C))
 
-DEVICE void layernorm_bwd_params_cols(int64_t j0, int64_t j1, act *dw, act *db,
-                                      const act *dy, const act *x, const real *mean,
-                                      const real *rstd, int64_t rows, int64_t C)
+/* the parameter gradients' column sums over rows [r0, r1), columns
+ * [j0, j1): dw's into s[j − j0], db's into s[ls + j − j0] (portable.h's sum
+ * shape; the CPU's chunks call it a row at a time) */
+DEVICE void layernorm_bwd_params_sum(int64_t r0, int64_t r1, int64_t j0, int64_t j1, real *s,
+                                     int64_t ls, const act *dy, const act *x, const real *mean,
+                                     const real *rstd, int64_t C)
 {
-    real sw[FSD_COL_TILE], sb[FSD_COL_TILE];
-    for (int64_t j = j0; j < j1; j++)
-        sw[j - j0] = sb[j - j0] = 0;
-    for (int64_t r = 0; r < rows; r++)
+    for (int64_t r = r0; r < r1; r++) {
+        real m = mean[r], rs = rstd[r];
         FSD_SIMD
         for (int64_t j = j0; j < j1; j++) {
             real d = fsd_wide(dy[r * C + j]);
-            sw[j - j0] += d * (fsd_wide(x[r * C + j]) - mean[r]) * rstd[r];
-            sb[j - j0] += d;
+            s[j - j0] += d * (fsd_wide(x[r * C + j]) - m) * rs;
+            s[ls + j - j0] += d;
         }
-    for (int64_t j = j0; j < j1; j++) {
-        fsd_store(&dw[j], sw[j - j0], true);
-        fsd_store(&db[j], sb[j - j0], true);
     }
 }
-FSD_COL_KERNEL(layernorm_bwd_params,
-               (act *dw, act *db, const act *dy, const act *x, const real *mean,
-                const real *rstd, int64_t rows, int64_t C),
-               (dw, db, dy, x, mean, rstd, rows, C))
+FSD_COL_SUM_KERNEL(layernorm_bwd_params,
+                   (const act *dy, const act *x, const real *mean, const real *rstd, int64_t C),
+                   (dy, x, mean, rstd, C))
 
 #if !defined(__CUDACC__) && !defined(FSD_WARP_EMULATION)
 /* The CPU's backward in one pass over dy and x instead of two (the rows,
@@ -164,19 +161,13 @@ DEVICE void layernorm_bwd_chunk(int64_t c, real *part, act *dx, bool acc, const 
                                 const act *x, const act *w, const real *mean, const real *rstd,
                                 int64_t rows, int64_t C)
 {
-    real *pw = part + c * 2 * C, *pb = pw + C;
+    real *pw = part + c * 2 * C;   /* dw's partial row, then db's */
     int64_t r1 = (c + 1) * FSD_NORM_CHUNK < rows ? (c + 1) * FSD_NORM_CHUNK : rows;
     FSD_SIMD
-    for (int64_t j = 0; j < C; j++)
-        pw[j] = pb[j] = 0;
+    for (int64_t j = 0; j < 2 * C; j++)
+        pw[j] = 0;
     for (int64_t r = c * FSD_NORM_CHUNK; r < r1; r++) {
-        const act *dyr = dy + r * C, *xr = x + r * C;
-        real m = mean[r], rs = rstd[r];
-        FSD_SIMD
-        for (int64_t j = 0; j < C; j++) {
-            pw[j] += fsd_wide(dyr[j]) * (fsd_wide(xr[j]) - m) * rs;
-            pb[j] += fsd_wide(dyr[j]);
-        }
+        layernorm_bwd_params_sum(r, r + 1, 0, C, pw, C, dy, x, mean, rstd, C);
         layernorm_bwd_row(r, 0, 1, dx, acc, dy, x, w, mean, rstd, C);
     }
 }
@@ -208,7 +199,7 @@ LAUNCHER void layernorm_bwd(act *dx, bool acc, act *dw, act *db, const act *dy, 
     free(part);
 #else
     FSD_RUN_ROWS(layernorm_bwd, rows, (dx, acc, dy, x, w, mean, rstd, C));
-    FSD_RUN_COLS(layernorm_bwd_params, C, (dw, db, dy, x, mean, rstd, rows, C));
+    FSD_RUN_COL_SUMS(layernorm_bwd_params, rows, C, true, (dw, db), (dy, x, mean, rstd, C));
 #endif
 }
 
@@ -285,23 +276,22 @@ FSD_ROW_KERNEL(rmsnorm_bwd,
                 int64_t C),
                (dx, acc, dy, x, w, rstd, C))
 
-DEVICE void rmsnorm_bwd_params_cols(int64_t j0, int64_t j1, act *dw, const act *dy,
-                                    const act *x, const real *rstd, int64_t rows, int64_t C)
+/* dw's column sums over rows [r0, r1), columns [j0, j1), into s[j − j0],
+ * as layernorm_bwd_params_sum */
+DEVICE void rmsnorm_bwd_params_sum(int64_t r0, int64_t r1, int64_t j0, int64_t j1, real *s,
+                                   int64_t ls, const act *dy, const act *x, const real *rstd,
+                                   int64_t C)
 {
-    real sw[FSD_COL_TILE];
-    for (int64_t j = j0; j < j1; j++)
-        sw[j - j0] = 0;
-    for (int64_t r = 0; r < rows; r++)
+    (void)ls;
+    for (int64_t r = r0; r < r1; r++) {
+        real rs = rstd[r];
         FSD_SIMD
         for (int64_t j = j0; j < j1; j++)
-            sw[j - j0] += fsd_wide(dy[r * C + j]) * fsd_wide(x[r * C + j]) * rstd[r];
-    for (int64_t j = j0; j < j1; j++)
-        fsd_store(&dw[j], sw[j - j0], true);
+            s[j - j0] += fsd_wide(dy[r * C + j]) * fsd_wide(x[r * C + j]) * rs;
+    }
 }
-FSD_COL_KERNEL(rmsnorm_bwd_params,
-               (act *dw, const act *dy, const act *x, const real *rstd, int64_t rows,
-                int64_t C),
-               (dw, dy, x, rstd, rows, C))
+FSD_COL_SUM_KERNEL(rmsnorm_bwd_params, (const act *dy, const act *x, const real *rstd, int64_t C),
+                   (dy, x, rstd, C))
 
 #ifdef FSD_NORM_CHUNK
 /* the CPU's one pass, as layernorm_bwd_chunk: part [chunks, C] */
@@ -315,11 +305,7 @@ DEVICE void rmsnorm_bwd_chunk(int64_t c, real *part, act *dx, bool acc, const ac
     for (int64_t j = 0; j < C; j++)
         pw[j] = 0;
     for (int64_t r = c * FSD_NORM_CHUNK; r < r1; r++) {
-        const act *dyr = dy + r * C, *xr = x + r * C;
-        real rs = rstd[r];
-        FSD_SIMD
-        for (int64_t j = 0; j < C; j++)
-            pw[j] += fsd_wide(dyr[j]) * fsd_wide(xr[j]) * rs;
+        rmsnorm_bwd_params_sum(r, r + 1, 0, C, pw, C, dy, x, rstd, C);
         rmsnorm_bwd_row(r, 0, 1, dx, acc, dy, x, w, rstd, C);
     }
 }
@@ -348,6 +334,6 @@ LAUNCHER void rmsnorm_bwd(act *dx, bool acc, act *dw, const act *dy, const act *
     free(part);
 #else
     FSD_RUN_ROWS(rmsnorm_bwd, rows, (dx, acc, dy, x, w, rstd, C));
-    FSD_RUN_COLS(rmsnorm_bwd_params, C, (dw, dy, x, rstd, rows, C));
+    FSD_RUN_COL_SUMS(rmsnorm_bwd_params, rows, C, true, (dw), (dy, x, rstd, C));
 #endif
 }

@@ -5,7 +5,7 @@
  * `#include "fsdrt.h"` and this file; the same text then builds with nvcc
  * (CUDA) and with a C compiler (CPU backend, OpenMP). Every kernel is
  * written once, as a DEVICE body that does one unit of work, in one of
- * three shapes (design section 5):
+ * four shapes (design section 5):
  *
  *   row     NAME_row(row, lane, lanes, ...): one row, with loops strided by
  *           lane over its columns and fsd_warp_sum / fsd_warp_max to
@@ -14,15 +14,28 @@
  *           reductions are the identity, on an OpenMP thread.
  *   elem    NAME_elem(i, ...): one element; a grid-stride loop on the GPU,
  *           an OpenMP loop on the CPU.
- *   cols    NAME_cols(j0, j1, ...): columns [j0, j1) of a reduction over
- *           rows, each column summed in row order. The GPU runs one column
- *           per thread, the CPU tiles of FSD_COL_TILE columns per iteration
- *           (so a thread walks rows with unit-stride inner loops). Either
- *           way every column is summed by one worker in a fixed order: the
- *           result does not depend on the thread count, and no atomics are
- *           needed.
+ *   cols    NAME_cols(j0, j1, ...): columns [j0, j1), each walked over all
+ *           rows by one worker: one column per GPU thread, tiles of
+ *           FSD_COL_TILE columns per CPU iteration (so a thread walks rows
+ *           with unit-stride inner loops). The scatter embed_bwd, and the
+ *           second pass of the column sums below.
+ *   sum     NAME_sum(r0, r1, j0, j1, s, ls, ...): a column reduction's
+ *           body: adds rows [r0, r1) of columns [j0, j1) of each of its
+ *           outputs k (at most FSD_COL_OUTS) into real s[k·ls + j − j0],
+ *           each column in row order; FSD_COL_SUM_KERNEL +
+ *           FSD_RUN_COL_SUMS(name, rows, cols, acc, (outputs), args) store
+ *           the sums with fsd_store. The CPU sums all rows of a tile of
+ *           FSD_COL_TILE columns and stores them. The GPU splits the rows
+ *           into chunks (fsd_col_chunk_rows): pass 1, a thread per (chunk,
+ *           column), writes the chunk's sums to partial rows in
+ *           fsd_col_part; pass 2, a thread per column and output, adds the
+ *           chunks in order and stores (one thread per column walking all
+ *           rows is latency-bound). Either way each column is summed in a
+ *           fixed order that depends on the sizes alone: not on the thread
+ *           count, and no atomics are needed; the GPU's order differs from
+ *           the CPU's.
  *
- * A fourth shape is the GPU's alone (and its emulation in the tests, with
+ * A fifth shape is the GPU's alone (and its emulation in the tests, with
  * FSD_BLOCK_EMULATION): the CPU build has none, so a family that uses it
  * keeps a CPU path of its own (attention.h):
  *
@@ -31,12 +44,12 @@
  *           __shared__ memory) and meet at fsd_block_sync();
  *           FSD_BLOCK_KERNEL + FSD_RUN_BLOCKS.
  *
- * FSD_ROW_KERNEL / FSD_ELEM_KERNEL / FSD_COL_KERNEL write the __global__
- * wrapper of a body under CUDA (nothing on the CPU); FSD_RUN_ROWS /
- * FSD_RUN_ELEMS / FSD_RUN_COLS, used in the launchers, start it: a launch
- * (checked) on the GPU, an OpenMP loop calling the body on the CPU. A body
- * must not return early on some lanes only: every lane of a warp reaches
- * every warp reduction.
+ * FSD_ROW_KERNEL / FSD_ELEM_KERNEL / FSD_COL_KERNEL / FSD_COL_SUM_KERNEL
+ * write the __global__ wrapper of a body under CUDA (nothing on the CPU);
+ * FSD_RUN_ROWS / FSD_RUN_ELEMS / FSD_RUN_COLS / FSD_RUN_COL_SUMS, used in
+ * the launchers, start it: a launch (checked) on the GPU, an OpenMP loop
+ * calling the body on the CPU. A body must not return early on some lanes
+ * only: every lane of a warp reaches every warp reduction.
  *
  * Launchers (one per kernel, named after the op in compiler/ops.def) take
  * plain pointers and int64_t sizes, check them, and abort through
@@ -204,6 +217,26 @@ static inline void fsd_launch_check(const char *kernel)
         fsd_launch_check(#name);                                                       \
     } while (0)
 
+/* A column reduction's pass 1 (FSD_RUN_COL_SUMS, below): a grid-stride loop
+ * over its n = chunks·cols work items (FSD_COL_SUM_ITEM), consecutive
+ * threads on consecutive columns of a chunk, so each row's loads coalesce. */
+#define FSD_COL_SUM_KERNEL(name, params, args)                                       \
+    static __global__ void name##_kernel(int64_t fsd_n_, fsd_col_plan fsd_plan_,      \
+                                         FSD_UNPAREN params)                         \
+    {                                                                                \
+        int64_t fsd_stride_ = (int64_t)gridDim.x * blockDim.x;                       \
+        for (int64_t fsd_i_ = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;        \
+             fsd_i_ < fsd_n_; fsd_i_ += fsd_stride_)                                 \
+            FSD_COL_SUM_ITEM(name, fsd_i_, fsd_plan_, args);                         \
+    }
+#define FSD_RUN_COL_ITEMS(name, n, plan, args)                                         \
+    do {                                                                               \
+        const int64_t fsd_n_ = (n);                                                    \
+        name##_kernel<<<fsd_blocks(fsd_n_, FSD_ELEM_THREADS), FSD_ELEM_THREADS, 0,     \
+                        FSD_STREAM>>>(fsd_n_, plan, FSD_UNPAREN args);                 \
+        fsd_launch_check(#name);                                                       \
+    } while (0)
+
 /* Block kernels: NAME_block(blk, tid, smem, ...) is one tile of work done
  * together by the FSD_BLOCK threads of a block (tid in [0, FSD_BLOCK)),
  * which share `smem`, SMEM reals of static __shared__ memory, and meet at
@@ -240,10 +273,12 @@ DEVICE void fsd_block_sync(void) { __syncthreads(); }
 #undef FSD_RUN_ROWS
 #undef FSD_RUN_ELEMS
 #undef FSD_RUN_COLS
+#undef FSD_RUN_COL_ITEMS
 #undef FSD_RUN_BLOCKS
 #define FSD_RUN_ROWS(name, rows, args) ((void)(rows))
 #define FSD_RUN_ELEMS(name, n, args) ((void)(n))
 #define FSD_RUN_COLS(name, cols, args) ((void)(cols))
+#define FSD_RUN_COL_ITEMS(name, n, plan, args) ((void)(n))
 #define FSD_RUN_BLOCKS(name, blocks, args) ((void)(blocks))
 #endif
 
@@ -381,6 +416,7 @@ static inline float fsd_expf(float x)
 #define FSD_ROW_KERNEL(name, params, args)
 #define FSD_ELEM_KERNEL(name, params, args)
 #define FSD_COL_KERNEL(name, params, args)
+#define FSD_COL_SUM_KERNEL(name, params, args)
 
 #define FSD_RUN_ROWS(name, rows, args)                                        \
     do {                                                                      \
@@ -404,6 +440,24 @@ static inline float fsd_expf(float x)
         for (int64_t fsd_t_ = 0; fsd_t_ < fsd_tiles_; fsd_t_++) {                        \
             int64_t fsd_j0_ = fsd_t_ * FSD_COL_TILE, fsd_j1_ = fsd_j0_ + FSD_COL_TILE;   \
             name##_cols(fsd_j0_, fsd_j1_ < fsd_cols_ ? fsd_j1_ : fsd_cols_, FSD_UNPAREN args); \
+        }                                                                                \
+    } while (0)
+/* A column reduction in one pass: each tile's sums over all rows, then
+ * stored (fsd_col_store). */
+#define FSD_RUN_COL_SUMS(name, rows, cols, acc, outs, args)                              \
+    do {                                                                                 \
+        act *const fsd_out_[] = {FSD_UNPAREN outs};                                      \
+        const int fsd_nout_ = (int)(sizeof fsd_out_ / sizeof fsd_out_[0]);               \
+        const int64_t fsd_rows_ = (rows), fsd_cols_ = (cols);                            \
+        const int64_t fsd_tiles_ = (fsd_cols_ + FSD_COL_TILE - 1) / FSD_COL_TILE;        \
+        const bool fsd_acc_ = (acc);                                                     \
+        _Pragma("omp parallel for schedule(static)")                                     \
+        for (int64_t fsd_t_ = 0; fsd_t_ < fsd_tiles_; fsd_t_++) {                        \
+            int64_t fsd_j0_ = fsd_t_ * FSD_COL_TILE, fsd_j1_ = fsd_j0_ + FSD_COL_TILE;   \
+            real fsd_s_[FSD_COL_OUTS * FSD_COL_TILE] = {0};                              \
+            fsd_j1_ = fsd_j1_ < fsd_cols_ ? fsd_j1_ : fsd_cols_;                         \
+            name##_sum(0, fsd_rows_, fsd_j0_, fsd_j1_, fsd_s_, FSD_COL_TILE, FSD_UNPAREN args); \
+            fsd_col_store(fsd_j0_, fsd_j1_, fsd_out_, fsd_nout_, fsd_acc_, fsd_s_, FSD_COL_TILE); \
         }                                                                                \
     } while (0)
 
@@ -505,23 +559,14 @@ DEVICE void fsd_store(act *p, real v, bool acc)
 DEVICE void fsd_store(act *p, real v, bool acc) { *p = fsd_narrow(acc ? fsd_wide(*p) + v : v); }
 #endif
 
-/* dst[j] (+)= Σ_r src[r·ld + j] for j in [j0, j1) (a column kernel's tile),
- * rows summed in order, in real: the column sum of reduce_to and bias_bwd.
- * fsd_col_sum_real is the same over real rows: the norms' per-chunk
- * partial rows. */
-DEVICE void fsd_col_sum(int64_t j0, int64_t j1, act *dst, bool acc, const act *src, int64_t rows,
-                        int64_t ld)
-{
-    real s[FSD_COL_TILE];
-    for (int64_t j = j0; j < j1; j++)
-        s[j - j0] = 0;
-    for (int64_t r = 0; r < rows; r++)
-        FSD_SIMD
-        for (int64_t j = j0; j < j1; j++)
-            s[j - j0] += fsd_wide(src[r * ld + j]);
-    for (int64_t j = j0; j < j1; j++)
-        fsd_store(&dst[j], s[j - j0], acc);
-}
+/* ── column reductions (the sum shape) ── */
+
+/* the most outputs a column reduction has: layernorm_bwd's dw and db */
+#define FSD_COL_OUTS 2
+
+/* dst[j] (+)= Σ_r src[r·ld + j] for j in [j0, j1), rows summed in order:
+ * the partial rows of a column reduction's chunks (the CPU's norms, the
+ * GPU's second pass). */
 DEVICE void fsd_col_sum_real(int64_t j0, int64_t j1, act *dst, bool acc, const real *src,
                              int64_t rows, int64_t ld)
 {
@@ -535,6 +580,145 @@ DEVICE void fsd_col_sum_real(int64_t j0, int64_t j1, act *dst, bool acc, const r
     for (int64_t j = j0; j < j1; j++)
         fsd_store(&dst[j], s[j - j0], acc);
 }
+
+#if defined(__CUDACC__) || defined(FSD_WARP_EMULATION)
+/* The GPU's two passes (and the emulation's, which runs the same code on
+ * the CPU). The partial rows live in fsd_col_part, a fixed array of
+ * FSD_COL_PARTS reals: 4 MiB of device memory (8 MiB in the float64 build)
+ * outside the memory plan (compiler/memplan.c) and the runtime's memory
+ * counters, like cuBLASLt's workspace. No allocation in the step, nothing
+ * for the launcher to be given; one buffer serves every reduction, since
+ * the kernels run in order on one stream (FSD_STREAM) and each reduction's
+ * second pass has read its partials before the next one's first pass
+ * starts. */
+#define FSD_COL_PARTS (1 << 20)
+#define FSD_COL_CHUNK_MIN 64
+#ifdef __CUDACC__
+static __device__ real fsd_col_part[FSD_COL_PARTS];
+#else
+static real fsd_col_part[FSD_COL_PARTS];
+#endif
+
+/* One column reduction's launch: its rows ([rows, cols]) in chunks of
+ * `chunk` rows (the last one ragged), its outputs and their acc. */
+typedef struct {
+    int64_t rows, cols, chunk, chunks;
+    act *out[FSD_COL_OUTS];
+    int nout;
+    bool acc;
+} fsd_col_plan;
+
+/* Rows per chunk: about √rows, so that pass 1's threads (each walks a
+ * chunk's rows) and pass 2's (each walks the chunks' partials) have walks
+ * about as long: 2·√rows loads in a row instead of rows (182 instead of
+ * 8192 at GPT-2's 8 × 1024 rows), with chunks·cols threads in pass 1. At
+ * least FSD_COL_CHUNK_MIN rows, so that the partials (4 bytes, written and
+ * read once: 8 bytes per chunk and column) stay under 1/16 of what pass 1
+ * reads (at least 64 rows of 2-byte inputs) and the second launch pays
+ * off. More where chunks·nout·cols partials would not fit in fsd_col_part.
+ * All rows (one chunk: one pass, stored directly) when rows are that few or
+ * not even two chunks fit (the columns alone are then plenty of threads). */
+static inline int64_t fsd_col_chunk_rows(int64_t rows, int64_t cols, int nout)
+{
+    const int64_t fit = FSD_COL_PARTS / (nout * cols);   /* chunks the scratch holds */
+    if (fit < 2)
+        return rows;
+    int64_t chunk = (int64_t)ceil(sqrt((double)rows));
+    if (chunk < FSD_COL_CHUNK_MIN)
+        chunk = FSD_COL_CHUNK_MIN;
+    if (chunk < (rows + fit - 1) / fit)
+        chunk = (rows + fit - 1) / fit;
+    return chunk < rows ? chunk : rows;
+}
+
+/* The end of pass 1's work item (chunk c, column j) with the sums s[k]:
+ * with one chunk they are the results, stored; else chunk c's partials,
+ * row c·nout + k of fsd_col_part ([chunks·nout, cols]). The loop's bounds
+ * are constants, so that s and p.out are indexed by constants alone: an
+ * array indexed at run time goes to (slow) local memory on the GPU. */
+DEVICE void fsd_col_item_end(fsd_col_plan p, int64_t c, int64_t j, const real *s)
+{
+    for (int k = 0; k < FSD_COL_OUTS; k++) {
+        if (k >= p.nout)
+            break;
+        if (p.chunks == 1)
+            fsd_store(&p.out[k][j], s[k], p.acc);
+        else
+            fsd_col_part[(c * p.nout + k) * p.cols + j] = s[k];
+    }
+}
+
+/* p.out[k], through constant indices (as above) */
+DEVICE act *fsd_col_out(fsd_col_plan p, int64_t k)
+{
+    act *out = p.out[0];
+    for (int i = 1; i < FSD_COL_OUTS; i++)
+        if (i == k)
+            out = p.out[i];
+    return out;
+}
+
+/* Pass 1's work item i: column j = i mod cols of chunk c = i / cols, its
+ * rows summed by NAME_sum. */
+#define FSD_COL_SUM_ITEM(name, i, plan, args)                                            \
+    do {                                                                                 \
+        const int64_t fsd_c_ = (i) / (plan).cols, fsd_j_ = (i) - fsd_c_ * (plan).cols;   \
+        const int64_t fsd_r0_ = fsd_c_ * (plan).chunk;                                   \
+        const int64_t fsd_r1_ = fsd_r0_ + (plan).chunk;                                  \
+        real fsd_s_[FSD_COL_OUTS] = {0};                                                 \
+        name##_sum(fsd_r0_, fsd_r1_ < (plan).rows ? fsd_r1_ : (plan).rows, fsd_j_,       \
+                   fsd_j_ + 1, fsd_s_, 1, FSD_UNPAREN args);                             \
+        fsd_col_item_end((plan), fsd_c_, fsd_j_, fsd_s_);                               \
+    } while (0)
+
+/* Pass 2: column J of the partials' view [chunks, nout·cols] is output
+ * k = J / cols, column J mod cols: its chunks added in order, stored. */
+DEVICE void fsd_col_parts_cols(int64_t j0, int64_t j1, fsd_col_plan p)
+{
+    for (int64_t jj = j0; jj < j1; jj++) {
+        const int64_t k = jj / p.cols, j = jj - k * p.cols;
+        fsd_col_sum_real(j, j + 1, fsd_col_out(p, k), p.acc, fsd_col_part + k * p.cols, p.chunks,
+                         p.nout * p.cols);
+    }
+}
+FSD_COL_KERNEL(fsd_col_parts, (fsd_col_plan p), (p))
+
+/* FSD_RUN_COL_SUMS(name, rows, cols, acc, (outputs), args): the column
+ * reduction NAME_sum over [rows, cols] into its outputs, each (+)= its
+ * column sums: pass 1, then pass 2 unless there is one chunk. */
+#ifdef __CUDACC_RTC__
+#define FSD_RUN_COL_SUMS(name, rows, cols, acc, outs, args) ((void)(rows), (void)(cols))
+#else
+#define FSD_RUN_COL_SUMS(name, nrows, ncols, accum, outs, args)                          \
+    do {                                                                                 \
+        act *const fsd_outv_[] = {FSD_UNPAREN outs};                                     \
+        fsd_col_plan fsd_plan_;                                                          \
+        memset(&fsd_plan_, 0, sizeof fsd_plan_);   /* the unused outputs too */          \
+        fsd_plan_.nout = (int)(sizeof fsd_outv_ / sizeof fsd_outv_[0]);                  \
+        for (int fsd_k_ = 0; fsd_k_ < fsd_plan_.nout; fsd_k_++)                          \
+            fsd_plan_.out[fsd_k_] = fsd_outv_[fsd_k_];                                   \
+        fsd_plan_.rows = (nrows);                                                        \
+        fsd_plan_.cols = (ncols);                                                        \
+        fsd_plan_.acc = (accum);                                                         \
+        fsd_plan_.chunk = fsd_col_chunk_rows(fsd_plan_.rows, fsd_plan_.cols, fsd_plan_.nout); \
+        fsd_plan_.chunks = (fsd_plan_.rows + fsd_plan_.chunk - 1) / fsd_plan_.chunk;     \
+        FSD_RUN_COL_ITEMS(name, fsd_plan_.chunks * fsd_plan_.cols, fsd_plan_, args);     \
+        if (fsd_plan_.chunks > 1)                                                        \
+            FSD_RUN_COLS(fsd_col_parts, fsd_plan_.nout * fsd_plan_.cols, (fsd_plan_));   \
+    } while (0)
+#endif
+
+#else
+/* out[k][j] (+)= s[k·ls + j − j0] for the nout outputs k and j in [j0, j1):
+ * the CPU's column sums (NAME_sum's) stored. */
+DEVICE void fsd_col_store(int64_t j0, int64_t j1, act *const *out, int nout, bool acc,
+                          const real *s, int64_t ls)
+{
+    for (int k = 0; k < nout; k++)
+        for (int64_t j = j0; j < j1; j++)
+            fsd_store(&out[k][j], s[k * ls + j - j0], acc);
+}
+#endif
 
 /* Host-side check that every index in idx[0, n) lies in [0, bound): token
  * ids and targets. The GPU cannot read device memory here; its kernels

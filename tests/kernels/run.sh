@@ -130,6 +130,9 @@ if [ "$OMP" = -fopenmp ]; then
         suite "kernels warp32 f32: " env OMP_WAIT_POLICY=passive timeout 120 "$B/test_warp32_f32"
     build test_warp32_bf16 -DFSD_ACT_BF16 -DFSD_WARP_EMULATION -Itests/kernels &&
         suite "kernels warp32 bf16: " env OMP_WAIT_POLICY=passive timeout 120 "$B/test_warp32_bf16"
+    # the tiles fsdpc emits for models whose heads are 64 wide or less
+    build test_warp32_hd64 -DFSD_ACT_BF16 -DFSD_WARP_EMULATION -DFSD_ATTN_HD_MAX=64 -Itests/kernels &&
+        suite "kernels warp32 bf16 hd64: " env OMP_WAIT_POLICY=passive timeout 120 "$B/test_warp32_hd64"
 else
     echo "skip kernels warp32: warp emulation needs OpenMP, which $CC lacks"
 fi

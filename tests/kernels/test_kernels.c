@@ -636,7 +636,7 @@ static void backward_checks(void)
     case_embed(40, 11, 130);   /* columns past one CPU tile */
     case_layernorm(3, 5);
     case_layernorm(7, 130);
-    case_layernorm(150, 9);   /* the CPU's several row chunks, a ragged last */
+    case_layernorm(150, 9);   /* several row chunks (CPU and GPU), a ragged last */
     case_rmsnorm(3, 5);
     case_rmsnorm(7, 130);
     case_rmsnorm(150, 9);
@@ -666,11 +666,14 @@ static void backward_checks(void)
     case_binary("add", 15, 5, add_case_fwd, add_case_bwd);
     case_binary("add", 15, 15, add_case_fwd, add_case_bwd);
     case_binary("add", 390, 130, add_case_fwd, add_case_bwd);
+    case_binary("add", 1350, 9, add_case_fwd, add_case_bwd);   /* 150 rows: the GPU's chunks */
     case_binary("mul", 15, 5, mul_case_fwd, mul_case_bwd);
     case_binary("mul", 15, 15, mul_case_fwd, mul_case_bwd);
     case_binary("mul", 390, 130, mul_case_fwd, mul_case_bwd);
+    case_binary("mul", 1350, 9, mul_case_fwd, mul_case_bwd);
     case_bias(3, 5);
     case_bias(4, 130);
+    case_bias(150, 9);   /* the GPU's column sums in chunks, a ragged last */
     case_cross_entropy(3, 5);
     case_cross_entropy(6, 130);
 #ifndef FSD_FLOAT64

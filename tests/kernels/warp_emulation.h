@@ -12,9 +12,11 @@
  * butterfly). Rows run one after another. A body that skipped a
  * reduction on some lanes would hang here, as it would break on the GPU:
  * run.sh runs this build under a timeout. Elementwise kernels run as on
- * the CPU; column kernels take one column per call, as on the GPU.
+ * the CPU; column kernels take one column per call, as on the GPU, and
+ * column reductions run the GPU's two passes (portable.h: its work items,
+ * its partial rows in fsd_col_part, its sums' order).
  *
- * Block kernels (portable.h's fourth shape) run the same way, one block at
+ * Block kernels (portable.h's fifth shape) run the same way, one block at
  * a time as a team of FSD_BLOCK threads: fsd_block_sync() is an OpenMP
  * barrier, the block's shared memory one buffer the team shares, filled
  * with NaN before each block (the GPU's shared memory holds garbage, so a
@@ -78,6 +80,7 @@ static inline void fsd_emu_team_check(int want)
 #define FSD_ROW_KERNEL(name, params, args)
 #define FSD_ELEM_KERNEL(name, params, args)
 #define FSD_COL_KERNEL(name, params, args)
+#define FSD_COL_SUM_KERNEL(name, params, args)
 /* the kernel's shared memory size, for FSD_RUN_BLOCKS */
 #define FSD_BLOCK_KERNEL(name, smem_reals, params, args) \
     static inline int64_t name##_smem_reals(void) { return (smem_reals); }
@@ -121,6 +124,14 @@ static inline void fsd_emu_team_check(int want)
         const int64_t fsd_n_ = (n);                                             \
         for (int64_t fsd_i_ = 0; fsd_i_ < fsd_n_; fsd_i_++)                     \
             name##_elem(fsd_i_, FSD_UNPAREN args);                              \
+    } while (0)
+/* a column reduction's pass 1: its work items, each the GPU thread's */
+#define FSD_RUN_COL_ITEMS(name, n, plan, args)                                  \
+    do {                                                                        \
+        const int64_t fsd_n_ = (n);                                             \
+        _Pragma("omp parallel for schedule(static)")                            \
+        for (int64_t fsd_i_ = 0; fsd_i_ < fsd_n_; fsd_i_++)                     \
+            FSD_COL_SUM_ITEM(name, fsd_i_, plan, args);                         \
     } while (0)
 #define FSD_RUN_COLS(name, cols, args)                                          \
     do {                                                                        \
