@@ -639,6 +639,20 @@ static void gemm_slabs(bool transA, bool transB, int64_t M, int64_t N, int64_t K
     gemm_call(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+/* A product of fp32 operands, the empty one (K = 0) included, which BLAS
+ * refuses (lda = 0): C = beta·C, or the bias. With a bias, beta is 1. */
+static void product(bool transA, bool transB, int64_t M, int64_t N, int64_t K, real alpha,
+                    const real *A, int64_t lda, const real *B, int64_t ldb, real beta, real *C,
+                    int64_t ldc, const real *bias)
+{
+    if (K > 0)
+        gemm_slabs(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias);
+    else if (bias)
+        fill_bias(C, M, N, ldc, bias);
+    else
+        scale_rows(C, M, N, ldc, beta);
+}
+
 /* ── bf16 products ──
  *
  * OpenBLAS has no bf16 product that sums in fp32 the way cuBLASLt does, so
@@ -679,7 +693,7 @@ static void widen_rows(real *dst, const uint16_t *src, int64_t m, int64_t n, int
             dst[i * n + j] = float_from_bf16(src[i * ld + j]);
 }
 
-/* fsdrt_gemm (bias NULL) and fsdrt_gemm_bias (alpha 1, beta 0) on bf16. */
+/* fsdrt_gemm (bias NULL) and fsdrt_gemm_bias (alpha 1, beta 1) on bf16. */
 static void gemm_bf16(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
                       real alpha, const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb,
                       real beta, uint16_t *C, int64_t ldc, const uint16_t *bias)
@@ -700,13 +714,8 @@ static void gemm_bf16(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N,
             widen_rows(a, A + i0 * lda, m, K, lda);
         if (!bias && beta != 0)
             widen_rows(c, C + i0 * ldc, m, N, ldc);
-        if (K > 0)
-            gemm_slabs(transA, transB, m, N, K, alpha, a, transA ? m : K, b, transB ? K : N,
-                       bias ? 1 : beta, c, N, bias ? bias_w : NULL);
-        else if (bias)   /* an empty product: C is the bias */
-            fill_bias(c, m, N, N, bias_w);
-        else
-            scale_rows(c, m, N, N, beta);
+        product(transA, transB, m, N, K, alpha, a, transA ? m : K, b, transB ? K : N, beta, c, N,
+                bias ? bias_w : NULL);
 #pragma omp parallel for schedule(static) if (m * N > 65536)
         for (int64_t i = 0; i < m; i++)
             for (int64_t j = 0; j < N; j++)
@@ -725,10 +734,8 @@ void fsdrt_gemm(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64
         return;
     if (act_bf16(r))
         gemm_bf16(r, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL);
-    else if (K == 0)   /* BLAS refuses lda = 0; the product is empty, C = beta·C */
-        scale_rows(C, M, N, ldc, beta);
     else
-        gemm_slabs(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL);
+        product(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL);
 }
 
 /* The bias is written into C first and BLAS adds the product to it (beta
@@ -745,11 +752,9 @@ void fsdrt_gemm_bias(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, 
         RT_BUG(r, "fsdrt_gemm_bias: no bias for a [%lld, %lld] product", (long long)M,
                (long long)N);
     if (act_bf16(r))
-        gemm_bf16(r, transA, transB, M, N, K, 1, A, lda, B, ldb, 0, C, ldc, bias);
-    else if (K == 0)   /* the product is empty: C is the bias */
-        fill_bias(C, M, N, ldc, bias);
+        gemm_bf16(r, transA, transB, M, N, K, 1, A, lda, B, ldb, 1, C, ldc, bias);
     else
-        gemm_slabs(transA, transB, M, N, K, 1, A, lda, B, ldb, 1, C, ldc, bias);
+        product(transA, transB, M, N, K, 1, A, lda, B, ldb, 1, C, ldc, bias);
 }
 
 /* OpenBLAS has no epilogue: pre alone, and the emitted code's gelu_fwd

@@ -31,7 +31,6 @@
 
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -393,74 +392,32 @@ done:
 
 /* ── safetensors export ── */
 
-typedef struct Text {
-    char *s;
-    size_t n, cap;
-    bool oom;
-} Text;
-
-static void text_add(Text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void text_add(Text *t, const char *fmt, ...)
+/* The header, into a buffer open_memstream grows (*hdr, *n bytes): the
+ * layout's tensors end to end, in its order. */
+static bool export_header(const WLayout *L, char **hdr, size_t *n)
 {
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    if (n < 0 || t->oom)
-        return;
-    if (t->n + (size_t)n + 1 > t->cap) {
-        size_t cap = (t->cap ? t->cap * 2 : 4096) + (size_t)n;
-        char *s = realloc(t->s, cap);
-        if (!s) {
-            t->oom = true;
-            return;
-        }
-        t->s = s;
-        t->cap = cap;
-    }
-    va_start(ap, fmt);
-    vsnprintf(t->s + t->n, t->cap - t->n, fmt, ap);
-    va_end(ap);
-    t->n += (size_t)n;
-}
-
-/* A JSON string literal. */
-static void text_str(Text *t, const char *s)
-{
-    text_add(t, "\"");
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\')
-            text_add(t, "\\%c", c);
-        else if (c < 0x20)
-            text_add(t, "\\u%04x", c);
-        else
-            text_add(t, "%c", c);
-    }
-    text_add(t, "\"");
-}
-
-/* The header: the layout's tensors end to end, in its order. */
-static bool export_header(const WLayout *L, Text *t)
-{
+    FILE *t = open_memstream(hdr, n);
+    if (!t)
+        return false;
     int64_t at = 0;
-    text_add(t, "{\"__metadata__\":{\"format\":\"pt\"}");
+    fputs("{\"__metadata__\":{\"format\":\"pt\"}", t);
     for (int i = 0; i < L->ntensors; i++) {
         const WTensor *T = &L->tensors[i];
-        text_add(t, ",");
-        text_str(t, T->name);
-        text_add(t, ":{\"dtype\":\"F32\",\"shape\":[%lld", (long long)T->shape[0]);
+        fputs(",\"", t);
+        json_put_chars(t, T->name);
+        fprintf(t, "\":{\"dtype\":\"F32\",\"shape\":[%lld", (long long)T->shape[0]);
         if (T->rank == 2)
-            text_add(t, ",%lld", (long long)T->shape[1]);
-        text_add(t, "],\"data_offsets\":[%lld,%lld]}", (long long)at, (long long)(at + 4 * T->numel));
+            fprintf(t, ",%lld", (long long)T->shape[1]);
+        fprintf(t, "],\"data_offsets\":[%lld,%lld]}", (long long)at, (long long)(at + 4 * T->numel));
         at += 4 * T->numel;
     }
-    text_add(t, "}");
+    fputc('}', t);
     /* pad with spaces so the data starts 8-byte aligned, as the Rust
      * implementation writes it */
-    while (!t->oom && (8 + t->n) % 8 != 0)
-        text_add(t, " ");
-    return !t->oom;
+    for (long len = ftell(t); len >= 0 && (8 + len) % 8 != 0; len++)
+        fputc(' ', t);
+    bool ok = !ferror(t);
+    return fclose(t) == 0 && ok;
 }
 
 static bool write_all(FILE *f, const void *p, size_t n) { return fwrite(p, 1, n, f) == n; }
@@ -486,7 +443,8 @@ void weights_export(FsdRun *r, const char *path)
     const FsdModel *m = r->m;
     FILE *f = NULL;
     char tmp[4096] = "";
-    Text hdr = {0};
+    char *hdr = NULL;
+    size_t hdr_n = 0;
     WLayout L;
     int64_t *begin = NULL;
     /* every rank builds the layout, so a model the format cannot hold is
@@ -496,7 +454,7 @@ void weights_export(FsdRun *r, const char *path)
     bool writing = r->rank == 0;   /* rank 0 stops writing at its first error, not gathering */
     if (writing) {
         snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-        if (!export_header(&L, &hdr) || !(begin = malloc(sizeof *begin * (size_t)(L.ntensors + 1)))) {
+        if (!export_header(&L, &hdr, &hdr_n) || !(begin = malloc(sizeof *begin * (size_t)(L.ntensors + 1)))) {
             rt_fail(r, "out of memory writing %s's header", path);
             writing = false;
         } else if (!(f = fopen(tmp, "wb"))) {
@@ -505,12 +463,12 @@ void weights_export(FsdRun *r, const char *path)
         } else {
             unsigned char len8[8];
             for (int i = 0; i < 8; i++)
-                len8[i] = (unsigned char)((uint64_t)hdr.n >> (8 * i));
-            if (!write_all(f, len8, 8) || !write_all(f, hdr.s, hdr.n)) {
+                len8[i] = (unsigned char)((uint64_t)hdr_n >> (8 * i));
+            if (!write_all(f, len8, 8) || !write_all(f, hdr, hdr_n)) {
                 rt_fail(r, "cannot write %s: %s", tmp, strerror(errno));
                 writing = false;
             }
-            int64_t at = 8 + (int64_t)hdr.n;
+            int64_t at = 8 + (int64_t)hdr_n;
             for (int t = 0; t < L.ntensors; t++) {
                 begin[t] = at;
                 at += 4 * L.tensors[t].numel;
@@ -569,7 +527,7 @@ void weights_export(FsdRun *r, const char *path)
         else if (!writing)
             remove(tmp);
     }
-    free(hdr.s);
+    free(hdr);
     free(begin);
     hf_layout_free(&L);
 }

@@ -809,42 +809,50 @@ static void ref_rope(int64_t B, int64_t T, int64_t H, int64_t hd, double theta)
     check_err(err_vs(y, ref, n), REF_TOL, "reference", name);
 }
 
-/* softmax(Q Kᵀ / √hd + mask) V per (b, h), with K and V repeated over the
- * query heads of each group (HF repeat_kv), and lse = log Σ exp(scores). */
-static void ref_attention(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, bool causal)
+/* softmax(Q Kᵀ / √hd + mask) V per (b, h) in float64, with K and V repeated
+ * over the query heads of each group (HF repeat_kv), into ro, and lse =
+ * log Σ exp(scores) into rl. */
+static void ref_attention_fwd(double *ro, double *rl, const act *q, const act *k, const act *v,
+                              int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, bool causal)
 {
-    char name[256];
-    int64_t nq = B * T * H * hd, nk = B * T * KV * hd, rep = H / KV;
-    act *q = rand_act(nq, -1.5, 1.5), *k = rand_act(nk, -1.5, 1.5), *v = rand_act(nk, -1, 1);
-    act *out = new_act(nq);
-    real *lse = new_real(B * H * T);
-    double *ro = new_double(nq), *rl = new_double(B * H * T), *S = new_double(T * T);
-    attention_fwd(out, lse, q, k, v, B, T, H, KV, hd, causal);
-    SYNC();
+    double *S = new_double(T);
     for (int64_t b = 0; b < B; b++)
-        for (int64_t h = 0; h < H; h++) {
-            int64_t g = h / rep;
+        for (int64_t h = 0; h < H; h++)
             for (int64_t t = 0; t < T; t++) {
+                int64_t g = h * KV / H, n = causal ? t + 1 : T;
                 double m = -INFINITY, sum = 0;
-                for (int64_t s = 0; s < T; s++) {
+                for (int64_t s = 0; s < n; s++) {
                     double z = 0;
                     for (int64_t d = 0; d < hd; d++)
                         z += wide(q[((b * T + t) * H + h) * hd + d]) *
                              wide(k[((b * T + s) * KV + g) * hd + d]);
-                    S[t * T + s] = causal && s > t ? -INFINITY : z / sqrt((double)hd);
-                    m = fmax(m, S[t * T + s]);
+                    m = fmax(m, S[s] = z / sqrt((double)hd));
                 }
-                for (int64_t s = 0; s < T; s++)
-                    sum += exp(S[t * T + s] - m);
+                for (int64_t s = 0; s < n; s++)
+                    sum += S[s] = exp(S[s] - m);
                 rl[(b * H + h) * T + t] = m + log(sum);
                 for (int64_t d = 0; d < hd; d++) {
                     double o = 0;
-                    for (int64_t s = 0; s < T; s++)
-                        o += exp(S[t * T + s] - m) / sum * wide(v[((b * T + s) * KV + g) * hd + d]);
+                    for (int64_t s = 0; s < n; s++)
+                        o += S[s] / sum * wide(v[((b * T + s) * KV + g) * hd + d]);
                     ro[((b * T + t) * H + h) * hd + d] = o;
                 }
             }
-        }
+}
+
+/* attention_fwd (whichever kernels its launcher picks) against the naive
+ * float64 formulas. */
+static void ref_attention(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, bool causal)
+{
+    char name[256];
+    int64_t nq = B * T * H * hd, nk = B * T * KV * hd;
+    act *q = rand_act(nq, -1.5, 1.5), *k = rand_act(nk, -1.5, 1.5), *v = rand_act(nk, -1, 1);
+    act *out = new_act(nq);
+    real *lse = new_real(B * H * T);
+    double *ro = new_double(nq), *rl = new_double(B * H * T);
+    attention_fwd(out, lse, q, k, v, B, T, H, KV, hd, causal);
+    SYNC();
+    ref_attention_fwd(ro, rl, q, k, v, B, T, H, KV, hd, causal);
     snprintf(name, sizeof name,
              "attention_fwd B=%ld T=%ld H=%ld KV=%ld hd=%ld %s: naive softmax(QK^T)V, lse",
              (long)B, (long)T, (long)H, (long)KV, (long)hd, causal ? "causal" : "non-causal");
@@ -914,31 +922,10 @@ static void tiled_vs_ref(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd
     act *q = rand_act(nq, -1.5, 1.5), *k = rand_act(nk, -1.5, 1.5), *v = rand_act(nk, -1, 1);
     act *dout = rand_act(nq, -1, 1), *out = new_act(nq);
     real *lse = new_real(nl);
-    double *ro = new_double(nq), *rl = new_double(nl), *S = new_double(T);
+    double *ro = new_double(nq), *rl = new_double(nl);
     attention_fwd(out, lse, q, k, v, B, T, H, KV, hd, causal);
     SYNC();
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t h = 0; h < H; h++)
-            for (int64_t t = 0; t < T; t++) {
-                int64_t g = h * KV / H, n = causal ? t + 1 : T;
-                double m = -INFINITY, sum = 0;
-                for (int64_t s = 0; s < n; s++) {
-                    double z = 0;
-                    for (int64_t d = 0; d < hd; d++)
-                        z += wide(q[((b * T + t) * H + h) * hd + d]) *
-                             wide(k[((b * T + s) * KV + g) * hd + d]);
-                    m = fmax(m, S[s] = z / sqrt((double)hd));
-                }
-                for (int64_t s = 0; s < n; s++)
-                    sum += S[s] = exp(S[s] - m);
-                rl[(b * H + h) * T + t] = m + log(sum);
-                for (int64_t d = 0; d < hd; d++) {
-                    double o = 0;
-                    for (int64_t s = 0; s < n; s++)
-                        o += S[s] / sum * wide(v[((b * T + s) * KV + g) * hd + d]);
-                    ro[((b * T + t) * H + h) * hd + d] = o;
-                }
-            }
+    ref_attention_fwd(ro, rl, q, k, v, B, T, H, KV, hd, causal);
     double ef = fmax(err_vs(out, ro, nq), err_vs_stat(lse, rl, nl)), eb = 0, er = 0;
 
     int64_t n[3] = {nq, nk, nk};
