@@ -32,7 +32,7 @@ endif
 SRCS    := util.c ast.c parse.c sema.c model.c ir.c lower.c autodiff.c fuse.c plan.c schedule.c memplan.c sim.c \
            emit.c verify.c
 OBJS    := $(addprefix $(B)/obj/,$(SRCS:.c=.o)) $(B)/obj/parser.o $(B)/obj/lexer.o \
-           $(B)/obj/templates.o
+           $(B)/obj/templates.o $(B)/obj/jsonout.o
 GEN     := $(B)/gen
 INC     := -Icompiler -I$(GEN)
 
@@ -55,6 +55,12 @@ $(B)/fsdpc: $(OBJS) $(B)/obj/main.o
 $(B)/obj/%.o: compiler/%.c compiler/fsdpc.h compiler/layers.def compiler/ops.def $(GEN)/parser.h $(GEN)/lexer.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(WARN) $(INC) -c -o $@ $<
+
+# The runtime's libc-only JSON string escaper (--trace writes JSON too).
+$(B)/obj/jsonout.o: runtime/jsonout.c runtime/jsonout.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(WARN) -c -o $@ $<
+$(B)/obj/sim.o: runtime/jsonout.h
 
 # The kernel templates, carried inside fsdpc as strings.
 %/gen/templates.c: $(wildcard templates/*.h) tools/embed_templates.sh
@@ -108,7 +114,7 @@ FUZZ_OPTS   := -timeout=5 -rss_limit_mb=2048 -max_len=8192 -dict=tests/fuzz/fsd.
 # The front end's objects again, instrumented (only what the harness calls,
 # so the build stays quick), plus the harness; generated sources come from
 # $(GEN), like the ordinary build's.
-FUZZ_SRCS   := $(SRCS) parser.c lexer.c templates.c
+FUZZ_SRCS   := $(SRCS) parser.c lexer.c templates.c jsonout.c
 FUZZ_OBJS   := $(addprefix $(FUZZ_B)/obj/,$(FUZZ_SRCS:.c=.o)) $(FUZZ_B)/obj/fuzz_frontend.o
 FUZZ_CC_O    = $(FUZZ_CC) $(FUZZ_CFLAGS) -std=c11 -D_POSIX_C_SOURCE=200809L $(INC) -c -o $@ $<
 
@@ -118,6 +124,9 @@ $(FUZZ_B)/obj/%.o: compiler/%.c $(wildcard compiler/*.h compiler/*.def) $(GEN)/p
 	@mkdir -p $(@D)
 	$(FUZZ_CC_O)
 $(FUZZ_B)/obj/%.o: $(GEN)/%.c $(GEN)/parser.h $(GEN)/lexer.h compiler/fsdpc.h
+	@mkdir -p $(@D)
+	$(FUZZ_CC_O)
+$(FUZZ_B)/obj/jsonout.o: runtime/jsonout.c runtime/jsonout.h
 	@mkdir -p $(@D)
 	$(FUZZ_CC_O)
 $(FUZZ_B)/obj/fuzz_frontend.o: tests/fuzz/fuzz_frontend.c compiler/fsdpc.h
@@ -136,14 +145,17 @@ fuzz: setup $(FUZZ_B)/fuzz_frontend
 # -DFSD_FLOAT64 (`real` is double, for finite-difference gradient checks).
 # It needs MPI and OpenBLAS (tools/setup.sh installs both). A trainer links
 #   mpicc -x c -O2 -fopenmp -Iruntime train.cu -Lbuild/runtime -lfsdrt_cpu $(RT_LIBS)
-# runtime/arena.c needs only libc, so the compiler may link it too.
+# runtime/arena.c needs only libc, so the compiler may link it too;
+# runtime/jsonout.c (JSON string escaping) needs only libc, and the compiler
+# links it (above).
 MPICC    ?= mpicc
 RT       := build/runtime
-RT_SRCS  := common.c cpu.c data.c weights.c arena.c json.c hfnames.c ckpt.c optim.c
-RT_HDRS  := runtime/fsdrt.h runtime/internal.h runtime/half.h
+RT_SRCS  := common.c cpu.c data.c weights.c arena.c json.c jsonout.c hfnames.c ckpt.c optim.c
+RT_HDRS  := runtime/fsdrt.h runtime/internal.h runtime/half.h runtime/jsonout.h
 # -fno-math-errno: nothing reads errno after a math call, and without it a
 # sqrtf stops the compiler vectorising a loop (the optimizer's, a kernel's).
-RT_CFLAGS = -O2 -g -fopenmp -fno-math-errno $(WARN) $(shell pkg-config --cflags openblas 2>/dev/null)
+RT_CFLAGS_BASE = -O2 -g -fopenmp -fno-math-errno $(WARN)
+RT_CFLAGS = $(RT_CFLAGS_BASE) $(shell pkg-config --cflags openblas 2>/dev/null)
 RT_LIBS   = -fopenmp -pthread $(or $(shell pkg-config --libs openblas 2>/dev/null),-lopenblas) -lm
 
 .PHONY: runtime runtime-tests
@@ -162,10 +174,14 @@ $(RT)/obj64/%.o: runtime/%.c $(RT_HDRS)
 
 # ── the CUDA runtime ──
 #   make runtime-cuda [ARCH=sm_80,sm_90]   → build/runtime/libfsdrt_cuda.a
+#   make runtime-cuda MPI=0                → build/runtime/libfsdrt_cuda_nompi.a
 # the CUDA backend (cuda.c, cuda_kernels.cu: NCCL, cuBLASLt, streams) with the
 # backend-independent sources of the CPU runtime (all of RT_SRCS but cpu.c),
 # for an emitted train.cu built with nvcc (docs/cuda.md). Needs the CUDA
 # toolkit, NCCL and MPI; ARCH lists the GPU architectures, as for the trainer.
+# MPI=0 builds it without MPI (the C sources with CC, -DFSD_MPI=0, nothing of
+# MPI linked): its trainers start alone or through FSD_NCCL_ID_FILE, for
+# srun/torchrun-style launches and machines that have no MPI.
 comma    := ,
 NVCC     ?= nvcc
 ARCH     ?= sm_80,sm_90
@@ -176,23 +192,45 @@ endif
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(realpath $(shell command -v $(NVCC) 2>/dev/null)))
 NCCL_HOME ?=
 CUDA_GENCODE = $(foreach a,$(subst $(comma), ,$(ARCH)),-gencode arch=compute_$(a:sm_%=%),code=$(a))
-CU_RT    := $(RT)/cuda
+MPI      ?= 1
+# an MPI from the environment that is neither 0 nor 1 (a module system's
+# name for one, say) is not ours; on the command line it is a mistake
+ifeq ($(filter 0 1,$(MPI)),)
+  ifneq ($(filter environment%,$(origin MPI)),)
+    MPI := 1
+  else
+    $(error MPI=$(MPI): use MPI=1 (the default: the CUDA build bootstraps over MPI) or MPI=0 (without MPI, docs/cuda.md))
+  endif
+endif
+ifeq ($(MPI),0)
+  CU_RT    := $(RT)/cuda-nompi
+  CU_LIB   := fsdrt_cuda_nompi
+  CU_CC    := $(CC)
+  CU_DEFS  := -DFSD_MPI=0
+else
+  CU_RT    := $(RT)/cuda
+  CU_LIB   := fsdrt_cuda
+  CU_CC    := $(MPICC)
+  CU_DEFS  :=
+endif
 CU_SRCS  := $(filter-out cpu.c,$(RT_SRCS)) cuda.c
 CU_INC   := -I$(CUDA_HOME)/include $(if $(NCCL_HOME),-I$(NCCL_HOME)/include)
 # MPI's link flags in nvcc's spelling (-Wl,x → -Xlinker x)
 MPI_LINK  = $(patsubst -Wl$(comma)%,-Xlinker %,$(patsubst -pthread,-Xcompiler -pthread,$(shell $(MPICC) -showme:link 2>/dev/null || $(MPICC) -link_info 2>/dev/null | cut -d' ' -f2-)))
+CU_SYSLIBS := -Xcompiler -fopenmp -lpthread -lm
 CUDA_LIBS = $(if $(NCCL_HOME),-L$(NCCL_HOME)/lib) -lnccl -lcublasLt -lcudart \
-            $(MPI_LINK) -Xcompiler -fopenmp -lpthread -lm
-NVCC_FLAGS = -O2 -std=c++17 $(CUDA_GENCODE) -Xcompiler -Wall,-Wextra,-Wno-unused-parameter
+            $(if $(filter 1,$(MPI)),$(MPI_LINK)) $(CU_SYSLIBS)
+NVCC_BASE  := -O2 -std=c++17 -Xcompiler -Wall,-Wextra,-Wno-unused-parameter
+NVCC_FLAGS = $(NVCC_BASE) $(CUDA_GENCODE)
 
-.PHONY: runtime-cuda
-runtime-cuda: $(RT)/libfsdrt_cuda.a
+.PHONY: runtime-cuda cuda-build-vars
+runtime-cuda: $(RT)/lib$(CU_LIB).a
 
-$(RT)/libfsdrt_cuda.a: $(addprefix $(CU_RT)/obj/,$(CU_SRCS:.c=.o)) $(CU_RT)/obj/cuda_kernels.o
+$(RT)/lib$(CU_LIB).a: $(addprefix $(CU_RT)/obj/,$(CU_SRCS:.c=.o)) $(CU_RT)/obj/cuda_kernels.o
 	ar rcs $@ $^
 $(CU_RT)/obj/%.o: runtime/%.c $(RT_HDRS) runtime/cuda.h
 	@mkdir -p $(@D)
-	$(MPICC) $(RT_CFLAGS) $(CU_INC) -c -o $@ $<
+	$(CU_CC) $(RT_CFLAGS) $(CU_DEFS) $(CU_INC) -c -o $@ $<
 # the kernels are rebuilt when ARCH changes (the stamp holds the list)
 $(CU_RT)/obj/cuda_kernels.o: runtime/cuda_kernels.cu runtime/cuda.h $(CU_RT)/arch.$(subst $(comma),_,$(ARCH))
 	@mkdir -p $(@D)
@@ -202,13 +240,21 @@ $(CU_RT)/arch.%:
 	@rm -f $(CU_RT)/arch.*
 	@touch $@
 
+# The MPI=0 build's sources and flags as shell assignments: tests/gpu/run.sh
+# --pack writes them into a pack, whose run.sh builds the runtime with them
+# on a GPU machine that has no make (the architecture is that machine's).
+cuda-build-vars:
+	@printf "%s='%s'\n" CU_SRCS "$(CU_SRCS)" CU_CFLAGS "$(RT_CFLAGS_BASE) -DFSD_MPI=0" \
+	  NVCC_BASE "$(NVCC_BASE)" CU_SYSLIBS "$(CU_SYSLIBS)"
+
 # ── trainers ──
 #   make trainer FSD=path/model.fsd BACKEND=cpu     → build/<model>/cpu/train
 # compiles the model with fsdpc (train.cu lands beside the binary) and builds
 # it against the CPU runtime; BACKEND=cpu64 builds the float64 variant used by
 # gradient checks (-DFSD_FLOAT64), into build/<model>/cpu64/; BACKEND=cuda
 # builds it with nvcc against the CUDA runtime for ARCH (default sm_80,sm_90),
-# into build/<model>/cuda/ (docs/cuda.md).
+# into build/<model>/cuda/ (docs/cuda.md); with MPI=0, against the runtime
+# without MPI, and without `setup` (which would install MPI).
 FSD      ?= examples/tiny.fsd
 BACKEND  ?= cpu
 MODEL    := $(basename $(notdir $(FSD)))
@@ -219,13 +265,13 @@ TRAINER_LIB_cpu     := $(RT)/libfsdrt_cpu.a
 TRAINER_LIB_cpu64   := $(RT)/libfsdrt_cpu64.a
 
 .PHONY: trainer
-trainer: setup
+trainer: $(if $(filter cuda,$(BACKEND)),$(if $(filter 0,$(MPI)),,setup),setup)
 	@case "$(BACKEND)" in cpu|cpu64|cuda) ;; *) echo "make trainer: BACKEND=$(BACKEND) is not one of cpu, cpu64, cuda"; exit 1;; esac
 	@$(MAKE) --no-print-directory $(B)/fsdpc $(if $(filter cuda,$(BACKEND)),runtime-cuda,runtime)
 	@mkdir -p $(TRAINER)
 	$(B)/fsdpc $(FSD) -o $(TRAINER)/train.cu
 ifeq ($(BACKEND),cuda)
-	$(NVCC) -x cu $(NVCC_FLAGS) -Iruntime $(TRAINER)/train.cu -L$(RT) -lfsdrt_cuda $(CUDA_LIBS) \
+	$(NVCC) -x cu $(NVCC_FLAGS) -Iruntime $(TRAINER)/train.cu -L$(RT) -l$(CU_LIB) $(CUDA_LIBS) \
 	  -o $(TRAINER)/train
 else
 	$(MPICC) -x c -std=c11 $(RT_CFLAGS) $(TRAINER_FLAGS_$(BACKEND)) -Iruntime \

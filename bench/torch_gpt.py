@@ -22,8 +22,8 @@ losses and wall times (ms) and the process's peak resident memory.
 import argparse
 import json
 import math
+import os
 import resource
-import struct
 import sys
 import time
 
@@ -32,22 +32,18 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+import fsdfiles   # tests/fsdfiles.py: the one safetensors reader
+
 
 def read_safetensors(path):
-    with open(path, "rb") as f:
-        blob = f.read()
-    (n,) = struct.unpack_from("<Q", blob, 0)
-    header = json.loads(blob[8:8 + n])
-    out = {}
-    for name, t in header.items():
-        if name == "__metadata__":
-            continue
-        if t["dtype"] != "F32":
-            sys.exit(f"{path}: {name} is {t['dtype']}, not F32")
-        lo, hi = t["data_offsets"]
-        a = np.frombuffer(blob, dtype="<f4", count=(hi - lo) // 4, offset=8 + n + lo)
-        out[name] = torch.from_numpy(a.reshape(t["shape"]).copy())
-    return out
+    """{name: float32 tensor} of an fsdpc --export file"""
+    try:
+        tensors, _ = fsdfiles.read_safetensors(path)
+    except fsdfiles.FormatError as e:
+        sys.exit(str(e))
+    return {name: torch.from_numpy(np.frombuffer(t.raw, dtype="<f4").reshape(t.shape).copy())
+            for name, t in tensors.items()}
 
 
 def read_tokens(path):

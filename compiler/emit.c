@@ -508,6 +508,14 @@ static const char *template_of(OpKind k)
 
 const char *emit_template_of(OpKind k) { return template_of(k); }
 
+static void paste_template(Emit *e, const char *file)
+{
+    const char *text = template_text(file);
+    if (!text)
+        fsd_panic(__FILE__, __LINE__, arena_printf("template %s is not built in", file));
+    P("/* ──── templates/%s ──── */\n%s\n", file, text);
+}
+
 static void emit_templates(Emit *e)
 {
     const char *files[16] = {"portable.h"};
@@ -521,10 +529,12 @@ static void emit_templates(Emit *e)
             files[n++] = f;
     }
     for (int k = 0; k < n; k++) {
-        const char *text = template_text(files[k]);
-        if (!text)
-            fsd_panic(__FILE__, __LINE__, arena_printf("template %s is not built in", files[k]));
-        P("/* ──── templates/%s ──── */\n%s\n", files[k], text);
+        /* attention.h's tensor-core kernels take their primitives from
+         * mma.h (which defines nothing unless the program stores bf16 and
+         * builds for the GPU) */
+        if (strcmp(files[k], "attention.h") == 0)
+            paste_template(e, "mma.h");
+        paste_template(e, files[k]);
     }
 }
 

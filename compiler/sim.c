@@ -16,6 +16,7 @@
  * is a named constant with the reason for its value.
  */
 #include "fsdpc.h"
+#include "../runtime/jsonout.h"   /* json_put_chars: one escaper, the runtime's */
 
 #include <ctype.h>
 #include <errno.h>
@@ -672,18 +673,12 @@ void sim_dump(FILE *out, const Sim *sim, const MemPlan *mp)
  * One process, one thread per stream; complete events ("ph": "X") with
  * "ts" and "dur" in microseconds. Perfetto and chrome://tracing open it. */
 
+/* s as a JSON string, quoted; escaped as the runtime's trace escapes its
+ * names (runtime/jsonout.c, linked into fsdpc too) */
 static void json_str(FILE *out, const char *s)
 {
     fputc('"', out);
-    for (; *s; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\')
-            fprintf(out, "\\%c", ch);
-        else if (ch < 0x20)
-            fprintf(out, "\\u%04x", ch);
-        else
-            fputc(ch, out);
-    }
+    json_put_chars(out, s);
     fputc('"', out);
 }
 

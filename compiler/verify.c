@@ -3,8 +3,9 @@
  * target architecture, without a GPU and without nvcc.
  *
  * Each template file the graph uses (emit_template_of) is compiled as one
- * NVRTC program: portable.h, then the family, each under a #line directive
- * so that NVRTC's messages name the template file and line. What emitted
+ * NVRTC program: portable.h, then the family (attention.h after mma.h, as
+ * emit.c pastes them), each under a #line directive so that NVRTC's
+ * messages name the template file and line. What emitted
  * code takes from the C library and the runtime header is supplied as tiny
  * in-memory headers (the prelude below); -default-device makes the host-side
  * launchers device functions that are compiled and never called, and
@@ -18,7 +19,9 @@
  * the .fsd lines of the ops whose launchers are in that file. Kernels are
  * tied to ops through the templates' text: a LAUNCHER named after an op
  * (X_fwd for a forward op X, the op's name for a backward one) starts the
- * kernels named in its FSD_RUN_* calls, and those of the launchers it calls.
+ * kernels named in its FSD_RUN_* calls (FSD_RUN_COL_SUMS also the column
+ * sums' second pass, fsd_col_parts_kernel), and those of the launchers it
+ * calls.
  *
  * NVRTC is loaded with dlopen at run time, so fsdpc builds and runs without
  * the CUDA toolkit unless --verify is asked for; FSDPC_NVRTC names the
@@ -121,6 +124,7 @@ static const char *const header_texts[] = {
     "typedef signed char int8_t;\ntypedef short int16_t;\ntypedef int int32_t;\n"
     "typedef long long int64_t;\ntypedef unsigned char uint8_t;\ntypedef unsigned short uint16_t;\n"
     "typedef unsigned uint32_t;\ntypedef unsigned long long uint64_t;\n"
+    "typedef unsigned long uintptr_t;\n"
     "#define INT32_MAX 2147483647\n#define INT64_MAX 9223372036854775807LL\n",
     "typedef struct FILE FILE;\n#define stderr ((FILE *)0)\n#define stdout ((FILE *)0)\n"
     "int fprintf(FILE *, const char *, ...);\nint fflush(FILE *);\n"
@@ -173,6 +177,13 @@ static int find_launchers(const char *text, Launcher *out, int max)
     return n;
 }
 
+/* Kernels a run macro starts besides the one it names: the column sums'
+ * second pass (portable.h's FSD_RUN_COL_SUMS, fsd_col_parts), compiled
+ * with portable.h into every template file's program. */
+static const struct {
+    const char *macro, *kernel;
+} hidden_kernels[] = {{"FSD_RUN_COL_SUMS(", "fsd_col_parts_kernel"}};
+
 /* Whether launcher l (or one it calls, transitively) starts kernel k. */
 static bool starts(const Launcher *ls, int n, int l, const char *kernel, int depth)
 {
@@ -181,6 +192,10 @@ static bool starts(const Launcher *ls, int n, int l, const char *kernel, int dep
     const char *b = ls[l].body;
     const int len = ls[l].len;
     for (const char *p = b; p < b + len; p++) {
+        for (size_t h = 0; h < sizeof hidden_kernels / sizeof *hidden_kernels; h++)
+            if (strncmp(p, hidden_kernels[h].macro, strlen(hidden_kernels[h].macro)) == 0 &&
+                strcmp(kernel, hidden_kernels[h].kernel) == 0)
+                return true;
         if (strncmp(p, "FSD_RUN_", 8) == 0) {
             const char *q = strchr(p, '(');
             if (!q || q >= b + len)
@@ -423,9 +438,17 @@ int verify_kernels(FILE *out, Model *m, Graph *g, const char *arch_list)
             const char *text = template_text(files[f]);
             if (!text)
                 fsd_panic(__FILE__, __LINE__, arena_printf("template %s is not built in", files[f]));
-            const char *src = arena_printf("#line 1 \"templates/portable.h\"\n%s\n"
+            /* attention.h after mma.h, as the emitter pastes them (emit.c) */
+            const char *pre = "";
+            if (strcmp(files[f], "attention.h") == 0) {
+                const char *mma = template_text("mma.h");
+                if (!mma)
+                    fsd_panic(__FILE__, __LINE__, "template mma.h is not built in");
+                pre = arena_printf("#line 1 \"templates/mma.h\"\n%s\n", mma);
+            }
+            const char *src = arena_printf("#line 1 \"templates/portable.h\"\n%s\n%s"
                                            "#line 1 \"templates/%s\"\n%s\n",
-                                           portable, files[f], text);
+                                           portable, pre, files[f], text);
             NvrtcProgram prog;
             NvrtcResult rc = nv.create(&prog, src, arena_printf("templates/%s", files[f]), 6,
                                        header_texts, header_names);

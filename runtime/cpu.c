@@ -551,6 +551,27 @@ void bk_reduce_scatter(FsdRun *r, int g)
                                            MPI_REAL_T, MPI_SUM, r->bk->comm, &c->reduce));
 }
 
+/* shard += sum / world: averaged over ranks, accumulated over
+ * micro-batches. Elementwise, so the AVX-512 and AVX2 versions (as
+ * optim.c's loops have) give the scalar loop's bits; at one rank, x / 1 is
+ * x and the division is left out. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__ELF__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+static void accumulate_shard(real *shard, const real *sum, int64_t n, int world)
+{
+    if (world == 1) {
+#pragma omp parallel for simd schedule(static)
+        for (int64_t i = 0; i < n; i++)
+            shard[i] += sum[i];
+        return;
+    }
+    const real w = (real)world;
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; i++)
+        shard[i] += sum[i] / w;
+}
+
 /* The summed slice is at the start of the buffer reduced (MPI_IN_PLACE). */
 void bk_wait_reduce(FsdRun *r, int g)
 {
@@ -559,11 +580,7 @@ void bk_wait_reduce(FsdRun *r, int g)
     MPI_CHECK(r, MPI_Wait(&c->reduce, MPI_STATUS_IGNORE));
     real *sum = c->wide ? c->wide : G->grads, *shard = G->grad;
     round_to(r->m->reduce_dtype, sum, G->shard);
-    /* averaged over ranks, accumulated over micro-batches */
-    const real world = (real)r->world;
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < G->shard; i++)
-        shard[i] += sum[i] / world;
+    accumulate_shard(shard, sum, G->shard, r->world);
     if (c->wide) {
         bk_pool_put(r, c->wide, 0);
         c->wide = NULL;

@@ -13,6 +13,15 @@
  * PMI_*). Once NCCL is up every collective of the runtime goes through it,
  * so both bootstraps run the same code afterwards.
  *
+ * Without MPI (FSD_MPI=0, `make ... MPI=0`: no mpi.h, no libmpi) the file
+ * is the only bootstrap: a job of several ranks needs FSD_NCCL_ID_FILE, and
+ * one process alone needs nothing (rank 0 makes the id and keeps it). Such a
+ * build refuses to start under mpirun without the id file, and at world > 1
+ * without it, rather than train as ranks that do not know of each other.
+ * MPI's other jobs here already have NCCL paths (the agreement before NCCL
+ * exists is the id-file launch's, the offload update's sums go over NCCL,
+ * an abort ends the others through ncclCommAbort and their timeouts).
+ *
  * Streams. Kernels and cuBLASLt products run on the compute stream
  * (fsdrt_cuda_stream, which the emitted program's launchers use as
  * FSD_STREAM); all-gathers on the gather stream, reduce-scatters on the reduce stream. They are ordered
@@ -78,7 +87,6 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
-#include <mpi.h>
 #include <nccl.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -88,6 +96,16 @@
 
 #ifdef FSD_FLOAT64
 #error "the CUDA backend computes in float32; the float64 build is the CPU backend's (BACKEND=cpu64)"
+#endif
+
+/* 1: MPI launches and bootstraps the job when it can (the default); 0: a
+ * build without MPI (the Makefile's MPI=0), started alone or through
+ * FSD_NCCL_ID_FILE. */
+#ifndef FSD_MPI
+#define FSD_MPI 1
+#endif
+#if FSD_MPI
+#include <mpi.h>
 #endif
 
 /* Small collectives (agreement, barriers, the trace's lengths) stage
@@ -197,11 +215,13 @@ _Noreturn void bk_abort(FsdRun *r)
         bk->have_comm = false;
         ncclCommAbort(bk->comm);
     }
+#if FSD_MPI
     int up = 0, down = 0;
     MPI_Initialized(&up);
     MPI_Finalized(&down);
     if (up && !down)
         MPI_Abort(MPI_COMM_WORLD, 1);
+#endif
     /* not exit(): atexit handlers could wait on a device that is stuck */
     _exit(1);
 }
@@ -264,6 +284,7 @@ static _Noreturn void nccl_failed(FsdRun *r, const char *file, int line, const c
 
 static void gemm_plans_free(FsdRun *r);
 
+#if FSD_MPI
 #define MPI_CHECK(r, call)                                                    \
     do {                                                                      \
         int e_ = (call);                                                      \
@@ -275,6 +296,7 @@ static void gemm_plans_free(FsdRun *r);
             failed((r), __FILE__, __LINE__, #call, why_);                     \
         }                                                                     \
     } while (0)
+#endif
 
 /* ── host waits: the only place the host waits for the GPU ── */
 
@@ -395,6 +417,7 @@ static bool local_from_env(int *local, int *local_world)
     return false;
 }
 
+#if FSD_MPI
 /* MPI's start, rank and world, as the CPU backend's; the node split gives
  * the local rank where no launcher variable does. */
 static bool start_mpi(FsdRun *r, int *argc, char ***argv)
@@ -436,6 +459,38 @@ static bool start_mpi(FsdRun *r, int *argc, char ***argv)
     }
     return true;
 }
+#else
+/* Without MPI and without FSD_NCCL_ID_FILE only a process alone can start:
+ * its NCCL id never has to leave it. Ranks of a larger job would each make
+ * their own id and wait in NCCL's start for peers that never join it, and
+ * mpirun's ranks expect an MPI bootstrap this build does not have, so both
+ * are refused with what to do instead. */
+static bool start_alone(FsdRun *r)
+{
+    static const char *const mpirun_vars[] = {"OMPI_COMM_WORLD_SIZE", "MPI_LOCALRANKID"};
+    for (size_t i = 0; i < sizeof mpirun_vars / sizeof *mpirun_vars; i++) {
+        if (getenv(mpirun_vars[i])) {
+            rt_fail(r, "started by mpirun (%s is set), but this trainer was built without MPI "
+                       "(MPI=0): give the job FSD_NCCL_ID_FILE, a path on a file system every node "
+                       "shares (mpirun -x FSD_NCCL_ID_FILE=PATH ...), or build it with MPI=1 "
+                       "(docs/cuda.md)",
+                    mpirun_vars[i]);
+            return false;
+        }
+    }
+    if (!ranks_from_env(r))
+        return false;
+    if (r->world > 1) {
+        rt_fail(r, "rank %d of %d: this trainer was built without MPI (MPI=0), so a job of several "
+                   "ranks bootstraps NCCL through a file: set FSD_NCCL_ID_FILE to a path on a file "
+                   "system every node shares (docs/cuda.md)",
+                r->rank, r->world);
+        return false;
+    }
+    local_from_env(&r->local_rank, &r->local_world);
+    return true;
+}
+#endif
 
 static bool pick_device(FsdRun *r)
 {
@@ -469,15 +524,18 @@ static bool pick_device(FsdRun *r)
  * none waits in NCCL's start for one that has given up. */
 static bool agree_before_nccl(FsdRun *r)
 {
-    if (!r->bk->mpi)
-        return !r->err[0];   /* the others time out in NCCL's start, with a message */
-    int mine = r->err[0] ? r->rank : r->world, first = r->world;
-    MPI_CHECK(r, MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
-    if (first == r->world)
-        return true;
-    MPI_CHECK(r, MPI_Bcast(r->err, ERR_MAX, MPI_CHAR, first, MPI_COMM_WORLD));
-    r->err[ERR_MAX - 1] = 0;
-    return false;
+#if FSD_MPI
+    if (r->bk->mpi) {
+        int mine = r->err[0] ? r->rank : r->world, first = r->world;
+        MPI_CHECK(r, MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+        if (first == r->world)
+            return true;
+        MPI_CHECK(r, MPI_Bcast(r->err, ERR_MAX, MPI_CHAR, first, MPI_COMM_WORLD));
+        r->err[ERR_MAX - 1] = 0;
+        return false;
+    }
+#endif
+    return !r->err[0];   /* the others time out in NCCL's start, with a message */
 }
 
 /* FSD_NCCL_ID_FILE: rank 0 writes the id under a temporary name and
@@ -613,9 +671,14 @@ bool bk_start(FsdRun *r, int *argc, char ***argv)
         if (r->local_world < 1)
             r->local_world = 1;
     } else {
+#if FSD_MPI
         if (!start_mpi(r, argc, argv))
             return false;
         local_from_env(&r->local_rank, &r->local_world);
+#else
+        if (!start_alone(r))
+            return false;
+#endif
     }
     if (!r->err[0])
         pick_device(r);
@@ -651,9 +714,12 @@ bool bk_start(FsdRun *r, int *argc, char ***argv)
     memset(&id, 0, sizeof id);
     if (r->rank == 0)
         NCCL_CHECK(r, ncclGetUniqueId(&id));
+#if FSD_MPI
     if (bk->mpi)
         MPI_CHECK(r, MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD));
-    else if (!id_through_file(r, &id))
+#endif
+    /* neither: a process alone (FSD_MPI=0), which keeps its own id */
+    if (bk->id_file && !id_through_file(r, &id))
         return false;
     start_nccl(r, &id);
     return true;
@@ -725,12 +791,14 @@ void bk_stop(FsdRun *r)
     compute_stream = 0;
     if (bk->wrote_id_file)
         remove(bk->id_file);
+#if FSD_MPI
     int up = 0, down = 0;
     MPI_Initialized(&up);
     MPI_Finalized(&down);
     if (up && !down && bk->started_mpi && MPI_Finalize() != MPI_SUCCESS)
         fprintf(stderr, "train: rank %d: %s:%d: shutting down MPI failed\n", r->rank, __FILE__,
                 __LINE__);
+#endif
     free(bk);
     r->bk = NULL;
 }
@@ -1724,10 +1792,13 @@ static void host_update(FsdRun *r, double lr, int64_t t, double v[2])
     }
     v[0] = r->loss_sum + bk->h_stats[3];
     v[1] = optim_grad_sumsq(r);
-    if (r->world > 1 && bk->mpi)
+    if (r->world > 1 && bk->mpi) {   /* never without MPI (FSD_MPI=0) */
+#if FSD_MPI
         MPI_CHECK(r, MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
-    else if (r->world > 1)
+#endif
+    } else if (r->world > 1) {
         allreduce_small(r, v, 2, ncclFloat64, sizeof *v, ncclSum);
+    }
     optim_step(r, lr, clip_coef(r->cfg.grad_clip, sqrt(v[1])), t);
 }
 

@@ -20,6 +20,7 @@
 #define FSDRT_INTERNAL_H
 
 #include "fsdrt.h"
+#include "jsonout.h"   /* json_put_chars: the writers' string escaping */
 
 #include <stdio.h>
 
@@ -169,7 +170,7 @@ void weights_direction(FsdRun *r, uint64_t stream, real *const *dst);
 void weights_import(FsdRun *r, const char *path);      /* this rank's shards */
 void weights_export(FsdRun *r, const char *path);      /* collective */
 
-/* ── json.c: a small JSON reader (safetensors headers, checkpoint metadata), and string escaping for the writers ── */
+/* ── json.c: a small JSON reader (safetensors headers, checkpoint metadata) ── */
 
 typedef enum { J_NULL, J_BOOL, J_NUM, J_STR, J_ARR, J_OBJ } JType;
 
@@ -190,7 +191,6 @@ bool json_parse(const char *s, size_t n, JVal *out, size_t *err_at, const char *
 const JVal *json_get(const JVal *obj, const char *key);   /* NULL when absent */
 bool json_count(const JVal *v, int64_t *out);   /* an exact integer in [0, 2^53] */
 void json_free(JVal *v);
-void json_put_chars(FILE *f, const char *s);   /* s escaped, without the quotes */
 
 /* ── hfnames.c: where parameters lie in a weights file ── */
 

@@ -336,18 +336,3 @@ bool json_count(const JVal *v, int64_t *out)
     *out = (int64_t)v->num;
     return true;
 }
-
-/* Writes s as the inside of a JSON string (no quotes): '"' and '\\'
- * escaped, control characters as \u00XX. */
-void json_put_chars(FILE *f, const char *s)
-{
-    for (; s && *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\')
-            fprintf(f, "\\%c", c);
-        else if (c < 0x20)
-            fprintf(f, "\\u%04x", c);
-        else
-            fputc(c, f);
-    }
-}

@@ -17,8 +17,8 @@
  *   cols    NAME_cols(j0, j1, ...): columns [j0, j1), each walked over all
  *           rows by one worker: one column per GPU thread, tiles of
  *           FSD_COL_TILE columns per CPU iteration (so a thread walks rows
- *           with unit-stride inner loops). The scatter embed_bwd, and the
- *           second pass of the column sums below.
+ *           with unit-stride inner loops). The second pass of the column
+ *           sums below.
  *   sum     NAME_sum(r0, r1, j0, j1, s, ls, ...): a column reduction's
  *           body: adds rows [r0, r1) of columns [j0, j1) of each of its
  *           outputs k (at most FSD_COL_OUTS) into real s[k·ls + j − j0],
@@ -251,7 +251,7 @@ DEVICE void fsd_block_sync(void) { __syncthreads(); }
     static __global__ void __launch_bounds__(FSD_BLOCK)                               \
         name##_kernel(int64_t fsd_nblk_, FSD_UNPAREN params)                          \
     {                                                                                \
-        __shared__ real fsd_smem_[smem_reals];                                       \
+        __shared__ __align__(16) real fsd_smem_[smem_reals];   /* for ldmatrix */    \
         for (int64_t fsd_blk_ = blockIdx.x; fsd_blk_ < fsd_nblk_; fsd_blk_ += gridDim.x) { \
             name##_block(fsd_blk_, (int)threadIdx.x, fsd_smem_, FSD_UNPAREN args);    \
             __syncthreads();                                                         \

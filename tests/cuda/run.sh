@@ -19,7 +19,19 @@
 #      the examples in 2-4) exactly one host wait, first in the offload
 #      update, and it catches a second one, a sync on the copy-out path and
 #      the offload update reached without the model's offload setting;
-#   6. without a GPU, the CUDA trainer stops with a clear message.
+#   6. without a GPU, the CUDA trainer stops with a clear message;
+#   7. without MPI (MPI=0, for sm_90 only: 2 covers the architectures):
+#      make runtime-cuda and a tiny trainer build without a warning, and the trainer neither loads libmpi nor holds an
+#      MPI symbol; started under mpirun without FSD_NCCL_ID_FILE, or at
+#      world 2 without it, it stops saying so;
+#   8. tests/gpu/run.sh --pack for tiny and GPT-2 (CPU reference, emitted
+#      train.cu, runtime sources, build flags), copied to a temporary
+#      directory and built there by the pack's own run.sh --build-only
+#      (nvcc for sm_90, MPI=0): the trainer builds from the pack alone and
+#      loads no MPI; and tests/gpu/lib.sh's comparisons, fed two CPU logs of
+#      the same run, pass, and fail on one with losses 1.5x the tolerance
+#      off, a missing step or a null loss (0.5x passes), and GPT-2's report
+#      fails on a memory peak off the plan.
 #
 # Without nvcc (a machine without the CUDA toolkit) it prints a skip line
 # saying why. Like the other suites: one line per check, then
@@ -294,6 +306,121 @@ elif [ -x build/tiny/cuda/train ]; then
     else
         bad "cuda: the trainer without a GPU (status $st)" "$TMP/nogpu.log"
     fi
+fi
+
+# ── 7. without MPI ──
+nompi=$TMP/nompi_tiny
+if $MAKE --no-print-directory runtime-cuda MPI=0 ARCH=sm_90 >"$TMP/nompi_rt.log" 2>&1 &&
+        $MAKE --no-print-directory trainer FSD=examples/tiny.fsd BACKEND=cuda ARCH=sm_90 MPI=0 \
+            TRAINER="$nompi" >"$TMP/nompi.log" 2>&1; then
+    cat "$TMP/nompi_rt.log" >>"$TMP/nompi.log"
+    if warned "$TMP/nompi.log"; then
+        bad "cuda: MPI=0: the runtime and tiny's trainer build, but with warnings" "$TMP/nompi.log"
+    else
+        ok "cuda: MPI=0: make runtime-cuda and a tiny trainer build without MPI and without warnings"
+    fi
+    { ldd "$nompi/train"; nm "$nompi/train"; nm -D "$nompi/train"; } >"$TMP/nompi.syms" 2>&1
+    if grep -qE 'libmpi|[^A-Za-z_]P?MPI_[A-Z]|ompi_' "$TMP/nompi.syms"; then
+        grep -E 'libmpi|MPI_|ompi_' "$TMP/nompi.syms" | head -n 20 >"$TMP/nompi.found"
+        bad "cuda: MPI=0: the trainer still loads or references MPI" "$TMP/nompi.found"
+    elif grep -q 'libnccl' "$TMP/nompi.syms"; then
+        ok "cuda: MPI=0: the trainer loads no libmpi and holds no MPI symbol (ldd, nm)"
+    else
+        bad "cuda: MPI=0: ldd shows no libnccl: the check saw no trainer" "$TMP/nompi.syms"
+    fi
+    # both refusals come before the device is looked for, so no GPU is needed
+    OMPI_COMM_WORLD_SIZE=1 OMPI_COMM_WORLD_RANK=0 FSD_NCCL_ID_FILE="" timeout 60 "$nompi/train" --steps 1 \
+        >"$TMP/nompi_mpirun.log" 2>&1
+    st1=$?
+    RANK=1 WORLD_SIZE=2 FSD_NCCL_ID_FILE="" timeout 60 "$nompi/train" --steps 1 >"$TMP/nompi_w2.log" 2>&1
+    st2=$?
+    if [ $st1 = 1 ] && grep -q 'started by mpirun (OMPI_COMM_WORLD_SIZE is set), but this trainer was built without MPI' "$TMP/nompi_mpirun.log" &&
+            [ $st2 = 1 ] && grep -q 'rank 1 of 2: this trainer was built without MPI (MPI=0).*FSD_NCCL_ID_FILE' "$TMP/nompi_w2.log"; then
+        ok "cuda: MPI=0: under mpirun, or at world 2, without FSD_NCCL_ID_FILE the trainer stops saying so"
+    else
+        cat "$TMP/nompi_mpirun.log" "$TMP/nompi_w2.log" >"$TMP/nompi_both.log"
+        bad "cuda: MPI=0: the refusals without FSD_NCCL_ID_FILE (status $st1, $st2)" "$TMP/nompi_both.log"
+    fi
+else
+    cat "$TMP/nompi_rt.log" "$TMP/nompi.log" >"$TMP/nompi_both.log" 2>/dev/null
+    bad "cuda: MPI=0: make runtime-cuda / make trainer BACKEND=cuda MPI=0" "$TMP/nompi_both.log"
+fi
+
+# ── 8. a pack for a GPU machine without MPI, built from the pack alone ──
+if GPU_TEST_OUT="$TMP/gpu" MAKE=$MAKE tests/gpu/run.sh --pack "$TMP/pack" tiny gpt2 >"$TMP/pack.log" 2>&1; then
+    ok "cuda: tests/gpu/run.sh --pack (tiny, gpt2): $(tail -n 1 "$TMP/pack.log" | cut -d';' -f1)"
+    carried=$(mktemp -d)
+    cp -r "$TMP/pack/." "$carried/"
+    cp "$TMP/pack/ref/tiny_cpu.jsonl" "$TMP/pack/data/tiny.bin" "$TMP/gpu/"   # for the comparisons below
+    rm -rf "$TMP/pack"   # nothing of it outside the copy
+    if (cd / && bash "$carried/run.sh" --build-only sm_90 tiny) >"$TMP/carried.log" 2>&1 &&
+            [ -x "$carried/models/tiny/train" ]; then
+        ldd "$carried/models/tiny/train" >"$TMP/carried.ldd" 2>&1
+        if grep -q libmpi "$TMP/carried.ldd" || ! grep -q libnccl "$TMP/carried.ldd"; then
+            bad "cuda: the pack's trainer loads libmpi, or no NCCL" "$TMP/carried.ldd"
+        else
+            ok "cuda: the pack, copied elsewhere, builds tiny's trainer with nvcc for sm_90, MPI=0, from itself: $(grep -c '^ok' "$TMP/carried.log") builds"
+        fi
+    else
+        bad "cuda: bash PACK/run.sh --build-only sm_90 tiny" "$TMP/carried.log"
+    fi
+    rm -rf "$carried"
+else
+    bad "cuda: tests/gpu/run.sh --pack DIR tiny gpt2" "$TMP/pack.log"
+fi
+
+# ... and the comparisons both GPU modes use, on two CPU logs of one run:
+# the pack's tiny reference and the same command again
+ref=$TMP/gpu/tiny_cpu.jsonl
+if [ -s "$ref" ] && "$TMP/gpu/cpu/tiny/train" --steps 50 --seed 1337 --data "$TMP/gpu/tiny.bin" --quiet \
+        --log "$TMP/gpu/again.jsonl" >"$TMP/again.log" 2>&1; then
+    (
+        . tests/gpu/lib.sh
+        scale() {   # every loss times $1
+            awk -v f="$1" '{ if (match($0, /"loss": [0-9.eE+-]+/)) {
+                v = substr($0, RSTART + 8, RLENGTH - 8) * f
+                $0 = substr($0, 1, RSTART - 1) "\"loss\": " sprintf("%.9g", v) substr($0, RSTART + RLENGTH) }
+                print }' "$2"
+        }
+        scale 1.0015 "$ref" >"$TMP/gpu/off.jsonl"
+        scale 1.0005 "$ref" >"$TMP/gpu/near.jsonl"
+        head -n 49 "$ref" >"$TMP/gpu/short.jsonl"
+        sed '7s/"loss": [0-9.eE+-]*/"loss": null/' "$ref" >"$TMP/gpu/null.jsonl"
+        wrong=0
+        # expect pass|fail WHAT COMMAND...: one line each into cmp.log
+        expect() {
+            local want=$1 what=$2 got=pass
+            shift 2
+            "$@" >>"$TMP/cmp.log" 2>&1 || got=fail
+            echo "$got (want $want): $what" >>"$TMP/cmp.log"
+            [ $got = "$want" ] || wrong=$((wrong + 1))
+        }
+        for spec in "loss 1e-3 1e-5" "grad_norm 1e-2" "comm_bytes 0" "mem_peak_bytes 0"; do
+            # shellcheck disable=SC2086
+            expect pass "the same run twice, $spec" jsonl_compare "$ref" "$TMP/gpu/again.jsonl" $spec
+        done
+        expect pass "losses 0.5x the tolerance off" jsonl_compare "$ref" "$TMP/gpu/near.jsonl" loss 1e-3
+        expect fail "losses 1.5x the tolerance off" jsonl_compare "$ref" "$TMP/gpu/off.jsonl" loss 1e-3
+        expect fail "a step missing" jsonl_compare "$ref" "$TMP/gpu/short.jsonl" loss 1
+        expect fail "a null loss" jsonl_compare "$ref" "$TMP/gpu/null.jsonl" loss 1
+        # GPT-2's report on a made-up log: losses from ln(50257) down, peak 1.03x the plan
+        awk '{ sub(/"loss": [0-9.]+/, "\"loss\": " (10.9 - NR * 0.01));
+               sub(/"mem_peak_bytes": [0-9]+/, "\"mem_peak_bytes\": 6365883326"); print }' "$ref" \
+            >"$TMP/gpu/gpt2.jsonl"
+        expect pass "GPT-2's report, peak 1.03x the plan" \
+            gpt2_report "$TMP/gpu/gpt2.jsonl" 829360668672 6180469248 0 0 /dev/null
+        expect fail "GPT-2's report, peak 1.52x the plan" \
+            gpt2_report "$TMP/gpu/gpt2.jsonl" 829360668672 4180469248 0 0 /dev/null
+        [ $wrong = 0 ]
+    )
+    st=$?
+    if [ $st = 0 ]; then
+        ok "cuda: tests/gpu/lib.sh: two CPU logs of one run compare equal; losses 1.5x the tolerance off, a missing step and a null loss fail, 0.5x passes; GPT-2's report fails on a peak 1.52x the plan"
+    else
+        bad "cuda: tests/gpu/lib.sh's comparisons on CPU logs" "$TMP/cmp.log"
+    fi
+else
+    bad "cuda: the pack's tiny CPU reference, run again for tests/gpu/lib.sh's comparisons" "$TMP/again.log"
 fi
 
 echo "$pass passed, $fail failed"

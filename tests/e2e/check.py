@@ -1,17 +1,22 @@
 #!/usr/bin/env python3
 """check.py — the Python half of tests/e2e/run.sh: it reads what an emitted
 trainer wrote (--log JSON lines, --trace-out Chrome traces, --export
-safetensors) and what fsdpc planned (--dump-schedule, --dump-schedule=json,
---dump-memory), and holds one against the other. Standard library only.
+safetensors, through tests/fsdfiles.py) and what fsdpc planned
+(--dump-schedule, --dump-schedule=json, --dump-memory), and holds one
+against the other. Standard library only.
 
 Every subcommand prints one short line of measured figures (run.sh puts it
 in its own "ok" or "FAIL" line) and exits 0 when its check holds, 1 when it
 does not.
 """
 import json
+import os
 import re
 import struct
 import sys
+
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # tests/fsdfiles.py
+from fsdfiles import FormatError, read_safetensors, write_safetensors
 
 
 def die(msg):
@@ -147,17 +152,16 @@ def cmd_gradsame(a, b, tol):
 def cmd_setbias(src, dst, name, value):
     """copies safetensors src to dst with tensor `name` set to +value,
     -value, +value, ... (an F32 vector)"""
-    blob = bytearray(open(src, "rb").read())
-    (n,) = struct.unpack_from("<Q", blob, 0)
-    header = json.loads(blob[8:8 + n])
-    t = header.get(name)
-    if not t or t["dtype"] != "F32":
-        die(f"{src}: no F32 tensor {name}")
-    b, e = t["data_offsets"]
-    count = (e - b) // 4
+    try:
+        tensors, _ = read_safetensors(src)
+    except FormatError as e:
+        die(str(e))
+    if name not in tensors:
+        die(f"{src}: no tensor {name}")
+    count = len(tensors[name].raw) // 4
     v = float(value)
-    struct.pack_into(f"<{count}f", blob, 8 + n + b, *[v if i % 2 == 0 else -v for i in range(count)])
-    open(dst, "wb").write(blob)
+    raw = struct.pack(f"<{count}f", *[v if i % 2 == 0 else -v for i in range(count)])
+    write_safetensors(dst, {k: (t.shape, raw if k == name else t.raw) for k, t in tensors.items()})
 
 
 def main():

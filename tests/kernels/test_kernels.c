@@ -20,7 +20,10 @@
  * kernels run with 32 lanes, as on the GPU, and the block kernels (the
  * GPU's tiled attention) as teams of 128 threads (warp_emulation.h); the
  * tiled attention is then checked against float64 formulas at ragged tile
- * shapes, and through finite differences. The same file compiles with nvcc
+ * shapes, and through finite differences. With bf16 act there too, the
+ * tensor-core primitives (mma.h, their fragments emulated as collectives
+ * of the warp) and the attention kernels built on them are checked the
+ * same way against float64 formulas. The same file compiles with nvcc
  * (managed memory, a sync after every launch), so a GPU machine can run it
  * too; run.sh uses that as the CUDA compile check.
  *
@@ -183,21 +186,6 @@ static int32_t *rand_idx(int64_t n, int64_t bound)
     return idx;
 }
 
-/* How often the most frequent index of idx [n] (in [0, bound)) occurs:
- * embed_bwd rounds each position's addition (once, in bf16: embed.h), so
- * a row of dW may take that many roundings. */
-static int most_repeats(const int32_t *idx, int64_t n, int64_t bound)
-{
-    int most = 0;
-    for (int64_t t = 0; t < bound; t++) {
-        int k = 0;
-        for (int64_t i = 0; i < n; i++)
-            k += idx[i] == t;
-        most = k > most ? k : most;
-    }
-    return most;
-}
-
 /* One element of an error relative to the reference's scale: num (the
  * largest |got − want|) and den (the largest |want|) so far. NaN counts as
  * infinitely wrong. */
@@ -250,7 +238,6 @@ struct Case {
     act *y, *r;      /* the differentiated output and dL/dy */
     int64_t ny;
     bool acc;        /* for the backward's activation gradients */
-    int rounds;      /* roundings an output element may take: 1, or more (embed_bwd) */
     void (*fwd)(Case *);
     void (*bwd)(Case *);
     /* what fwd and bwd need */
@@ -266,7 +253,6 @@ static Case *new_case(const char *name)
     Case *c = (Case *)alloc_bytes(sizeof(Case));
     memset(c, 0, sizeof *c);
     snprintf(c->name, sizeof c->name, "%s", name);
-    c->rounds = 1;
     return c;
 }
 
@@ -346,7 +332,7 @@ static void run_case(Case *c)
             worst = fmax(worst, num / den);
         }
     }
-    check_err(worst, ACC_TOL * c->rounds, "accumulate", c->name);
+    check_err(worst, ACC_TOL, "accumulate", c->name);
 
 #ifdef FSD_FLOAT64
     /* 3. central differences of L along random directions, per variable
@@ -391,7 +377,6 @@ static void case_embed(int64_t N, int64_t V, int64_t C)
     Case *c = new_case(name);
     c->n = N, c->V = V, c->C = C;
     c->idx = rand_idx(N, V);   /* N > V: tokens repeat, their gradients add */
-    c->rounds = most_repeats(c->idx, N, V);
     add_var(c, "W", rand_act(V * C, -1, 1), V * C, true);
     set_out(c, new_act(N * C), N * C);
     c->fwd = embed_case_fwd;
@@ -705,8 +690,44 @@ static void ref_embed(void)
             ref[idx[i] * C + j] += wide(dy[i * C + j]);
     embed_bwd(dW, dy, idx, N, C, V);
     SYNC();
-    check_err(err_vs(dW, ref, V * C), REF_TOL * most_repeats(idx, N, V), "reference",
-              "embed_bwd: dW[idx[i]] += dy[i]");
+    check_err(err_vs(dW, ref, V * C), REF_TOL, "reference", "embed_bwd: dW[idx[i]] += dy[i]");
+}
+
+/* embed_bwd rounds each element of dW once, however often its token
+ * occurs. Token 1 fills all but two positions, each adding k·2^-12 (k in
+ * 1..15) to a row in [1, 2], under half a bf16 ulp there (2^-8): rounded
+ * at each addition the row would never move. Every partial sum is a
+ * multiple of 2^-12 under 2, exact in float in any order, so the reference,
+ * old + the sum computed in double and rounded once to act, is the bits
+ * the kernel must give in every build. Tokens 0 and 2 occur once, token 3
+ * never (its row stays as it was); C passes one pass of columns
+ * (FSD_EMBED_COLS: the GPU's, or the CPU's). */
+static void embed_rounds_once(void)
+{
+    const int64_t N = 300, V = 4, C = FSD_EMBED_COLS + 3;
+    int32_t *idx = (int32_t *)alloc_bytes(sizeof(int32_t) * (size_t)N);
+    act *dW = new_act(V * C), *want = new_act(V * C), *dy = new_act(N * C);
+    double *sum = new_double(V * C);
+    for (int64_t i = 0; i < N; i++)
+        idx[i] = i == 7 ? 2 : i == 150 ? 0 : 1;
+    for (int64_t i = 0; i < V * C; i++) {
+        dW[i] = narrow(uniform(1, 2));
+        sum[i] = 0;
+    }
+    for (int64_t i = 0; i < N; i++)
+        for (int64_t j = 0; j < C; j++) {
+            dy[i * C + j] = narrow((1 + floor(urand() * 15)) * 0x1p-12);
+            sum[idx[i] * C + j] += wide(dy[i * C + j]);
+        }
+    double err = 0;
+    for (int64_t i = 0; i < V * C; i++)
+        want[i] = narrow(wide(dW[i]) + sum[i]);
+    embed_bwd(dW, dy, idx, N, C, V);
+    SYNC();
+    for (int64_t i = 0; i < V * C; i++)
+        err = fmax(err, fabs(wide(dW[i]) - wide(want[i])) / fabs(wide(want[i])));
+    report(same_bits(dW, want, V * C), err, 0,
+           "embed_bwd rounds once per token: 298 repeats of 2^-12-sized rows, C=%ld", (long)C);
 }
 
 static void ref_norms(int64_t rows, int64_t C)
@@ -973,6 +994,306 @@ static void tiled_vs_ref(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd
 }
 #endif
 
+#ifdef FSD_MMA
+/* ═══════════════ tensor-core primitives (templates/mma.h) ═══════════════ */
+
+#define MMA_LD 24                 /* the staged tiles' row stride: not 16, so ld is used */
+#define MMA_TILE (16 * MMA_LD)    /* bf16 elements of one staged tile */
+
+/* A fragment register by the mma layout (mma.h), from scalar loads: the
+ * elements p[0] and p[step], the first in the low half */
+DEVICE uint32_t mma_ref_pair(const fsd_bf16 *p, int step)
+{
+    return (uint32_t)p[0].bits | (uint32_t)p[step].bits << 16;
+}
+
+/* One block; warp w takes its own operands (so a warp that read another
+ * warp's fragments would show): A [16][16], Bn [16][16] (B[k][n] =
+ * Bn[n][k], fsd_load_b2), Bk [16][16] (B[k][n] = Bk[k][n], fsd_load_b2_t),
+ * C [16][16], staged in shared memory with row stride MMA_LD. Writes
+ * D1 = C + A·B through fsd_load_b2 and D2 = C + A·B through fsd_load_b2_t
+ * ([16][16] each: both fragments of each load), D3 = R·B through
+ * fsd_load_b2's first fragment, R = [D1 D2] (columns 0-7 of each) rounded
+ * to bf16 by fsd_fa_from_fc ([16][8]); the quad max and sum of x[tid] for
+ * every thread; and the count of the thread's fragment registers from the
+ * ldmatrix loaders that differ from scalar loads by the mma fragment
+ * layout (mma_ref_pair): the loaders' own layout checked bit for bit. */
+#define MMA_OUT (2 * 256 + 128)   /* out's floats a warp: D1, D2, D3 */
+DEVICE void mma_prims_block(int64_t blk, int tid, real *smem, real *out, const act *a,
+                            const act *bn, const act *bk, const real *c, const real *x)
+{
+    const int w = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    fsd_bf16 *sa = (fsd_bf16 *)smem + w * 3 * MMA_TILE, *sbn = sa + MMA_TILE;
+    fsd_bf16 *sbk = sbn + MMA_TILE;
+    (void)blk;
+    for (int i = lane; i < 256; i += 32) {
+        sa[i / 16 * MMA_LD + i % 16] = a[w * 256 + i];
+        sbn[i / 16 * MMA_LD + i % 16] = bn[w * 256 + i];
+        sbk[i / 16 * MMA_LD + i % 16] = bk[w * 256 + i];
+    }
+    fsd_block_sync();
+    fsd_fc c0[2];
+    for (int f = 0; f < 2; f++)
+        for (int i = 0; i < 4; i++)
+            c0[f].x[i] = c[w * 256 + fsd_fc_row(lane, i) * 16 + 8 * f + fsd_fc_col(lane, i)];
+    const fsd_fa fa = fsd_load_a(sa, MMA_LD, lane);
+    fsd_fb bn2[2], bk2[2];
+    fsd_load_b2(bn2, sbn, MMA_LD, lane);
+    fsd_load_b2_t(bk2, sbk, MMA_LD, lane);
+    int bad = 0;
+    for (int r = 0; r < 4; r++)
+        bad += fa.x[r] != mma_ref_pair(sa + (g + 8 * (r % 2)) * MMA_LD + 2 * t + 8 * (r / 2), 1);
+    for (int f = 0; f < 2; f++)
+        for (int r = 0; r < 2; r++) {
+            bad += bn2[f].x[r] != mma_ref_pair(sbn + (8 * f + g) * MMA_LD + 2 * t + 8 * r, 1);
+            bad += bk2[f].x[r] !=
+                   mma_ref_pair(sbk + (2 * t + 8 * r) * MMA_LD + 8 * f + g, MMA_LD);
+        }
+    fsd_fc d1[2] = {c0[0], c0[1]}, d2[2] = {c0[0], c0[1]}, d3 = fsd_fc_zero();
+    for (int f = 0; f < 2; f++) {
+        fsd_mma(&d1[f], fa, bn2[f]);
+        fsd_mma(&d2[f], fa, bk2[f]);
+    }
+    fsd_mma(&d3, fsd_fa_from_fc(d1[0], d2[0]), bn2[0]);
+    real *o = out + w * MMA_OUT;
+    for (int i = 0; i < 4; i++) {
+        const int at = fsd_fc_row(lane, i) * 16 + fsd_fc_col(lane, i);
+        for (int f = 0; f < 2; f++)
+            o[at + 8 * f] = d1[f].x[i], o[256 + at + 8 * f] = d2[f].x[i];
+        o[512 + fsd_fc_row(lane, i) * 8 + fsd_fc_col(lane, i)] = d3.x[i];
+    }
+    out[4 * MMA_OUT + tid] = fsd_quad_max(x[tid]);
+    out[4 * MMA_OUT + FSD_BLOCK + tid] = fsd_quad_sum(x[tid]);
+    out[4 * MMA_OUT + 2 * FSD_BLOCK + tid] = (real)bad;
+}
+FSD_BLOCK_KERNEL(mma_prims, 4 * 3 * MMA_TILE / 2,
+                 (real *out, const act *a, const act *bn, const act *bk, const real *c,
+                  const real *x),
+                 (out, a, bn, bk, c, x))
+
+/* mma.h's primitives against products formed here in double from the same
+ * bf16 operands. The products of two bf16 are exact in fp32, so D differs
+ * from the double sum only by fp32 rounding of 17 terms (16 products and
+ * C, each under 1.5 in magnitude): a few 1e-7 of the scale; tolerance
+ * 1e-5, where a fragment in the wrong place is off by the scale itself.
+ * D3's reference rounds the kernel's own D1, D2 to bf16 (portable.h's
+ * rounding: the GPU's cvt.rn.bf16x2 rounds the same), so it checks where
+ * fsd_fa_from_fc puts each element, not the rounding. The loaders'
+ * registers equal the scalar loads' exactly. The quad reductions: the max
+ * exactly, the sum of 4 floats to fp32 rounding. */
+static void mma_primitives(void)
+{
+    act *a = rand_act(4 * 256, -1, 1), *bn = rand_act(4 * 256, -1, 1);
+    act *bk = rand_act(4 * 256, -1, 1);
+    real *c = new_real(4 * 256), *x = new_real(FSD_BLOCK);
+    real *out = new_real(4 * MMA_OUT + 3 * FSD_BLOCK);
+    for (int i = 0; i < 4 * 256; i++)
+        c[i] = (real)uniform(-1, 1);
+    for (int i = 0; i < FSD_BLOCK; i++)
+        x[i] = (real)uniform(-4, 4);
+    FSD_RUN_BLOCKS(mma_prims, 1, (out, a, bn, bk, c, x));
+    SYNC();
+    double e[3] = {0, 0, 0}, num[3] = {0, 0, 0}, den[3] = {1e-300, 1e-300, 1e-300};
+    for (int w = 0; w < 4; w++)
+        for (int r = 0; r < 16; r++)
+            for (int n = 0; n < 16; n++) {
+                const real *o = out + w * MMA_OUT;
+                double d1 = c[w * 256 + r * 16 + n], d2 = d1, d3 = 0;
+                for (int kk = 0; kk < 16; kk++) {
+                    const double av = wide(a[w * 256 + r * 16 + kk]);
+                    d1 += av * wide(bn[w * 256 + n * 16 + kk]);
+                    d2 += av * wide(bk[w * 256 + kk * 16 + n]);
+                    if (n < 8) {
+                        const real rv = kk < 8 ? o[r * 16 + kk] : o[256 + r * 16 + kk - 8];
+                        d3 += wide(narrow(rv)) * wide(bn[w * 256 + n * 16 + kk]);
+                    }
+                }
+                err_add(&num[0], &den[0], o[r * 16 + n], d1);
+                err_add(&num[1], &den[1], o[256 + r * 16 + n], d2);
+                if (n < 8)
+                    err_add(&num[2], &den[2], o[512 + r * 8 + n], d3);
+            }
+    for (int i = 0; i < 3; i++)
+        e[i] = num[i] / den[i];
+    double bad = 0;
+    for (int t = 0; t < FSD_BLOCK; t++)
+        bad += out[4 * MMA_OUT + 2 * FSD_BLOCK + t];
+    report(bad == 0, bad, 0,
+           "mma: ldmatrix loaders (fsd_load_a, fsd_load_b2, fsd_load_b2_t) give the scalar "
+           "loads' fragments, 4 warps");
+    check_err(e[0], 1e-5, "mma", "fsd_mma with fsd_load_a, fsd_load_b2: C + A·B, 4 warps");
+    check_err(e[1], 1e-5, "mma", "fsd_mma with fsd_load_a, fsd_load_b2_t: C + A·B, 4 warps");
+    check_err(e[2], 1e-5, "mma", "fsd_fa_from_fc: two C tiles rounded to bf16 as an A operand");
+    double qmax = 0, qnum = 0, qden = 1e-300;
+    for (int t = 0; t < FSD_BLOCK; t++) {
+        const int q0 = t / 4 * 4;
+        double m = x[q0], sum = 0;
+        for (int i = 0; i < 4; i++) {
+            m = fmax(m, x[q0 + i]);
+            sum += x[q0 + i];
+        }
+        qmax = fmax(qmax, fabs(out[4 * MMA_OUT + t] - m));
+        err_add(&qnum, &qden, out[4 * MMA_OUT + FSD_BLOCK + t], sum);
+    }
+    report(qmax == 0, -1, 0, "mma: fsd_quad_max is the max over each quad of lanes (4q..4q+3)");
+    check_err(qnum / qden, 1e-6, "mma", "fsd_quad_sum: the sum over each quad of lanes");
+}
+
+/* attn_mma_load_tile (attention.h) into a tile, copied out row by row
+ * [MB][hd]: rows r0.. of src, ld apart, zeros from T on */
+DEVICE void mma_tile_block(int64_t blk, int tid, real *smem, act *out, const act *src, int64_t ld,
+                           int64_t r0, int64_t T, int hd)
+{
+    act *tile = (act *)smem;
+    (void)blk;
+    attn_mma_load_tile(tile, src, ld, r0, T, hd, tid);
+    fsd_block_sync();
+    for (int i = tid; i < FSD_ATTN_MB * hd; i += FSD_BLOCK)
+        out[i] = tile[i / hd * FSD_ATTN_MLD + i % hd];
+}
+FSD_BLOCK_KERNEL(mma_tile,
+                 (FSD_ATTN_MB * FSD_ATTN_MLD * (int)sizeof(act) + (int)sizeof(real) - 1) /
+                     (int)sizeof(real),
+                 (act *out, const act *src, int64_t ld, int64_t r0, int64_t T, int hd),
+                 (out, src, ld, r0, T, hd))
+
+/* The tile loads' two paths, bit for bit: 16-byte vectors from a source
+ * whose rows start 16-byte aligned, pairs from one 4 bytes off (the
+ * buffer's start plus 2 elements), each with a tile past T (zeros). */
+static void mma_load_tile_paths(void)
+{
+    const int hd = 32;
+    const int64_t ld = 3 * hd, r0 = FSD_ATTN_MB, T = FSD_ATTN_MB + 37;
+    act *src = rand_act((r0 + FSD_ATTN_MB) * ld + 8, -1, 1), *out = new_act(FSD_ATTN_MB * hd);
+    for (int off = 0; off <= 2; off += 2) {
+        FSD_RUN_BLOCKS(mma_tile, 1, (out, src + off, ld, r0, T, hd));
+        SYNC();
+        int64_t bad = 0;
+        for (int r = 0; r < FSD_ATTN_MB; r++)
+            for (int c = 0; c < hd; c++) {
+                const uint16_t want = r0 + r < T ? src[off + (r0 + r) * ld + c].bits : 0;
+                bad += out[r * hd + c].bits != want;
+            }
+        report(bad == 0, (double)bad, 0,
+               "mma: attn_mma_load_tile %s, rows past T zero (elements wrong)",
+               off == 0 ? "in 16-byte vectors (aligned rows)" : "in pairs (rows 4 bytes off 16)");
+    }
+}
+
+/* The tensor-core forward (attention.h, attention_fwd_mma) through the
+ * launcher, which takes it for head dims that are multiples of 16, and the
+ * tiled kernel it replaces there, started directly (bf16 programs with
+ * other head dims still run it): out and lse against the float64 formulas
+ * (ref_attention_fwd) from the same bf16 q, k, v, scores up to `amp`²·√hd
+ * (amp 4: peaked rows, whose running max moves from tile to tile).
+ * Tolerance REF_TOL, 2^-7 of the largest reference value: out's one
+ * rounding moves it by at most 2^-8 of the scale; the mma kernel's own
+ * departure from fp32, P rounded to bf16 before O += P·V (l stays the sum
+ * of the fp32 p), moves each term p·v by at most 2^-9 of itself with
+ * errors of either sign, about √n·2^-9 of a term over n keys, so well
+ * under 2^-8 of a row's value; lse is fp32 throughout (about 1e-6). A
+ * wrong fragment index errs by the scale itself, or reads padding (NaN). */
+static void mma_fwd_vs_ref(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, bool causal,
+                           double amp)
+{
+    char name[320];
+    int64_t nq = B * T * H * hd, nk = B * T * KV * hd, nl = B * H * T;
+    act *q = rand_act(nq, -amp, amp), *k = rand_act(nk, -amp, amp), *v = rand_act(nk, -1, 1);
+    act *out = new_act(nq), *out_t = new_act(nq);
+    real *lse = new_real(nl), *lse_t = new_real(nl);
+    double *ro = new_double(nq), *rl = new_double(nl);
+    for (int64_t i = 0; i < nq; i++)
+        out[i] = out_t[i] = narrow(NAN);   /* rows a kernel left unwritten show */
+    attention_fwd(out, lse, q, k, v, B, T, H, KV, hd, causal);
+    FSD_RUN_BLOCKS(attention_fwd_tiled, B * H * ((T + FSD_ATTN_BR - 1) / FSD_ATTN_BR),
+                   (out_t, lse_t, q, k, v, T, H, KV, hd, causal));
+    SYNC();
+    ref_attention_fwd(ro, rl, q, k, v, B, T, H, KV, hd, causal);
+    double em = fmax(err_vs(out, ro, nq), err_vs_stat(lse, rl, nl));
+    double et = fmax(err_vs(out_t, ro, nq), err_vs_stat(lse_t, rl, nl));
+    snprintf(name, sizeof name,
+             "attention_fwd B=%ld T=%ld H=%ld KV=%ld hd=%ld %s, |q|, |k| < %g: out and lse of the "
+             "tensor-core kernel (the launcher's choice) %.1e, of the tiled kernel %.1e, vs float64 "
+             "formulas",
+             (long)B, (long)T, (long)H, (long)KV, (long)hd, causal ? "causal" : "non-causal", amp,
+             em, et);
+    check_err(fmax(em, et), REF_TOL, "mma", name);
+}
+#endif
+
+#ifdef FSD_MMA
+/* The tensor-core backward (attention.h, attention_bwd_dq_mma and
+ * attention_bwd_dkv_mma), started directly, against ref_attention_bwd:
+ * dq, dk, dv with acc false (over NaN) and acc true (over random values);
+ * then the launcher, which must pick these kernels for the shape (the
+ * same bits). out and lse come from attention_fwd, whichever kernel it
+ * runs.
+ * Tolerance 2^-7 of the largest reference value, REF_TOL's two bf16
+ * roundings (the output's, and out's, which D = dO·O reads). The kernels'
+ * own departure from fp32 arithmetic, P and dS rounded to bf16 before
+ * dV += Pᵀ·dO, dK += dSᵀ·Q and dQ += dS·K (FlashAttention-2's operands),
+ * moves each term by at most 2^-9 of itself, with errors of either sign
+ * that grow like √n over a sum of n terms, not n: small beside the
+ * output's rounding. Measured: 1.8e-3 to 4.7e-3 at these shapes (the
+ * draws move as tests are added), 4.3e-3 at T = 512 (2^-7 = 7.8e-3), 1.0
+ * to 1.4 times what the fp32 tiled kernels err by on the same inputs
+ * (the output's rounding dominates); a wrong fragment index (a C
+ * element's row taken for its column, or the transposed B loader swapped
+ * for the plain one) erred by 0.2 to 10, or read the padding (NaN). */
+static void mma_bwd_vs_ref(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, bool causal)
+{
+    char name[320];
+    int64_t nq = B * T * H * hd, nk = B * T * KV * hd, nl = B * H * T;
+    act *q = rand_act(nq, -1.5, 1.5), *k = rand_act(nk, -1.5, 1.5), *v = rand_act(nk, -1, 1);
+    act *dout = rand_act(nq, -1, 1), *out = new_act(nq);
+    real *lse = new_real(nl);
+    attention_fwd(out, lse, q, k, v, B, T, H, KV, hd, causal);
+    SYNC();
+    int64_t n[3] = {nq, nk, nk};
+    act *gm[3], *gl[3];
+    double *ref[3], *old[3];
+    for (int i = 0; i < 3; i++) {
+        gm[i] = new_act(n[i]), gl[i] = new_act(n[i]);
+        ref[i] = new_double(n[i]), old[i] = new_double(n[i]);
+    }
+    ref_attention_bwd(ref[0], ref[1], ref[2], dout, q, k, v, B, T, H, KV, hd, causal);
+    const int64_t nt = (T + FSD_ATTN_MB - 1) / FSD_ATTN_MB;
+    double err = 0;
+    bool same = true;
+    for (int pass = 0; pass < 2; pass++) {
+        bool acc = pass == 1;
+        for (int i = 0; i < 3; i++)
+            for (int64_t j = 0; j < n[i]; j++) {
+                gm[i][j] = gl[i][j] = narrow(acc ? uniform(-1, 1) : NAN);
+                old[i][j] = acc ? wide(gm[i][j]) : 0;
+            }
+        FSD_RUN_BLOCKS(attention_bwd_dq_mma, B * H * nt,
+                       (gm[0], acc, dout, q, k, v, out, lse, B, T, H, KV, hd, causal));
+        FSD_RUN_BLOCKS(attention_bwd_dkv_mma, B * KV * nt,
+                       (gm[1], acc, gm[2], acc, dout, q, k, v, out, lse, T, H, KV, hd, causal));
+        if (!acc)   /* the emulation is slow: the launcher once */
+            attention_bwd(gl[0], acc, gl[1], acc, gl[2], acc, dout, q, k, v, out, lse, B, T, H,
+                          KV, hd, causal);
+        SYNC();
+        /* relative to the largest of the three: at T = 1, dq and dk are 0
+         * up to rounding (p = 1, dp = D) */
+        double num = 0, den = 1e-300;
+        for (int i = 0; i < 3; i++) {
+            for (int64_t j = 0; j < n[i]; j++)
+                err_add(&num, &den, wide(gm[i][j]), old[i][j] + ref[i][j]);
+            same = same && (acc || same_bits(gm[i], gl[i], n[i]));
+        }
+        err = fmax(err, num / den);
+    }
+    snprintf(name, sizeof name,
+             "attention_bwd B=%ld T=%ld H=%ld KV=%ld hd=%ld %s: tensor-core kernels vs float64 "
+             "formulas (dq, dk, dv with acc false and true)%s",
+             (long)B, (long)T, (long)H, (long)KV, (long)hd, causal ? "causal" : "non-causal",
+             same ? ", the launcher's choice" : ", NOT what the launcher ran");
+    report(same && err <= 0x1p-7, err, 0x1p-7, "mma %s", name);
+}
+#endif
+
 static double gelu_tanh(double x)
 {
     return 0.5 * x * (1 + tanh(0.7978845608028654 /* √(2/π) */ * (x + 0.044715 * x * x * x)));
@@ -1102,6 +1423,7 @@ static void ref_cross_entropy(int64_t rows, int64_t V, double offset)
 static void forward_checks(void)
 {
     ref_embed();
+    embed_rounds_once();
     ref_norms(3, 5);
     ref_norms(17, 300);
     ref_fused_norms(3, 5);
@@ -1129,6 +1451,36 @@ static void forward_checks(void)
     tiled_vs_ref(1, 130, 2, 1, 80, true, false);   /* multi-query */
     tiled_vs_ref(1, 130, 2, 2, 128, false, false);
     tiled_vs_ref(1, 70, 3, 3, 128, true, false);
+#endif
+#ifdef FSD_MMA
+    /* the tensor-core backward: ragged last tiles (64 rows), GQA, head
+     * dims of 1 to 8 k slices */
+    mma_bwd_vs_ref(1, 1, 2, 1, 16, true);
+    mma_bwd_vs_ref(2, 17, 4, 2, 32, false);
+    mma_bwd_vs_ref(2, 100, 2, 1, 64, true);
+    mma_bwd_vs_ref(1, 100, 2, 1, 16, false);
+    mma_bwd_vs_ref(1, 64, 2, 2, 48, true);   /* a whole tile */
+    if (FSD_ATTN_HD_MAX >= 128) {
+        mma_bwd_vs_ref(1, 17, 2, 2, 128, false);
+        mma_bwd_vs_ref(1, 70, 2, 1, 128, true);
+    }
+#endif
+#ifdef FSD_MMA
+    mma_primitives();
+    mma_load_tile_paths();
+    /* the tensor-core forward: ragged last tiles (64 rows, 64 keys), GQA,
+     * head dims of 1 to 8 k slices */
+    mma_fwd_vs_ref(1, 1, 2, 1, 16, true, 1.5);
+    mma_fwd_vs_ref(2, 17, 4, 2, 32, false, 1.5);
+    mma_fwd_vs_ref(1, 100, 4, 2, 64, true, 1.5);
+    mma_fwd_vs_ref(1, 100, 2, 1, 16, false, 1.5);
+    mma_fwd_vs_ref(1, 64, 3, 3, 48, true, 1.5);   /* a whole tile */
+    mma_fwd_vs_ref(1, 150, 2, 1, 64, false, 4);   /* peaked rows, three key tiles */
+    mma_fwd_vs_ref(1, 150, 2, 2, 32, true, 4);
+    if (FSD_ATTN_HD_MAX >= 128) {
+        mma_fwd_vs_ref(1, 17, 2, 2, 128, false, 1.5);
+        mma_fwd_vs_ref(1, 130, 4, 1, 128, true, 1.5);
+    }
 #endif
     ref_activations();
     ref_elementwise();

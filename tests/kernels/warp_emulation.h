@@ -24,11 +24,19 @@
  * the caller's warp, tid / 32. The barriers span the whole team, so here
  * every warp of a block must make the same number of warp reductions, which
  * the GPU does not need; the attention kernels do.
+ *
+ * The tensor-core primitives of templates/mma.h run here as collectives
+ * too: fsd_emu_mma (an mma.sync of the caller's warp), fsd_emu_ldmatrix
+ * (its fragment loads from shared memory) and fsd_emu_quad (the shuffles
+ * over a quad of lanes), each through slots and barriers, so every thread
+ * of the block must make the same sequence of them, as mma.sync and
+ * ldmatrix need of a warp on the GPU.
  */
 #ifndef FSD_WARP_EMULATION_H
 #define FSD_WARP_EMULATION_H
 
 #include <omp.h>
+#include <string.h>
 
 #define DEVICE static inline
 #define FSD_WARP 32
@@ -60,6 +68,96 @@ static inline double fsd_emu_reduce(double v, bool max)
 
 static inline void fsd_block_sync(void)
 {
+#pragma omp barrier
+}
+
+/* The reduction over the quad of lanes 4q..4q+3 of the calling thread (the
+ * lanes that share a row of an mma's C: templates/mma.h), through the same
+ * slots and turns, combined as the GPU's xor 1 then xor 2 shuffles do:
+ * (v0 ∘ v1) ∘ (v2 ∘ v3), the same bits in the four lanes. */
+static inline float fsd_emu_quad(float v, bool max)
+{
+    int tid = omp_get_thread_num(), q0 = tid / 4 * 4;
+    double *slot = fsd_emu_slot[fsd_emu_turn[tid]];
+    fsd_emu_turn[tid] ^= 1;
+    slot[tid] = v;
+#pragma omp barrier
+    float s0 = (float)slot[q0], s1 = (float)slot[q0 + 1];
+    float s2 = (float)slot[q0 + 2], s3 = (float)slot[q0 + 3];
+    return max ? fmaxf(fmaxf(s0, s1), fmaxf(s2, s3)) : (s0 + s1) + (s2 + s3);
+}
+
+/* mma.sync.m16n8k16 (bf16 in, fp32 out) over the calling thread's warp:
+ * each lane leaves its A and B fragments in the slots, a barrier, each
+ * lane forms its four D elements from the warp's slots by the PTX
+ * fragment layout (mma.h), a barrier before the slots are written again.
+ * d += Σ_k A[row][k]·B[k][col] in fp32, k in order (each product of two
+ * bf16 is exact in fp32). */
+static uint32_t fsd_emu_fa[FSD_BLOCK][4], fsd_emu_fb[FSD_BLOCK][2];
+
+/* element `half` (0: low 16 bits) of a register, as a float */
+static inline float fsd_emu_bf16(uint32_t reg, int half)
+{
+    uint32_t u = (reg >> (16 * half) & 0xffffu) << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline void fsd_emu_mma(float d[4], const uint32_t a[4], const uint32_t b[2])
+{
+    int tid = omp_get_thread_num(), w0 = tid / FSD_WARP * FSD_WARP, lane = tid % FSD_WARP;
+    for (int i = 0; i < 4; i++)
+        fsd_emu_fa[tid][i] = a[i];
+    fsd_emu_fb[tid][0] = b[0], fsd_emu_fb[tid][1] = b[1];
+#pragma omp barrier
+    for (int i = 0; i < 4; i++) {
+        int row = lane / 4 + 8 * (i / 2), col = 2 * (lane % 4) + i % 2;
+        float s = d[i];
+        for (int k = 0; k < 16; k++) {
+            /* A[row][k]: lane (row mod 8)·4 + (k mod 8)/2, register
+             * row/8 + 2·(k/8); B[k][col]: lane 4·col + (k mod 8)/2,
+             * register k/8; half k mod 2 of either */
+            float av = fsd_emu_bf16(fsd_emu_fa[w0 + row % 8 * 4 + k % 8 / 2][row / 8 + 2 * (k / 8)],
+                                    k % 2);
+            float bv = fsd_emu_bf16(fsd_emu_fb[w0 + col * 4 + k % 8 / 2][k / 8], k % 2);
+            s += av * bv;
+        }
+        d[i] = s;
+    }
+#pragma omp barrier
+}
+
+/* ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 over the calling
+ * thread's warp: each lane leaves its row address in a slot (lanes
+ * 8m..8m + 7 the rows of matrix m, 8 elements of 16 bits each), a barrier,
+ * each lane gathers register m from matrix m by the PTX ISA's layout
+ * (without trans: elements 2(lane%4), 2(lane%4) + 1 of row lane/4; with
+ * trans: element lane/4 of rows 2(lane%4), 2(lane%4) + 1; the first in the
+ * low 16 bits), a barrier. A row address that is not 16-byte aligned, which
+ * the GPU rejects, stops the program here. */
+static const unsigned char *fsd_emu_row[FSD_BLOCK];
+
+static inline void fsd_emu_ldmatrix(uint32_t r[4], const void *row, bool trans)
+{
+    int tid = omp_get_thread_num(), w0 = tid / FSD_WARP * FSD_WARP, lane = tid % FSD_WARP;
+    if ((uintptr_t)row % 16 != 0) {
+        fprintf(stderr, "warp emulation: ldmatrix row address %p (thread %d) not 16-byte aligned\n",
+                row, tid);
+        abort();
+    }
+    fsd_emu_row[tid] = (const unsigned char *)row;
+#pragma omp barrier
+    for (int m = 0; m < 4; m++) {
+        uint16_t e[2];
+        for (int h = 0; h < 2; h++) {
+            const unsigned char *p =
+                trans ? fsd_emu_row[w0 + 8 * m + 2 * (lane % 4) + h] + 2 * (lane / 4)
+                      : fsd_emu_row[w0 + 8 * m + lane / 4] + 2 * (2 * (lane % 4) + h);
+            memcpy(&e[h], p, sizeof e[h]);
+        }
+        r[m] = (uint32_t)e[0] | (uint32_t)e[1] << 16;
+    }
 #pragma omp barrier
 }
 
