@@ -516,6 +516,19 @@ static bool pick_device(FsdRun *r)
         rt_fail(r, "rank %d: cannot use GPU %d: %s", r->rank, bk->device, cudaGetErrorString(e));
         return false;
     }
+    /* bf16 compute runs its products and attention on bf16 tensor cores
+     * (cuBLASLt, mma.h): sm_80 and later. Say so here rather than trap in
+     * the first attention kernel. */
+    int major = 0, minor = 0;
+    if (act_bf16(r) &&
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, bk->device) == cudaSuccess &&
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, bk->device) == cudaSuccess &&
+        major < 8) {
+        rt_fail(r, "rank %d: GPU %d is sm_%d%d; %s computes in bf16 (mixed_precision param = bf16), "
+                   "which needs sm_80 or later",
+                r->rank, bk->device, major, minor, r->m->name);
+        return false;
+    }
     bk->have_device = true;
     return true;
 }
