@@ -145,7 +145,7 @@ fuzz: setup $(FUZZ_B)/fuzz_frontend
 # -DFSD_FLOAT64 (`real` is double, for finite-difference gradient checks).
 # It needs MPI and OpenBLAS (tools/setup.sh installs both). A trainer links
 #   mpicc -x c -O2 -fopenmp -Iruntime train.cu -Lbuild/runtime -lfsdrt_cpu $(RT_LIBS)
-# runtime/arena.c needs only libc, so the compiler may link it too;
+# runtime/arena.c needs only libc (compiler/memplan.c places by the same rule);
 # runtime/jsonout.c (JSON string escaping) needs only libc, and the compiler
 # links it (above).
 MPICC    ?= mpicc

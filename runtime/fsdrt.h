@@ -272,8 +272,9 @@ FsdCounters fsdrt_counters(const FsdRun *r);
  * memory: greedy by size descending (ties: earlier first, then lower
  * index), each at the lowest fitting offset; sizes are rounded up to
  * `align`. Writes offset[i] and returns the buffer's size in bytes, or -1
- * when out of memory. Pure (runtime/arena.c needs only libc), so the
- * compiler links the same file to predict the arena. */
+ * when out of memory. Pure (runtime/arena.c needs only libc). The
+ * compiler's planner (compiler/memplan.c, place) applies the same rule on
+ * its own; tests/e2e holds the counted peaks to the plan. */
 int64_t fsdrt_place_arena(int n, const int64_t *bytes, const int *first, const int *last,
                           int64_t align, int64_t *offset);
 
