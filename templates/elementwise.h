@@ -26,47 +26,6 @@ DEVICE void reduce_to_sum(int64_t r0, int64_t r1, int64_t j0, int64_t j1, real *
 }
 FSD_COL_SUM_KERNEL(reduce_to, (const act *src, int64_t C), (src, C))
 
-#if !defined(__CUDACC__) && !defined(FSD_WARP_EMULATION)
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-/* The CPU's column sums for bias_bwd and reduce_to, dst[j] (+)= Σ_r
- * src[r·C + j]: each thread takes a span of at most FSD_COL_SPAN columns
- * (C split evenly over the threads when it is narrower) and walks every
- * row over the whole span, so whole rows stream through the cache;
- * FSD_RUN_COL_SUMS's tiles of FSD_COL_TILE columns walk the rows once per
- * tile, a short piece of each row every C elements. Each column is summed
- * in row order from 0 and then stored, as there: the same bits. Not a
- * launcher, but compiled like one (LAUNCHER), so that its OpenMP region
- * gets the AVX-512 and AVX2 versions too (an always_inline helper's region
- * is outlined from the helper, once, for SSE2). */
-#define FSD_COL_SPAN 2048
-#define FSD_COL_CLONED LAUNCHER
-FSD_COL_CLONED void fsd_col_sums_rows(act *dst, bool acc, const act *src, int64_t rows, int64_t C)
-{
-    const int64_t line = 64 / (int64_t)sizeof(real);
-    int64_t nt = 1;
-#ifdef _OPENMP
-    nt = omp_get_max_threads();
-#endif
-    int64_t span = (C + nt - 1) / nt;
-    span = (span + line - 1) / line * line;
-    span = span < FSD_COL_SPAN ? span : FSD_COL_SPAN;
-    const int64_t spans = (C + span - 1) / span;
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < spans; t++) {
-        const int64_t j0 = t * span, j1 = j0 + span < C ? j0 + span : C;
-        real s[FSD_COL_SPAN] = {0};
-        for (int64_t r = 0; r < rows; r++)
-            FSD_SIMD
-            for (int64_t j = j0; j < j1; j++)
-                s[j - j0] += fsd_wide(src[r * C + j]);
-        act *const out[1] = {dst};
-        fsd_col_store(j0, j1, out, 1, acc, s, FSD_COL_SPAN);
-    }
-}
-#endif
-
 /* ── add ── */
 
 DEVICE void add_fwd_elem(int64_t i, act *y, const act *a, const act *b, int64_t nb)
@@ -193,11 +152,7 @@ LAUNCHER void bias_bwd(act *db, const act *dy, int64_t rows, int64_t C)
 {
     FSD_REQUIRE("bias_bwd", db && dy);
     FSD_REQUIRE("bias_bwd", rows > 0 && C > 0);
-#if !defined(__CUDACC__) && !defined(FSD_WARP_EMULATION)
-    fsd_col_sums_rows(db, true, dy, rows, C);
-#else
     FSD_RUN_COL_SUMS(reduce_to, rows, C, true, (db), (dy, C));
-#endif
 }
 
 /* ── gradient plumbing ── */
@@ -209,11 +164,7 @@ LAUNCHER void reduce_to(act *dst, bool acc, const act *src, int64_t n_src, int64
 {
     FSD_REQUIRE("reduce_to", dst && src && dst != src);
     FSD_REQUIRE("reduce_to", n_src > 0 && n_dst > 0 && n_src % n_dst == 0);
-#if !defined(__CUDACC__) && !defined(FSD_WARP_EMULATION)
-    fsd_col_sums_rows(dst, acc, src, n_src / n_dst, n_dst);
-#else
     FSD_RUN_COL_SUMS(reduce_to, n_src / n_dst, n_dst, acc, (dst), (src, n_dst));
-#endif
 }
 
 DEVICE void copy_elem(int64_t i, act *dst, bool acc, const act *src)

@@ -24,8 +24,8 @@
  *           outputs k (at most FSD_COL_OUTS) into real s[k·ls + j − j0],
  *           each column in row order; FSD_COL_SUM_KERNEL +
  *           FSD_RUN_COL_SUMS(name, rows, cols, acc, (outputs), args) store
- *           the sums with fsd_store. The CPU sums all rows of a tile of
- *           FSD_COL_TILE columns and stores them. The GPU splits the rows
+ *           the sums with fsd_store. The CPU sums all rows of a span of
+ *           up to FSD_COL_SPAN columns and stores them. The GPU splits the rows
  *           into chunks (fsd_col_chunk_rows): pass 1, a thread per (chunk,
  *           column), writes the chunk's sums to partial rows in
  *           fsd_col_part; pass 2, a thread per column and output, adds the
@@ -442,22 +442,41 @@ static inline float fsd_expf(float x)
             name##_cols(fsd_j0_, fsd_j1_ < fsd_cols_ ? fsd_j1_ : fsd_cols_, FSD_UNPAREN args); \
         }                                                                                \
     } while (0)
-/* A column reduction in one pass: each tile's sums over all rows, then
- * stored (fsd_col_store). */
+/* A column reduction in one pass: each worker takes a span of columns, at
+ * most FSD_COL_SPAN wide (the columns split evenly over the threads, in
+ * whole cache lines, when narrower), sums it over all rows, whole rows of
+ * the span streaming through the cache, then stores it (fsd_col_store).
+ * Each column is summed in row order from 0, whatever the span. */
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#define FSD_COL_SPAN 2048
+DEVICE int64_t fsd_col_span(int64_t cols)
+{
+    const int64_t line = 64 / (int64_t)sizeof(real);
+    int64_t nt = 1;
+#ifdef _OPENMP
+    nt = omp_get_max_threads();
+#endif
+    int64_t span = (cols + nt - 1) / nt;
+    span = (span + line - 1) / line * line;
+    return span < FSD_COL_SPAN ? span : FSD_COL_SPAN;
+}
 #define FSD_RUN_COL_SUMS(name, rows, cols, acc, outs, args)                              \
     do {                                                                                 \
         act *const fsd_out_[] = {FSD_UNPAREN outs};                                      \
         const int fsd_nout_ = (int)(sizeof fsd_out_ / sizeof fsd_out_[0]);               \
         const int64_t fsd_rows_ = (rows), fsd_cols_ = (cols);                            \
-        const int64_t fsd_tiles_ = (fsd_cols_ + FSD_COL_TILE - 1) / FSD_COL_TILE;        \
+        const int64_t fsd_span_ = fsd_col_span(fsd_cols_);                               \
+        const int64_t fsd_spans_ = (fsd_cols_ + fsd_span_ - 1) / fsd_span_;              \
         const bool fsd_acc_ = (acc);                                                     \
         _Pragma("omp parallel for schedule(static)")                                     \
-        for (int64_t fsd_t_ = 0; fsd_t_ < fsd_tiles_; fsd_t_++) {                        \
-            int64_t fsd_j0_ = fsd_t_ * FSD_COL_TILE, fsd_j1_ = fsd_j0_ + FSD_COL_TILE;   \
-            real fsd_s_[FSD_COL_OUTS * FSD_COL_TILE] = {0};                              \
+        for (int64_t fsd_t_ = 0; fsd_t_ < fsd_spans_; fsd_t_++) {                        \
+            int64_t fsd_j0_ = fsd_t_ * fsd_span_, fsd_j1_ = fsd_j0_ + fsd_span_;         \
+            real fsd_s_[FSD_COL_OUTS * FSD_COL_SPAN] = {0};                              \
             fsd_j1_ = fsd_j1_ < fsd_cols_ ? fsd_j1_ : fsd_cols_;                         \
-            name##_sum(0, fsd_rows_, fsd_j0_, fsd_j1_, fsd_s_, FSD_COL_TILE, FSD_UNPAREN args); \
-            fsd_col_store(fsd_j0_, fsd_j1_, fsd_out_, fsd_nout_, fsd_acc_, fsd_s_, FSD_COL_TILE); \
+            name##_sum(0, fsd_rows_, fsd_j0_, fsd_j1_, fsd_s_, FSD_COL_SPAN, FSD_UNPAREN args); \
+            fsd_col_store(fsd_j0_, fsd_j1_, fsd_out_, fsd_nout_, fsd_acc_, fsd_s_, FSD_COL_SPAN); \
         }                                                                                \
     } while (0)
 
