@@ -598,6 +598,8 @@ FsdRun *fsdrt_init(int argc, char **argv, const FsdModel *m)
 
     bk_barrier(r);   /* one time origin for every rank's trace */
     r->t0 = rt_now();
+    if (r->trace_path)
+        bk_trace_start(r);
     if (r->rank == 0 && !r->quiet) {
         int64_t n = 0;
         for (int p = 0; p < m->nparams; p++)
@@ -620,7 +622,7 @@ FsdRun *fsdrt_init(int argc, char **argv, const FsdModel *m)
 /* ── the trace ── */
 
 void rt_trace(FsdRun *r, const char *name, const char *what, int tid, double begin, double end,
-              int64_t bytes)
+              const int *mark, int64_t bytes)
 {
     if (!r->trace_path)
         return;
@@ -632,8 +634,13 @@ void rt_trace(FsdRun *r, const char *name, const char *what, int tid, double beg
         r->trace = t;
         r->trace_cap = cap;
     }
-    r->trace[r->ntrace++] =
-        (TraceEvent){name, what, tid, (begin - r->t0) * 1e6, (end - r->t0) * 1e6, bytes};
+    r->trace[r->ntrace++] = (TraceEvent){name,
+                                         what,
+                                         tid,
+                                         (begin - r->t0) * 1e6,
+                                         (end - r->t0) * 1e6,
+                                         {mark ? mark[0] : -1, mark ? mark[1] : -1},
+                                         bytes};
 }
 
 void fsdrt_trace_begin(FsdRun *r, const char *name)
@@ -643,6 +650,7 @@ void fsdrt_trace_begin(FsdRun *r, const char *name)
     if (r->nopen == (int)(sizeof r->open_t / sizeof *r->open_t))
         RT_BUG(r, "fsdrt_trace_begin(\"%s\") nested more than %d deep", name, r->nopen);
     r->open_name[r->nopen] = name;
+    r->open_mark[r->nopen] = bk_trace_mark(r);
     r->open_t[r->nopen++] = rt_now();
 }
 
@@ -653,7 +661,8 @@ void fsdrt_trace_end(FsdRun *r)
     if (r->nopen == 0)
         RT_BUG(r, "fsdrt_trace_end without fsdrt_trace_begin");
     r->nopen--;
-    rt_trace(r, r->open_name[r->nopen], NULL, 0, r->open_t[r->nopen], rt_now(), 0);
+    const int mark[2] = {r->open_mark[r->nopen], bk_trace_mark(r)};
+    rt_trace(r, r->open_name[r->nopen], NULL, 0, r->open_t[r->nopen], rt_now(), mark, 0);
 }
 
 /* Chrome's trace event format: one process per rank, one thread per
@@ -674,7 +683,10 @@ static void write_trace(FsdRun *r)
                          "\"args\":{\"name\":\"%s\"}}",
                     r->rank, t, threads[t]);
         for (int i = 0; i < r->ntrace; i++) {
-            const TraceEvent *e = &r->trace[i];
+            TraceEvent *e = &r->trace[i];
+            double b, d;   /* the device's times, where the backend marked them */
+            if (bk_trace_us(r, e->mark[0], &b) && bk_trace_us(r, e->mark[1], &d))
+                e->begin_us = b, e->end_us = d;
             fprintf(mem, ",\n{\"name\":\"");
             if (e->what)
                 fprintf(mem, "%s ", e->what);
@@ -819,9 +831,11 @@ void fsdrt_wait_gather(FsdRun *r, int g)
     Group *G = &r->groups[g];
     bk_wait_gather(r, g);
     G->gathering = false;
-    /* host times: from the issue to the wait's return (on CUDA, to the
-     * compute stream's wait being queued) */
-    rt_trace(r, r->m->groups[g].name, "all_gather", 1, G->gather_t0, rt_now(),
+    /* host times: from the issue to the wait's return; on CUDA the trace
+     * has the device's, from the backend's marks around the work */
+    int mark[2];
+    bk_trace_collective(r, g, 1, mark);
+    rt_trace(r, r->m->groups[g].name, "all_gather", 1, G->gather_t0, rt_now(), mark,
              (G->padded - G->shard) * dtype_bytes(r->m->param_dtype));
 }
 
@@ -879,7 +893,9 @@ void fsdrt_wait_reduce(FsdRun *r, int g)
     bk_wait_reduce(r, g);
     rt_count(r, -reduce_buffer_bytes(r, G));
     G->reducing = false;
-    rt_trace(r, r->m->groups[g].name, "reduce_scatter", 2, G->reduce_t0, rt_now(),
+    int mark[2];
+    bk_trace_collective(r, g, 2, mark);
+    rt_trace(r, r->m->groups[g].name, "reduce_scatter", 2, G->reduce_t0, rt_now(), mark,
              (G->padded - G->shard) * dtype_bytes(r->m->reduce_dtype));
 }
 

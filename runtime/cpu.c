@@ -797,6 +797,20 @@ void bk_update(FsdRun *r, double lr, int64_t t, double v[2])
 /* ── host memory throughout: what the CUDA backend copies, this one shares ── */
 
 void bk_ready(FsdRun *r) { (void)r; }
+
+/* The host does the work: the trace's host times are its times. */
+void bk_trace_start(FsdRun *r) { (void)r; }
+int bk_trace_mark(FsdRun *r) { (void)r; return -1; }
+void bk_trace_collective(FsdRun *r, int g, int tid, int mark[2])
+{
+    (void)r, (void)g, (void)tid;
+    mark[0] = mark[1] = -1;
+}
+bool bk_trace_us(FsdRun *r, int mark, double *us)
+{
+    (void)r, (void)mark, (void)us;
+    return false;
+}
 void bk_inputs(FsdRun *r, int micro) { (void)r, (void)micro; }
 
 void bk_to_host(FsdRun *r, void *dst, const void *src, int64_t bytes)

@@ -149,6 +149,9 @@ typedef struct GroupComm {
     /* offload with bf16 act: this group's part of h_act (elements), and the
      * step its master shard was last narrowed into it (-1: never) */
     int64_t h_act_at, staged_step;
+    /* --trace-out: the marks around the last all-gather's and
+     * reduce-scatter's work on their streams (mark_on), or -1 */
+    int traced_gather[2], traced_reduce[2];
 } GroupComm;
 
 struct Backend {
@@ -171,6 +174,12 @@ struct Backend {
     void *blas_ws;
     GemmPlan *plans;                 /* one per product shape seen */
     int nplans, plans_cap;
+    /* --trace-out: events marking slices' ends on their streams, made as
+     * needed, timed against trace_ref, recorded at r->t0 (trace_ref_us) */
+    cudaEvent_t *marks;
+    int nmarks, marks_cap;
+    cudaEvent_t trace_ref;
+    double trace_ref_us;
 
     /* buffers */
     Pooled *pool;
@@ -283,6 +292,7 @@ static _Noreturn void nccl_failed(FsdRun *r, const char *file, int line, const c
     } while (0)
 
 static void gemm_plans_free(FsdRun *r);
+static void gemm_bench(FsdRun *r);
 
 #if FSD_MPI
 #define MPI_CHECK(r, call)                                                    \
@@ -353,6 +363,68 @@ static void fence(FsdRun *r, cudaStream_t comm)
 {
     CUDA_CHECK(r, cudaEventRecord(r->bk->fence, r->bk->compute));
     CUDA_CHECK(r, cudaStreamWaitEvent(comm, r->bk->fence, 0));
+}
+
+/* ── the trace's clock ──
+ *
+ * The host only queues the work, so with --trace-out each slice's ends are
+ * events recorded on the stream that runs it: an op's on the compute
+ * stream (fsdrt_trace_begin/end), a collective's around its work on its
+ * own stream. At the end their times are read against trace_ref, an event
+ * the idle device ran at r->t0. No host waits in the step: events are
+ * made and recorded there, read after the last one. */
+void bk_trace_start(FsdRun *r)
+{
+    Backend *bk = r->bk;
+    cudaStream_t ss[] = {bk->compute, bk->gather, bk->reduce, bk->h2d, bk->d2h};
+    for (size_t i = 0; i < sizeof ss / sizeof *ss; i++)
+        if (ss[i])
+            stream_wait_host(r, ss[i], "starting the trace");
+    CUDA_CHECK(r, cudaEventCreate(&bk->trace_ref));
+    CUDA_CHECK(r, cudaEventRecord(bk->trace_ref, bk->compute));
+    CUDA_CHECK(r, cudaEventSynchronize(bk->trace_ref));
+    bk->trace_ref_us = (rt_now() - r->t0) * 1e6;
+}
+
+/* A timed event recorded on stream s: its index, or -1 with no trace */
+static int mark_on(FsdRun *r, cudaStream_t s)
+{
+    Backend *bk = r->bk;
+    if (!bk->trace_ref)
+        return -1;
+    if (bk->nmarks == bk->marks_cap) {
+        int cap = bk->marks_cap ? 2 * bk->marks_cap : 4096;
+        cudaEvent_t *grown = realloc(bk->marks, sizeof *grown * (size_t)cap);
+        if (!grown)
+            return -1;   /* a trace short of memory loses its device times, not the run */
+        bk->marks = grown;
+        bk->marks_cap = cap;
+    }
+    CUDA_CHECK(r, cudaEventCreate(&bk->marks[bk->nmarks]));
+    CUDA_CHECK(r, cudaEventRecord(bk->marks[bk->nmarks], s));
+    return bk->nmarks++;
+}
+
+int bk_trace_mark(FsdRun *r) { return mark_on(r, r->bk->compute); }
+
+void bk_trace_collective(FsdRun *r, int g, int tid, int mark[2])
+{
+    const GroupComm *c = &r->bk->gc[g];
+    const int *m = tid == 1 ? c->traced_gather : c->traced_reduce;
+    mark[0] = m[0];
+    mark[1] = m[1];
+}
+
+bool bk_trace_us(FsdRun *r, int mark, double *us)
+{
+    Backend *bk = r->bk;
+    if (mark < 0 || mark >= bk->nmarks)
+        return false;
+    float ms = 0;
+    CUDA_CHECK(r, cudaEventSynchronize(bk->marks[mark]));
+    CUDA_CHECK(r, cudaEventElapsedTime(&ms, bk->trace_ref, bk->marks[mark]));
+    *us = bk->trace_ref_us + 1e3 * (double)ms;
+    return true;
 }
 
 /* ── start-up ── */
@@ -715,6 +787,8 @@ bool bk_start(FsdRun *r, int *argc, char ***argv)
     for (int g = 0; g < r->m->ngroups; g++) {
         CUDA_CHECK(r, cudaEventCreateWithFlags(&bk->gc[g].gathered, cudaEventDisableTiming));
         CUDA_CHECK(r, cudaEventCreateWithFlags(&bk->gc[g].reduced, cudaEventDisableTiming));
+        for (int k = 0; k < 2; k++)
+            bk->gc[g].traced_gather[k] = bk->gc[g].traced_reduce[k] = -1;
     }
     BLAS_CHECK(r, cublasLtCreate(&bk->lt));
     bk->have_lt = true;
@@ -752,6 +826,8 @@ void bk_stop(FsdRun *r)
         stream_wait_host(r, bk->reduce, "shutting down");
         stream_wait_host(r, bk->compute, "shutting down");
     }
+    if (r->status == 0 && getenv("FSD_GEMM_BENCH") && bk->nplans)
+        gemm_bench(r);
     offload_stop(r);
     /* shutting down: failures are reported, but there is nothing to undo */
     for (int i = 0; i < bk->npool; i++)
@@ -793,7 +869,10 @@ void bk_stop(FsdRun *r)
         }
         free(bk->gc);
     }
-    cudaEvent_t evs[] = {bk->fence, bk->host_ev, bk->stats_ev};
+    for (int i = 0; i < bk->nmarks; i++)
+        CUDA_NOTE(r, cudaEventDestroy(bk->marks[i]));
+    free(bk->marks);
+    cudaEvent_t evs[] = {bk->fence, bk->host_ev, bk->stats_ev, bk->trace_ref};
     for (size_t i = 0; i < sizeof evs / sizeof *evs; i++)
         if (evs[i])
             CUDA_NOTE(r, cudaEventDestroy(evs[i]));
@@ -1431,9 +1510,11 @@ void bk_all_gather(FsdRun *r, int g)
                                           cudaMemcpyHostToDevice, bk->h2d));
         CUDA_CHECK(r, cudaEventRecord(c->copied_in, bk->h2d));
         CUDA_CHECK(r, cudaStreamWaitEvent(bk->gather, c->copied_in, 0));
+        c->traced_gather[0] = mark_on(r, bk->gather);
         shard32 = own;
     } else {
         fence(r, bk->gather);
+        c->traced_gather[0] = mark_on(r, bk->gather);
         if (bf16_act)
             CUDA_CHECK(r, cu_narrow(own, G->master, G->shard, 1, bk->gather));
         else if (dt == FSD_FP32)
@@ -1451,6 +1532,7 @@ void bk_all_gather(FsdRun *r, int g)
         CUDA_CHECK(r, cu_widen(G->params, bk->wire_ag, G->padded, bf16, bk->gather));
     }
     CUDA_CHECK(r, cudaEventRecord(c->gathered, bk->gather));
+    c->traced_gather[1] = mark_on(r, bk->gather);
 }
 
 void bk_wait_gather(FsdRun *r, int g)
@@ -1480,6 +1562,7 @@ void bk_reduce_scatter(FsdRun *r, int g)
     float *sum = bk->offload ? c->acc : G->grad;
     const bool copy_out = bk->offload && ++c->reduces == r->cfg.grad_accum;
     fence(r, bk->reduce);
+    c->traced_reduce[0] = mark_on(r, bk->reduce);
     if (act_bf16(r)) {
         uint16_t *grads = G->grads;
         if (dt == FSD_FP32) {   /* widened into the fp32 reduce buffer, reduced there */
@@ -1521,8 +1604,11 @@ void bk_reduce_scatter(FsdRun *r, int g)
         if (sum)
             CUDA_CHECK(r, cudaMemsetAsync(sum, 0, (size_t)G->shard * sizeof(real), bk->d2h));
         CUDA_CHECK(r, cudaEventRecord(c->reduced, bk->d2h));
-    } else
+        c->traced_reduce[1] = mark_on(r, bk->d2h);
+    } else {
         CUDA_CHECK(r, cudaEventRecord(c->reduced, bk->reduce));
+        c->traced_reduce[1] = mark_on(r, bk->reduce);
+    }
 }
 
 void bk_wait_reduce(FsdRun *r, int g)
@@ -1562,6 +1648,30 @@ static uint32_t addr_align(const void *p)
     while (a > 4 && (uintptr_t)p % a)
         a /= 2;
     return a;
+}
+
+/* The heuristic's first n choices for plan p's layouts under descriptor
+ * desc (the plan's own, or FSD_GEMM_BENCH's variant of it), for operands
+ * aligned to p->align bytes and the run's workspace; how many it found. */
+static int gemm_candidates(FsdRun *r, const GemmPlan *p, cublasLtMatmulDesc_t desc,
+                           cublasLtMatmulHeuristicResult_t *out, int n)
+{
+    cublasLtMatmulPreference_t pref;
+    BLAS_CHECK(r, cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t ws = BLAS_WORKSPACE_BYTES;
+    BLAS_CHECK(r, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                       &ws, sizeof ws));
+    const cublasLtMatmulPreferenceAttributes_t aligns[] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (size_t i = 0; i < sizeof aligns / sizeof *aligns; i++)
+        BLAS_CHECK(r, cublasLtMatmulPreferenceSetAttribute(pref, aligns[i], &p->align,
+                                                           sizeof p->align));
+    int found = 0;
+    BLAS_CHECK(r, cublasLtMatmulAlgoGetHeuristic(r->bk->lt, desc, p->a, p->b, p->c, p->c, pref, n,
+                                                 out, &found));
+    BLAS_CHECK(r, cublasLtMatmulPreferenceDestroy(pref));
+    return found;
 }
 
 static GemmPlan *gemm_plan(FsdRun *r, bool bf16, bool transA, bool transB, int64_t M, int64_t N,
@@ -1633,21 +1743,8 @@ static GemmPlan *gemm_plan(FsdRun *r, bool bf16, bool transA, bool transB, int64
                                              (uint64_t)(transA ? K : M), lda));
     BLAS_CHECK(r, cublasLtMatrixLayoutCreate(&p->c, type, (uint64_t)N, (uint64_t)M, ldc));
 
-    cublasLtMatmulPreference_t pref;
-    BLAS_CHECK(r, cublasLtMatmulPreferenceCreate(&pref));
-    uint64_t ws = BLAS_WORKSPACE_BYTES;
-    BLAS_CHECK(r, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                       &ws, sizeof ws));
-    const cublasLtMatmulPreferenceAttributes_t aligns[] = {
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-    for (size_t i = 0; i < sizeof aligns / sizeof *aligns; i++)
-        BLAS_CHECK(r, cublasLtMatmulPreferenceSetAttribute(pref, aligns[i], &align, sizeof align));
     cublasLtMatmulHeuristicResult_t best;
-    int found = 0;
-    BLAS_CHECK(r, cublasLtMatmulAlgoGetHeuristic(bk->lt, p->desc, p->a, p->b, p->c, p->c, pref, 1,
-                                                 &best, &found));
-    BLAS_CHECK(r, cublasLtMatmulPreferenceDestroy(pref));
+    int found = gemm_candidates(r, p, p->desc, &best, 1);
     if (found < 1 || best.state != CUBLAS_STATUS_SUCCESS) {
         char why[256];
         snprintf(why, sizeof why,
@@ -1713,6 +1810,130 @@ static void lt_matmul(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N,
                           p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
     BLAS_CHECK(r, cublasLtMatmul(bk->lt, p->desc, &alpha, B, p->a, A, p->b, &beta, C, p->c, C,
                                  p->c, &p->algo, bk->blas_ws, BLAS_WORKSPACE_BYTES, bk->compute));
+}
+
+/* FSD_GEMM_BENCH=1: at the end of a run that went well, rank 0 times
+ * every product shape the run planned, on fresh buffers aligned as the
+ * run's operands were: the plan's algorithm, the heuristic's next choices
+ * for the same descriptor, and for a bias product the same product with no
+ * epilogue. One table on stderr; the run's results are already written,
+ * and the host waits here are outside any step. It says whether the
+ * heuristic's first choice, or an epilogue, costs time at the model's
+ * shapes (docs/cuda.md). */
+#define GEMM_BENCH_ALGOS 8
+#define GEMM_BENCH_CALLS 20
+
+/* ms a call of plan p's product with algorithm algo under desc, or -1 if
+ * cuBLASLt refuses to run it */
+static double gemm_bench_time(FsdRun *r, const GemmPlan *p, cublasLtMatmulDesc_t desc,
+                              const cublasLtMatmulAlgo_t *algo, void *const buf[5])
+{
+    Backend *bk = r->bk;
+    const float alpha = 1, beta = 0;
+    cudaEvent_t ev[2];
+    for (int i = 0; i < 2; i++)
+        CUDA_CHECK(r, cudaEventCreate(&ev[i]));
+    double ms = -1;
+    for (int i = 0; i < 3 + GEMM_BENCH_CALLS; i++) {
+        if (i == 3)
+            CUDA_CHECK(r, cudaEventRecord(ev[0], bk->compute));
+        if (cublasLtMatmul(bk->lt, desc, &alpha, buf[1], p->a, buf[0], p->b, &beta, buf[2], p->c,
+                           buf[2], p->c, algo, bk->blas_ws, BLAS_WORKSPACE_BYTES,
+                           bk->compute) != CUBLAS_STATUS_SUCCESS)
+            goto out;
+    }
+    CUDA_CHECK(r, cudaEventRecord(ev[1], bk->compute));
+    CUDA_CHECK(r, cudaEventSynchronize(ev[1]));
+    float t;
+    CUDA_CHECK(r, cudaEventElapsedTime(&t, ev[0], ev[1]));
+    ms = t / GEMM_BENCH_CALLS;
+out:
+    for (int i = 0; i < 2; i++)
+        CUDA_CHECK(r, cudaEventDestroy(ev[i]));
+    return ms;
+}
+
+static void gemm_bench(FsdRun *r)
+{
+    Backend *bk = r->bk;
+    if (r->rank != 0)
+        return;
+    stream_wait_host(r, bk->compute, "FSD_GEMM_BENCH");
+    fprintf(stderr, "FSD_GEMM_BENCH: every product shape of the run, %d calls after 3; "
+                    "TFLOP/s = 2MNK / time\n"
+                    "%8s %7s %7s %2s %-13s %5s | %9s %7s | %-12s %7s | %s\n",
+            GEMM_BENCH_CALLS, "M", "N", "K", "tt", "epilogue", "align", "plan ms", "TFLOP/s",
+            "best of 8", "TFLOP/s", "no epilogue TFLOP/s");
+    const int64_t elem = act_bytes(r);
+    for (int i = 0; i < bk->nplans; i++) {
+        GemmPlan *p = &bk->plans[i];
+        /* A, B, C, bias, aux as stored (row-major, leading dimensions of
+         * the run's), each starting p->align bytes past a 256-byte
+         * boundary unless that is 256 */
+        const int64_t rows[5] = {p->transA ? p->K : p->M, p->transB ? p->N : p->K, p->M, 1,
+                                 p->M};
+        const int64_t lds[5] = {p->lda, p->ldb, p->ldc, p->N, p->ldc};
+        const bool used[5] = {true, true, true, p->epilogue != CUBLASLT_EPILOGUE_DEFAULT,
+                              p->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS};
+        void *base[5] = {NULL}, *buf[5] = {NULL};
+        const size_t skew = p->align % 256;
+        for (int k = 0; k < 5; k++)
+            if (used[k]) {
+                const size_t bytes = (size_t)(rows[k] * lds[k] * elem) + skew;
+                CUDA_CHECK(r, cudaMalloc(&base[k], bytes));
+                CUDA_CHECK(r, cudaMemset(base[k], 0x3c, bytes));   /* about 0.0115 */
+                buf[k] = (char *)base[k] + skew;
+            }
+        if (used[3])
+            BLAS_CHECK(r, cublasLtMatmulDescSetAttribute(
+                              p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &buf[3], sizeof buf[3]));
+        if (used[4])
+            BLAS_CHECK(r, cublasLtMatmulDescSetAttribute(
+                              p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &buf[4],
+                              sizeof buf[4]));
+        const double flop = 2.0 * (double)p->M * (double)p->N * (double)p->K;
+        const double ms = gemm_bench_time(r, p, p->desc, &p->algo, buf);
+        cublasLtMatmulHeuristicResult_t cand[GEMM_BENCH_ALGOS];
+        const int n = gemm_candidates(r, p, p->desc, cand, GEMM_BENCH_ALGOS);
+        double best = -1;
+        int best_i = -1;
+        for (int c = 0; c < n; c++) {
+            const double t = cand[c].state == CUBLAS_STATUS_SUCCESS
+                                 ? gemm_bench_time(r, p, p->desc, &cand[c].algo, buf)
+                                 : -1;
+            if (t > 0 && (best < 0 || t < best))
+                best = t, best_i = c;
+        }
+        /* the plain product: the plan's descriptor less its epilogue */
+        double plain = -1;
+        if (used[3]) {
+            const cublasLtEpilogue_t none = CUBLASLT_EPILOGUE_DEFAULT;
+            BLAS_CHECK(r, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                         &none, sizeof none));
+            cublasLtMatmulHeuristicResult_t first;
+            if (gemm_candidates(r, p, p->desc, &first, 1) == 1 &&
+                first.state == CUBLAS_STATUS_SUCCESS)
+                plain = gemm_bench_time(r, p, p->desc, &first.algo, buf);
+            BLAS_CHECK(r, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                         &p->epilogue, sizeof p->epilogue));
+        }
+        const char *epi = p->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ? "gelu_aux_bias"
+                          : p->epilogue == CUBLASLT_EPILOGUE_BIAS        ? "bias"
+                                                                         : "none";
+        char best_s[16] = "-", best_f[16] = "-", plain_f[16] = "-";
+        if (best > 0) {
+            snprintf(best_s, sizeof best_s, "#%d %.3f", best_i, best);
+            snprintf(best_f, sizeof best_f, "%.0f", flop / best * 1e-9);
+        }
+        if (plain > 0)
+            snprintf(plain_f, sizeof plain_f, "%.0f", flop / plain * 1e-9);
+        fprintf(stderr, "%8lld %7lld %7lld %d%d %-13s %5u | %9.3f %7.0f | %-12s %7s | %s\n",
+                (long long)p->M, (long long)p->N, (long long)p->K, p->transA, p->transB, epi,
+                p->align, ms, ms > 0 ? flop / ms * 1e-9 : 0.0, best_s, best_f, plain_f);
+        for (int k = 0; k < 5; k++)
+            if (base[k])
+                CUDA_CHECK(r, cudaFree(base[k]));
+    }
 }
 
 void fsdrt_gemm(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64_t K, real alpha,

@@ -66,7 +66,8 @@ typedef struct TraceEvent {
     const char *name;        /* static, the emitted program's or a group's */
     const char *what;        /* NULL, or the collective's kind */
     int tid;                 /* 0: compute, 1: all-gathers, 2: reduce-scatters */
-    double begin_us, end_us;
+    double begin_us, end_us; /* host times */
+    int mark[2];             /* the backend's marks of its ends (bk_trace_mark), or -1 */
     int64_t bytes;
 } TraceEvent;
 
@@ -108,6 +109,7 @@ struct FsdRun {
     int ntrace, trace_cap;
     double t0;               /* trace time origin (seconds, after a barrier) */
     double open_t[64];       /* fsdrt_trace_begin's stack */
+    int open_mark[64];
     const char *open_name[64];
     int nopen;
 
@@ -120,8 +122,10 @@ struct FsdRun {
 /* ── common.c, for the backend ── */
 
 double rt_now(void);                           /* seconds, monotonic */
+/* A finished slice of the trace, from host time begin to end, or between
+ * the backend's marks (mark NULL: none) */
 void rt_trace(FsdRun *r, const char *name, const char *what, int tid, double begin,
-              double end, int64_t bytes);
+              double end, const int *mark, int64_t bytes);
 void rt_count(FsdRun *r, int64_t bytes);       /* + allocated, − freed */
 /* Records this rank's first error (printf-style); the next agreement point
  * reports it on every rank. */
@@ -311,6 +315,25 @@ void bk_reduce_scatter(FsdRun *r, int g);
  * (on CUDA: for what the compute stream runs next), and G->grads may go
  * back to the pool. */
 void bk_wait_reduce(FsdRun *r, int g);
+
+/* ── the backend, for common.c: the trace's clock ──
+ *
+ * --trace-out's slices are host times where the host does the work (the
+ * CPU backend). Where it only queues the work (CUDA), the backend marks
+ * each slice's ends on the stream that runs it, and the trace is written
+ * with the device's times. */
+/* At r->t0, outside any step, with the trace on: the device's clock set
+ * against the host's. */
+void bk_trace_start(FsdRun *r);
+/* With the trace on, a mark on the compute stream: an index for
+ * bk_trace_us, or -1 where host times are the trace's (the CPU). */
+int bk_trace_mark(FsdRun *r);
+/* The marks of group g's last all-gather (tid 1) or reduce-scatter (tid 2),
+ * made by the backend around the work on its stream, or -1, -1. */
+void bk_trace_collective(FsdRun *r, int g, int tid, int mark[2]);
+/* After the run's last step: a mark's time, in µs since r->t0; false if the
+ * backend has none. */
+bool bk_trace_us(FsdRun *r, int mark, double *us);
 
 /* ── the backend, for common.c: what a GPU needs besides ──
  *

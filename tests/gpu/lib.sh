@@ -90,6 +90,36 @@ jsonl_max() {
     END { if (seen) printf "%.0f\n", best; else exit 1 }' "$1"
 }
 
+# trace_check FILE MIN_BUSY: a --trace-out file of a GPU run, read as the
+# trainer writes it (one event a line): at least one op, all-gather and
+# reduce-scatter; no negative duration; the compute stream's ops in order,
+# none starting before the one before it ended (0.5 us of rounding); and
+# those ops busy for at least MIN_BUSY of the span from the first to the
+# last, which the device's times are (the GPU runs one op after another)
+# and the host's, when it only queues them, are not. Prints the figures.
+trace_check() {
+    awk -v min="$2" '
+    /"ph":"X"/ {
+        match($0, /"tid":[0-9]+/); tid = substr($0, RSTART + 6, RLENGTH - 6) + 0
+        match($0, /"ts":-?[0-9.]+/); ts = substr($0, RSTART + 5, RLENGTH - 5) + 0
+        match($0, /"dur":-?[0-9.]+/); dur = substr($0, RSTART + 6, RLENGTH - 6) + 0
+        n[tid]++
+        if (dur < 0) { printf "     trace: a negative duration: %s\n", $0; bad = 1 }
+        if (tid == 0) {
+            if (n[0] > 1 && ts < end0 - 0.5) { printf "     trace: ops overlap at ts %.3f\n", ts; bad = 1 }
+            if (n[0] == 1) first = ts
+            end0 = ts + dur; busy += dur
+        }
+    }
+    END {
+        span = end0 - first
+        printf "     trace: %d ops, %d all-gathers, %d reduce-scatters; ops busy %.1f%% of %.1f ms\n",
+               n[0], n[1], n[2], (span > 0 ? 100 * busy / span : 0), span / 1000
+        if (!n[0] || !n[1] || !n[2] || span <= 0 || busy < min * span) bad = 1
+        exit bad
+    }' "$1"
+}
+
 # plan_figure FILE LABEL FIELD: a byte count from fsdpc --dump-memory, the
 # first line starting "  LABEL", field FIELD, without its commas.
 plan_figure() {
@@ -279,7 +309,9 @@ gpu_checks() {
         smi=$!
         base=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -n 1)
     fi
-    run gpt2 "$CUDA_BUILD/gpt2/train" --steps "$GPT2_STEPS" --data "$DATA/gpt2.bin" --log "$OUT/gpt2.jsonl"
+    # FSD_GEMM_BENCH: after the steps, each product shape timed (docs/cuda.md)
+    run gpt2 FSD_GEMM_BENCH=1 "$CUDA_BUILD/gpt2/train" --steps "$GPT2_STEPS" --data "$DATA/gpt2.bin" \
+        --log "$OUT/gpt2.jsonl"
     if [ -n "$smi" ]; then
         kill "$smi" 2>/dev/null
         wait "$smi" 2>/dev/null
@@ -294,6 +326,18 @@ gpu_checks() {
             ok "gpt2: $GPT2_STEPS steps on the GPU: losses finite and the first near ln(50257); counted peak within [0.9, 1.3] of the plan"
         else
             bad "gpt2: $GPT2_STEPS steps: a loss, or the memory peak against the plan, is off" "$OUT/gpt2.log"
+        fi
+        sed -n '/^FSD_GEMM_BENCH/,$p' "$OUT/gpt2.log" | head -n 40 | sed 's/^/     /'
+    fi
+
+    # ── 4b. GPT-2's trace: the device's times ──
+    if run gpt2_trace "$CUDA_BUILD/gpt2/train" --steps 3 --data "$DATA/gpt2.bin" \
+            --trace-out "$OUT/gpt2_trace.json"; then
+        if trace_check "$OUT/gpt2_trace.json" 0.5; then
+            ok "gpt2: --trace-out has the GPU's times: ops in order, busy >= 50% of the span"
+        else
+            bad "gpt2: --trace-out: ops overlap, a slice is missing or negative, or the ops are not the device's times" \
+                "$OUT/gpt2_trace.json"
         fi
     fi
 

@@ -53,7 +53,10 @@
 #      the device's own peak (nvidia-smi); the step-0 loss near ln(50257),
 #      every loss finite, the counted peak within [0.9, 1.3] of the plan
 #      (bf16 compute: its buffers are the plan's; the margin is for the
-#      runtime's own buffers the plan leaves out, docs/cuda.md);
+#      runtime's own buffers the plan leaves out, docs/cuda.md); then,
+#      FSD_GEMM_BENCH, every product shape of the run timed (printed, not
+#      judged); 4b. 3 steps with --trace-out: the device's times in the
+#      trace (ops in order, busy for at least half the span);
 #   5. no run printed the pool's "did not foresee" note (a cudaMalloc
 #      inside a step);
 #   6. `offload = cpu` (tests/cuda/tiny_offload.fsd: tiny with its shards,
