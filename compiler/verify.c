@@ -178,11 +178,13 @@ static int find_launchers(const char *text, Launcher *out, int max)
 }
 
 /* Kernels a run macro starts besides the one it names: the column sums'
- * second pass (portable.h's FSD_RUN_COL_SUMS, fsd_col_parts), compiled
- * with portable.h into every template file's program. */
+ * second pass (portable.h's FSD_RUN_COL_SUMS and its 16-byte vector form
+ * FSD_RUN_COL_VSUMS, fsd_col_parts), compiled with portable.h into every
+ * template file's program. */
 static const struct {
     const char *macro, *kernel;
-} hidden_kernels[] = {{"FSD_RUN_COL_SUMS(", "fsd_col_parts_kernel"}};
+} hidden_kernels[] = {{"FSD_RUN_COL_SUMS(", "fsd_col_parts_kernel"},
+                      {"FSD_RUN_COL_VSUMS(", "fsd_col_parts_kernel"}};
 
 /* Whether launcher l (or one it calls, transitively) starts kernel k. */
 static bool starts(const Launcher *ls, int n, int l, const char *kernel, int depth)

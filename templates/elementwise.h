@@ -8,6 +8,11 @@
  * over a's leading dimensions, b[i mod nb]. Its gradient sums over them:
  * column j of the view [n/nb, nb]. Those sums are column reductions
  * (portable.h's sum shape): deterministic, no atomics.
+ *
+ * On the GPU the same-shape kernels, copy, bias_add and the column sums
+ * have 16-byte vector versions (X_v, portable.h's FSD_VEC), taken when the
+ * pointers are 16-byte aligned and the sizes multiples of FSD_VEC; they give
+ * the scalar kernels' bits.
  */
 #ifndef FSD_PORTABLE_H
 #include "portable.h"
@@ -26,6 +31,30 @@ DEVICE void reduce_to_sum(int64_t r0, int64_t r1, int64_t j0, int64_t j1, real *
 }
 FSD_COL_SUM_KERNEL(reduce_to, (const act *src, int64_t C), (src, C))
 
+#ifdef FSD_VEC
+/* the same, FSD_VEC columns from j0 (FSD_COL_VSUM_ITEM): FSD_COL_BATCH rows
+ * loaded, then added in row order */
+DEVICE void reduce_to_v_sum(int64_t r0, int64_t r1, int64_t j0, real *s, const act *src,
+                            int64_t C)
+{
+    int64_t r = r0;
+    for (; r + FSD_COL_BATCH <= r1; r += FSD_COL_BATCH) {
+        fsd_vec v[FSD_COL_BATCH];
+        FSD_VEC_UNROLL for (int q = 0; q < FSD_COL_BATCH; q++)
+            v[q] = fsd_vload(src + (r + q) * C + j0);
+        FSD_VEC_UNROLL for (int q = 0; q < FSD_COL_BATCH; q++)
+            FSD_VEC_FOR(k)
+                s[k] += fsd_wide(v[q].a[k]);
+    }
+    for (; r < r1; r++) {
+        fsd_vec v = fsd_vload(src + r * C + j0);
+        FSD_VEC_FOR(k)
+            s[k] += fsd_wide(v.a[k]);
+    }
+}
+FSD_COL_VSUM_KERNEL(reduce_to_v, (const act *src, int64_t C), (src, C))
+#endif
+
 /* ── add ── */
 
 DEVICE void add_fwd_elem(int64_t i, act *y, const act *a, const act *b, int64_t nb)
@@ -41,6 +70,19 @@ DEVICE void add_same_elem(int64_t i, act *y, const act *a, const act *b)
 }
 FSD_ELEM_KERNEL(add_same, (act *y, const act *a, const act *b), (y, a, b))
 
+#ifdef FSD_VEC
+/* elements [v·FSD_VEC, (v + 1)·FSD_VEC) through add_same_elem */
+DEVICE void add_same_v_elem(int64_t v, act *y, const act *a, const act *b)
+{
+    const int64_t i = v * FSD_VEC;
+    fsd_vec va = fsd_vload(a + i), vb = fsd_vload(b + i), vy = fsd_vzero();
+    FSD_VEC_FOR(k)
+        add_same_elem(k, vy.a, va.a, vb.a);
+    fsd_vstore(y + i, vy);
+}
+FSD_ELEM_KERNEL(add_same_v, (act *y, const act *a, const act *b), (y, a, b))
+#endif
+
 /* add_fwd: y[i] = a[i] + b[i mod nb]; y, a [n], b [nb], n a multiple of
  * nb. y may be a (in place). Its backward is copy (or a pass-through) for
  * a, and reduce_to for a broadcast b. */
@@ -48,7 +90,9 @@ LAUNCHER void add_fwd(act *y, const act *a, const act *b, int64_t n, int64_t nb)
 {
     FSD_REQUIRE("add_fwd", y && a && b);
     FSD_REQUIRE("add_fwd", n > 0 && nb > 0 && n % nb == 0);
-    if (nb == n)
+    if (nb == n && FSD_VEC_WHEN(n % FSD_VEC == 0 && fsd_al16(y) && fsd_al16(a) && fsd_al16(b)))
+        FSD_RUN_VEC_ELEMS(add_same_v, n, (y, a, b));
+    else if (nb == n)
         FSD_RUN_ELEMS(add_same, n, (y, a, b));
     else
         FSD_RUN_ELEMS(add_fwd, n, (y, a, b, nb));
@@ -68,13 +112,27 @@ DEVICE void mul_same_elem(int64_t i, act *y, const act *a, const act *b)
 }
 FSD_ELEM_KERNEL(mul_same, (act *y, const act *a, const act *b), (y, a, b))
 
+#ifdef FSD_VEC
+DEVICE void mul_same_v_elem(int64_t v, act *y, const act *a, const act *b)
+{
+    const int64_t i = v * FSD_VEC;
+    fsd_vec va = fsd_vload(a + i), vb = fsd_vload(b + i), vy = fsd_vzero();
+    FSD_VEC_FOR(k)
+        mul_same_elem(k, vy.a, va.a, vb.a);
+    fsd_vstore(y + i, vy);
+}
+FSD_ELEM_KERNEL(mul_same_v, (act *y, const act *a, const act *b), (y, a, b))
+#endif
+
 /* mul_fwd: y[i] = a[i] · b[i mod nb]; y, a [n], b [nb], n a multiple of
  * nb. y may be a. */
 LAUNCHER void mul_fwd(act *y, const act *a, const act *b, int64_t n, int64_t nb)
 {
     FSD_REQUIRE("mul_fwd", y && a && b);
     FSD_REQUIRE("mul_fwd", n > 0 && nb > 0 && n % nb == 0);
-    if (nb == n)
+    if (nb == n && FSD_VEC_WHEN(n % FSD_VEC == 0 && fsd_al16(y) && fsd_al16(a) && fsd_al16(b)))
+        FSD_RUN_VEC_ELEMS(mul_same_v, n, (y, a, b));
+    else if (nb == n)
         FSD_RUN_ELEMS(mul_same, n, (y, a, b));
     else
         FSD_RUN_ELEMS(mul_fwd, n, (y, a, b, nb));
@@ -95,6 +153,19 @@ DEVICE void mul_bwd_a_same_elem(int64_t i, act *da, bool acc, const act *dy, con
 FSD_ELEM_KERNEL(mul_bwd_a_same, (act *da, bool acc, const act *dy, const act *b),
                 (da, acc, dy, b))
 
+#ifdef FSD_VEC
+DEVICE void mul_bwd_a_same_v_elem(int64_t v, act *da, bool acc, const act *dy, const act *b)
+{
+    const int64_t i = v * FSD_VEC;
+    fsd_vec vdy = fsd_vload(dy + i), vb = fsd_vload(b + i), vda = fsd_vload_acc(da + i, acc);
+    FSD_VEC_FOR(k)
+        mul_bwd_a_same_elem(k, vda.a, acc, vdy.a, vb.a);
+    fsd_vstore(da + i, vda);
+}
+FSD_ELEM_KERNEL(mul_bwd_a_same_v, (act *da, bool acc, const act *dy, const act *b),
+                (da, acc, dy, b))
+#endif
+
 /* db[j] (+)= Σ_r dy[r·nb + j] · a[r·nb + j]: rows [r0, r1) into s[j − j0] */
 DEVICE void mul_bwd_b_sum(int64_t r0, int64_t r1, int64_t j0, int64_t j1, real *s, int64_t ls,
                           const act *dy, const act *a, int64_t nb)
@@ -107,6 +178,31 @@ DEVICE void mul_bwd_b_sum(int64_t r0, int64_t r1, int64_t j0, int64_t j1, real *
 }
 FSD_COL_SUM_KERNEL(mul_bwd_b, (const act *dy, const act *a, int64_t nb), (dy, a, nb))
 
+#ifdef FSD_VEC
+DEVICE void mul_bwd_b_v_sum(int64_t r0, int64_t r1, int64_t j0, real *s, const act *dy,
+                            const act *a, int64_t nb)
+{
+    const int nq = FSD_COL_BATCH / 2;
+    int64_t r = r0;
+    for (; r + nq <= r1; r += nq) {
+        fsd_vec vd[FSD_COL_BATCH / 2], va[FSD_COL_BATCH / 2];
+        FSD_VEC_UNROLL for (int q = 0; q < nq; q++) {
+            vd[q] = fsd_vload(dy + (r + q) * nb + j0);
+            va[q] = fsd_vload(a + (r + q) * nb + j0);
+        }
+        FSD_VEC_UNROLL for (int q = 0; q < nq; q++)
+            FSD_VEC_FOR(k)
+                s[k] += fsd_wide(vd[q].a[k]) * fsd_wide(va[q].a[k]);
+    }
+    for (; r < r1; r++) {
+        fsd_vec vd = fsd_vload(dy + r * nb + j0), va = fsd_vload(a + r * nb + j0);
+        FSD_VEC_FOR(k)
+            s[k] += fsd_wide(vd.a[k]) * fsd_wide(va.a[k]);
+    }
+}
+FSD_COL_VSUM_KERNEL(mul_bwd_b_v, (const act *dy, const act *a, int64_t nb), (dy, a, nb))
+#endif
+
 /* mul_bwd: the backward of y = a · b (b broadcast as in mul_fwd):
  *   da[i] (+)= dy[i] · b[i mod nb]            da, dy, a [n]
  *   db[j] (+)= Σ_{i mod nb = j} dy[i] · a[i]  db, b [nb]
@@ -117,8 +213,14 @@ LAUNCHER void mul_bwd(act *da, bool acc_a, act *db, bool acc_b, const act *dy,
     FSD_REQUIRE("mul_bwd", da && db && dy && a && b);
     FSD_REQUIRE("mul_bwd", n > 0 && nb > 0 && n % nb == 0);
     FSD_REQUIRE("mul_bwd", db != dy && db != a && da != db);
-    FSD_RUN_COL_SUMS(mul_bwd_b, n / nb, nb, acc_b, (db), (dy, a, nb));
-    if (nb == n)
+    if (FSD_VEC_WHEN(nb % FSD_VEC == 0 && fsd_al16(dy) && fsd_al16(a)))
+        FSD_RUN_COL_VSUMS(mul_bwd_b_v, n / nb, nb, acc_b, (db), (dy, a, nb));
+    else
+        FSD_RUN_COL_SUMS(mul_bwd_b, n / nb, nb, acc_b, (db), (dy, a, nb));
+    if (nb == n &&
+        FSD_VEC_WHEN(n % FSD_VEC == 0 && fsd_al16(da) && fsd_al16(dy) && fsd_al16(b)))
+        FSD_RUN_VEC_ELEMS(mul_bwd_a_same_v, n, (da, acc_a, dy, b));
+    else if (nb == n)
         FSD_RUN_ELEMS(mul_bwd_a_same, n, (da, acc_a, dy, b));
     else
         FSD_RUN_ELEMS(mul_bwd_a, n, (da, acc_a, dy, b, nb));
@@ -137,13 +239,31 @@ DEVICE void bias_add_row(int64_t row, int lane, int lanes, act *y, const act *x,
 }
 FSD_ROW_KERNEL(bias_add, (act *y, const act *x, const act *b, int64_t C), (y, x, b, C))
 
+#ifdef FSD_VEC
+/* the same, each lane on FSD_VEC columns at a time */
+DEVICE void bias_add_v_row(int64_t row, int lane, int lanes, act *y, const act *x, const act *b,
+                           int64_t C)
+{
+    FSD_VEC_LANES(j, C, lane, lanes) {
+        fsd_vec vx = fsd_vload(x + row * C + j), vb = fsd_vload(b + j), vy = fsd_vzero();
+        FSD_VEC_FOR(k)
+            vy.a[k] = fsd_narrow(fsd_wide(vx.a[k]) + fsd_wide(vb.a[k]));
+        fsd_vstore(y + row * C + j, vy);
+    }
+}
+FSD_ROW_KERNEL(bias_add_v, (act *y, const act *x, const act *b, int64_t C), (y, x, b, C))
+#endif
+
 /* bias_add_fwd: y[r, j] = x[r, j] + b[j]; y, x [rows, C], b [C]. y may
  * be x. */
 LAUNCHER void bias_add_fwd(act *y, const act *x, const act *b, int64_t rows, int64_t C)
 {
     FSD_REQUIRE("bias_add_fwd", y && x && b);
     FSD_REQUIRE("bias_add_fwd", rows > 0 && C > 0);
-    FSD_RUN_ROWS(bias_add, rows, (y, x, b, C));
+    if (FSD_VEC_WHEN(C % FSD_VEC == 0 && fsd_al16(y) && fsd_al16(x) && fsd_al16(b)))
+        FSD_RUN_VEC_ROWS(bias_add_v, rows, (y, x, b, C));
+    else
+        FSD_RUN_ROWS(bias_add, rows, (y, x, b, C));
 }
 
 /* bias_bwd: db[j] += Σ_r dy[r, j]; always accumulates (a parameter
@@ -152,7 +272,10 @@ LAUNCHER void bias_bwd(act *db, const act *dy, int64_t rows, int64_t C)
 {
     FSD_REQUIRE("bias_bwd", db && dy);
     FSD_REQUIRE("bias_bwd", rows > 0 && C > 0);
-    FSD_RUN_COL_SUMS(reduce_to, rows, C, true, (db), (dy, C));
+    if (FSD_VEC_WHEN(C % FSD_VEC == 0 && fsd_al16(dy)))
+        FSD_RUN_COL_VSUMS(reduce_to_v, rows, C, true, (db), (dy, C));
+    else
+        FSD_RUN_COL_SUMS(reduce_to, rows, C, true, (db), (dy, C));
 }
 
 /* ── gradient plumbing ── */
@@ -164,7 +287,10 @@ LAUNCHER void reduce_to(act *dst, bool acc, const act *src, int64_t n_src, int64
 {
     FSD_REQUIRE("reduce_to", dst && src && dst != src);
     FSD_REQUIRE("reduce_to", n_src > 0 && n_dst > 0 && n_src % n_dst == 0);
-    FSD_RUN_COL_SUMS(reduce_to, n_src / n_dst, n_dst, acc, (dst), (src, n_dst));
+    if (FSD_VEC_WHEN(n_dst % FSD_VEC == 0 && fsd_al16(src)))
+        FSD_RUN_COL_VSUMS(reduce_to_v, n_src / n_dst, n_dst, acc, (dst), (src, n_dst));
+    else
+        FSD_RUN_COL_SUMS(reduce_to, n_src / n_dst, n_dst, acc, (dst), (src, n_dst));
 }
 
 DEVICE void copy_elem(int64_t i, act *dst, bool acc, const act *src)
@@ -173,10 +299,25 @@ DEVICE void copy_elem(int64_t i, act *dst, bool acc, const act *src)
 }
 FSD_ELEM_KERNEL(copy, (act *dst, bool acc, const act *src), (dst, acc, src))
 
+#ifdef FSD_VEC
+DEVICE void copy_v_elem(int64_t v, act *dst, bool acc, const act *src)
+{
+    const int64_t i = v * FSD_VEC;
+    fsd_vec vs = fsd_vload(src + i), vd = fsd_vload_acc(dst + i, acc);
+    FSD_VEC_FOR(k)
+        copy_elem(k, vd.a, acc, vs.a);
+    fsd_vstore(dst + i, vd);
+}
+FSD_ELEM_KERNEL(copy_v, (act *dst, bool acc, const act *src), (dst, acc, src))
+#endif
+
 /* copy: dst[i] (+)= src[i]; dst, src [n]. A gradient passed on to a value
  * whose gradient buffer is already taken. */
 LAUNCHER void copy(act *dst, bool acc, const act *src, int64_t n)
 {
     FSD_REQUIRE("copy", dst && src && n > 0);
-    FSD_RUN_ELEMS(copy, n, (dst, acc, src));
+    if (FSD_VEC_WHEN(n % FSD_VEC == 0 && fsd_al16(dst) && fsd_al16(src)))
+        FSD_RUN_VEC_ELEMS(copy_v, n, (dst, acc, src));
+    else
+        FSD_RUN_ELEMS(copy, n, (dst, acc, src));
 }

@@ -21,13 +21,32 @@ DEVICE void embed_fwd_row(int64_t i, int lane, int lanes, act *out, const act *W
 FSD_ROW_KERNEL(embed_fwd, (act *out, const act *W, const int32_t *idx, int64_t C, int64_t V),
                (out, W, idx, C, V))
 
+#ifdef FSD_VEC
+/* the same by 16-byte vectors (portable.h's FSD_VEC): C a multiple of
+ * FSD_VEC, out and W 16-byte aligned; a copy either way */
+DEVICE void embed_fwd_v_row(int64_t i, int lane, int lanes, act *out, const act *W,
+                            const int32_t *idx, int64_t C, int64_t V)
+{
+    int64_t t = idx[i];
+    if (t < 0 || t >= V)
+        fsd_trap();
+    FSD_VEC_LANES(j, C, lane, lanes)
+        fsd_vstore(out + i * C + j, fsd_vload(W + t * C + j));
+}
+FSD_ROW_KERNEL(embed_fwd_v, (act *out, const act *W, const int32_t *idx, int64_t C, int64_t V),
+               (out, W, idx, C, V))
+#endif
+
 LAUNCHER void embed_fwd(act *out, const act *W, const int32_t *idx, int64_t N, int64_t C,
                         int64_t V)
 {
     FSD_REQUIRE("embed_fwd", out && W && idx);
     FSD_REQUIRE("embed_fwd", N > 0 && C > 0 && V > 0);
     fsd_check_indices("embed_fwd", idx, N, V);
-    FSD_RUN_ROWS(embed_fwd, N, (out, W, idx, C, V));
+    if (FSD_VEC_WHEN(C % FSD_VEC == 0 && fsd_al16(out) && fsd_al16(W)))
+        FSD_RUN_VEC_ROWS(embed_fwd_v, N, (out, W, idx, C, V));
+    else
+        FSD_RUN_ROWS(embed_fwd, N, (out, W, idx, C, V));
 }
 
 /* embed_bwd: dW[t, :] += Σ dout[i, :] over the positions i with idx[i] = t,

@@ -6,6 +6,18 @@
  * forwards add_layernorm_fwd and add_rmsnorm_fwd (compiler/fuse.c) form the
  * residual sum a + b of a row first and normalise it in the same kernel.
  * Needs portable.h.
+ *
+ * On the GPU every row kernel here, and the parameter gradients' column
+ * sums, have 16-byte vector versions (X_v, portable.h's FSD_VEC), taken when
+ * C is a multiple of FSD_VEC and the row tensors and w, b are 16-byte
+ * aligned. Their elementwise parts and column sums are the scalar kernels'
+ * operations; their row sums (mean, variance, the backward's two) add the
+ * lanes' shares in another fixed order (FSD_VEC_LANES), so the statistics
+ * and what depends on them may differ from the scalar kernels' in the last
+ * bits, the same for every launch of a shape. A fused norm takes the vector
+ * path exactly when the plain norm would on its sum (a and b need not be
+ * aligned: they are then read element by element), so fused and unfused
+ * keep giving the same bits.
  */
 #ifndef FSD_PORTABLE_H
 #include "portable.h"
@@ -28,6 +40,32 @@ DEVICE void add_norm_row(int64_t r, int lane, int lanes, act *sum, const act *a,
     for (int64_t j = lane; j < C; j += lanes)
         sum[r * C + j] = fsd_narrow(fsd_wide(a[r * C + j]) + fsd_wide(b[r * C + j]));
 }
+
+#ifdef FSD_VEC
+/* add_norm_row by vectors, in the lanes' vectors that the vector norms read
+ * back; a and b by vectors when ab_vec (both aligned), else element by
+ * element */
+DEVICE void add_norm_v_row(int64_t r, int lane, int lanes, act *sum, const act *a, const act *b,
+                           int64_t C, bool ab_vec)
+{
+    FSD_VEC_LANES(j, C, lane, lanes) {
+        const int64_t i = r * C + j;
+        fsd_vec va, vb, vs = fsd_vzero();
+        if (ab_vec) {
+            va = fsd_vload(a + i);
+            vb = fsd_vload(b + i);
+        } else {
+            FSD_VEC_FOR(k) {
+                va.a[k] = a[i + k];
+                vb.a[k] = b[i + k];
+            }
+        }
+        FSD_VEC_FOR(k)
+            vs.a[k] = fsd_narrow(fsd_wide(va.a[k]) + fsd_wide(vb.a[k]));
+        fsd_vstore(sum + i, vs);
+    }
+}
+#endif
 
 /* ── LayerNorm ── */
 
@@ -59,12 +97,57 @@ FSD_ROW_KERNEL(layernorm_fwd,
                 int64_t C, real eps),
                (y, mean, rstd, x, w, b, C, eps))
 
+#ifdef FSD_VEC
+DEVICE void layernorm_fwd_v_row(int64_t r, int lane, int lanes, act *y, real *mean, real *rstd,
+                                const act *x, const act *w, const act *b, int64_t C, real eps)
+{
+    const act *xr = x + r * C;
+    real s = 0, v = 0;
+    FSD_VEC_LANES(j, C, lane, lanes) {
+        fsd_vec vx = fsd_vload(xr + j);
+        FSD_VEC_FOR(k)
+            s += fsd_wide(vx.a[k]);
+    }
+    real m = fsd_warp_sum(s) / (real)C;
+    FSD_VEC_LANES(j, C, lane, lanes) {
+        fsd_vec vx = fsd_vload(xr + j);
+        FSD_VEC_FOR(k)
+            v += (fsd_wide(vx.a[k]) - m) * (fsd_wide(vx.a[k]) - m);
+    }
+    real rs = 1 / fsd_sqrt(fsd_warp_sum(v) / (real)C + eps);
+    FSD_VEC_LANES(j, C, lane, lanes) {
+        fsd_vec vx = fsd_vload(xr + j), vw = fsd_vload(w + j), vb = fsd_vload(b + j);
+        fsd_vec vy = fsd_vzero();
+        FSD_VEC_FOR(k)
+            vy.a[k] = fsd_narrow((fsd_wide(vx.a[k]) - m) * rs * fsd_wide(vw.a[k]) +
+                                 fsd_wide(vb.a[k]));
+        fsd_vstore(y + r * C + j, vy);
+    }
+    if (lane == 0) {
+        mean[r] = m;
+        rstd[r] = rs;
+    }
+}
+FSD_ROW_KERNEL(layernorm_fwd_v,
+               (act *y, real *mean, real *rstd, const act *x, const act *w, const act *b,
+                int64_t C, real eps),
+               (y, mean, rstd, x, w, b, C, eps))
+#endif
+
+/* whether a norm's rows [rows, C] x and y and its parameters w, b fit the
+ * vector kernels */
+#define FSD_NORM_VEC(C, x, y, w, b) \
+    FSD_VEC_WHEN((C) % FSD_VEC == 0 && fsd_al16(x) && fsd_al16(y) && fsd_al16(w) && fsd_al16(b))
+
 LAUNCHER void layernorm_fwd(act *y, real *mean, real *rstd, const act *x, const act *w,
                             const act *b, int64_t rows, int64_t C, real eps)
 {
     FSD_REQUIRE("layernorm_fwd", y && mean && rstd && x && w && b);
     FSD_REQUIRE("layernorm_fwd", rows > 0 && C > 0 && eps >= 0);
-    FSD_RUN_ROWS(layernorm_fwd, rows, (y, mean, rstd, x, w, b, C, eps));
+    if (FSD_NORM_VEC(C, x, y, w, b))
+        FSD_RUN_VEC_ROWS(layernorm_fwd_v, rows, (y, mean, rstd, x, w, b, C, eps));
+    else
+        FSD_RUN_ROWS(layernorm_fwd, rows, (y, mean, rstd, x, w, b, C, eps));
 }
 
 /* add_layernorm_fwd: sum = a + b, then layernorm_fwd of sum (y, mean, rstd):
@@ -82,13 +165,31 @@ FSD_ROW_KERNEL(add_layernorm_fwd,
                 const act *w, const act *bias, int64_t C, real eps),
                (sum, y, mean, rstd, a, b, w, bias, C, eps))
 
+#ifdef FSD_VEC
+DEVICE void add_layernorm_fwd_v_row(int64_t r, int lane, int lanes, act *sum, act *y, real *mean,
+                                    real *rstd, const act *a, const act *b, const act *w,
+                                    const act *bias, int64_t C, real eps, bool ab_vec)
+{
+    add_norm_v_row(r, lane, lanes, sum, a, b, C, ab_vec);
+    layernorm_fwd_v_row(r, lane, lanes, y, mean, rstd, sum, w, bias, C, eps);
+}
+FSD_ROW_KERNEL(add_layernorm_fwd_v,
+               (act *sum, act *y, real *mean, real *rstd, const act *a, const act *b,
+                const act *w, const act *bias, int64_t C, real eps, bool ab_vec),
+               (sum, y, mean, rstd, a, b, w, bias, C, eps, ab_vec))
+#endif
+
 LAUNCHER void add_layernorm_fwd(act *sum, act *y, real *mean, real *rstd, const act *a,
                                 const act *b, const act *w, const act *bias, int64_t rows,
                                 int64_t C, real eps)
 {
     FSD_REQUIRE("add_layernorm_fwd", sum && y && mean && rstd && a && b && w && bias);
     FSD_REQUIRE("add_layernorm_fwd", rows > 0 && C > 0 && eps >= 0);
-    FSD_RUN_ROWS(add_layernorm_fwd, rows, (sum, y, mean, rstd, a, b, w, bias, C, eps));
+    if (FSD_NORM_VEC(C, sum, y, w, bias))
+        FSD_RUN_VEC_ROWS(add_layernorm_fwd_v, rows,
+                         (sum, y, mean, rstd, a, b, w, bias, C, eps, fsd_al16(a) && fsd_al16(b)));
+    else
+        FSD_RUN_ROWS(add_layernorm_fwd, rows, (sum, y, mean, rstd, a, b, w, bias, C, eps));
 }
 
 /* layernorm_bwd: with x̂ = (x − mean) · rstd and g = dy · w,
@@ -119,6 +220,39 @@ FSD_ROW_KERNEL(layernorm_bwd,
                 const real *mean, const real *rstd, int64_t C),
                (dx, acc, dy, x, w, mean, rstd, C))
 
+#ifdef FSD_VEC
+DEVICE void layernorm_bwd_v_row(int64_t r, int lane, int lanes, act *dx, bool acc, const act *dy,
+                                const act *x, const act *w, const real *mean, const real *rstd,
+                                int64_t C)
+{
+    const act *dyr = dy + r * C, *xr = x + r * C;
+    real m = mean[r], rs = rstd[r], sg = 0, sgx = 0;
+    FSD_VEC_LANES(j, C, lane, lanes) {
+        fsd_vec vd = fsd_vload(dyr + j), vx = fsd_vload(xr + j), vw = fsd_vload(w + j);
+        FSD_VEC_FOR(k) {
+            sg += fsd_wide(vd.a[k]) * fsd_wide(vw.a[k]);
+            sgx += fsd_wide(vd.a[k]) * fsd_wide(vw.a[k]) * (fsd_wide(vx.a[k]) - m) * rs;
+        }
+    }
+    sg = fsd_warp_sum(sg) / (real)C;
+    sgx = fsd_warp_sum(sgx) / (real)C;
+    FSD_VEC_LANES(j, C, lane, lanes) {
+        fsd_vec vd = fsd_vload(dyr + j), vx = fsd_vload(xr + j), vw = fsd_vload(w + j);
+        fsd_vec vdx = fsd_vload_acc(dx + r * C + j, acc);
+        FSD_VEC_FOR(k)
+            fsd_store(&vdx.a[k],
+                      rs * (fsd_wide(vd.a[k]) * fsd_wide(vw.a[k]) - sg -
+                            (fsd_wide(vx.a[k]) - m) * rs * sgx),
+                      acc);
+        fsd_vstore(dx + r * C + j, vdx);
+    }
+}
+FSD_ROW_KERNEL(layernorm_bwd_v,
+               (act *dx, bool acc, const act *dy, const act *x, const act *w,
+                const real *mean, const real *rstd, int64_t C),
+               (dx, acc, dy, x, w, mean, rstd, C))
+#endif
+
 /* the parameter gradients' column sums over rows [r0, r1), columns
  * [j0, j1): dw's into s[j − j0], db's into s[ls + j − j0] (portable.h's sum
  * shape; the CPU's chunks call it a row at a time) */
@@ -139,6 +273,45 @@ DEVICE void layernorm_bwd_params_sum(int64_t r0, int64_t r1, int64_t j0, int64_t
 FSD_COL_SUM_KERNEL(layernorm_bwd_params,
                    (const act *dy, const act *x, const real *mean, const real *rstd, int64_t C),
                    (dy, x, mean, rstd, C))
+
+#ifdef FSD_VEC
+/* the same over FSD_VEC columns from j0 (FSD_COL_VSUM_ITEM): dw's into
+ * s[k], db's into s[FSD_VEC + k] */
+DEVICE void layernorm_bwd_params_v_sum(int64_t r0, int64_t r1, int64_t j0, real *s,
+                                       const act *dy, const act *x, const real *mean,
+                                       const real *rstd, int64_t C)
+{
+    const int nq = FSD_COL_BATCH / 2;
+    int64_t r = r0;
+    for (; r + nq <= r1; r += nq) {   /* nq rows loaded, then added in order */
+        fsd_vec vd[FSD_COL_BATCH / 2], vx[FSD_COL_BATCH / 2];
+        real m[FSD_COL_BATCH / 2], rs[FSD_COL_BATCH / 2];
+        FSD_VEC_UNROLL for (int q = 0; q < nq; q++) {
+            m[q] = mean[r + q], rs[q] = rstd[r + q];
+            vd[q] = fsd_vload(dy + (r + q) * C + j0);
+            vx[q] = fsd_vload(x + (r + q) * C + j0);
+        }
+        FSD_VEC_UNROLL for (int q = 0; q < nq; q++)
+            FSD_VEC_FOR(k) {
+                real d = fsd_wide(vd[q].a[k]);
+                s[k] += d * (fsd_wide(vx[q].a[k]) - m[q]) * rs[q];
+                s[FSD_VEC + k] += d;
+            }
+    }
+    for (; r < r1; r++) {
+        real m = mean[r], rs = rstd[r];
+        fsd_vec vd = fsd_vload(dy + r * C + j0), vx = fsd_vload(x + r * C + j0);
+        FSD_VEC_FOR(k) {
+            real d = fsd_wide(vd.a[k]);
+            s[k] += d * (fsd_wide(vx.a[k]) - m) * rs;
+            s[FSD_VEC + k] += d;
+        }
+    }
+}
+FSD_COL_VSUM_KERNEL(layernorm_bwd_params_v,
+                    (const act *dy, const act *x, const real *mean, const real *rstd, int64_t C),
+                    (dy, x, mean, rstd, C))
+#endif
 
 #if !defined(__CUDACC__) && !defined(FSD_WARP_EMULATION)
 /* The CPU's backward in one pass over dy and x instead of two (the rows,
@@ -198,8 +371,14 @@ LAUNCHER void layernorm_bwd(act *dx, bool acc, act *dw, act *db, const act *dy, 
     }
     free(part);
 #else
-    FSD_RUN_ROWS(layernorm_bwd, rows, (dx, acc, dy, x, w, mean, rstd, C));
-    FSD_RUN_COL_SUMS(layernorm_bwd_params, rows, C, true, (dw, db), (dy, x, mean, rstd, C));
+    if (FSD_NORM_VEC(C, x, dx, w, dy)) {
+        FSD_RUN_VEC_ROWS(layernorm_bwd_v, rows, (dx, acc, dy, x, w, mean, rstd, C));
+        FSD_RUN_COL_VSUMS(layernorm_bwd_params_v, rows, C, true, (dw, db),
+                          (dy, x, mean, rstd, C));
+    } else {
+        FSD_RUN_ROWS(layernorm_bwd, rows, (dx, acc, dy, x, w, mean, rstd, C));
+        FSD_RUN_COL_SUMS(layernorm_bwd_params, rows, C, true, (dw, db), (dy, x, mean, rstd, C));
+    }
 #endif
 }
 
@@ -225,12 +404,41 @@ DEVICE void rmsnorm_fwd_row(int64_t r, int lane, int lanes, act *y, real *rstd, 
 FSD_ROW_KERNEL(rmsnorm_fwd, (act *y, real *rstd, const act *x, const act *w, int64_t C, real eps),
                (y, rstd, x, w, C, eps))
 
+#ifdef FSD_VEC
+DEVICE void rmsnorm_fwd_v_row(int64_t r, int lane, int lanes, act *y, real *rstd, const act *x,
+                              const act *w, int64_t C, real eps)
+{
+    const act *xr = x + r * C;
+    real s = 0;
+    FSD_VEC_LANES(j, C, lane, lanes) {
+        fsd_vec vx = fsd_vload(xr + j);
+        FSD_VEC_FOR(k)
+            s += fsd_wide(vx.a[k]) * fsd_wide(vx.a[k]);
+    }
+    real rs = 1 / fsd_sqrt(fsd_warp_sum(s) / (real)C + eps);
+    FSD_VEC_LANES(j, C, lane, lanes) {
+        fsd_vec vx = fsd_vload(xr + j), vw = fsd_vload(w + j), vy = fsd_vzero();
+        FSD_VEC_FOR(k)
+            vy.a[k] = fsd_narrow(fsd_wide(vx.a[k]) * rs * fsd_wide(vw.a[k]));
+        fsd_vstore(y + r * C + j, vy);
+    }
+    if (lane == 0)
+        rstd[r] = rs;
+}
+FSD_ROW_KERNEL(rmsnorm_fwd_v,
+               (act *y, real *rstd, const act *x, const act *w, int64_t C, real eps),
+               (y, rstd, x, w, C, eps))
+#endif
+
 LAUNCHER void rmsnorm_fwd(act *y, real *rstd, const act *x, const act *w, int64_t rows,
                           int64_t C, real eps)
 {
     FSD_REQUIRE("rmsnorm_fwd", y && rstd && x && w);
     FSD_REQUIRE("rmsnorm_fwd", rows > 0 && C > 0 && eps >= 0);
-    FSD_RUN_ROWS(rmsnorm_fwd, rows, (y, rstd, x, w, C, eps));
+    if (FSD_NORM_VEC(C, x, y, w, w))
+        FSD_RUN_VEC_ROWS(rmsnorm_fwd_v, rows, (y, rstd, x, w, C, eps));
+    else
+        FSD_RUN_ROWS(rmsnorm_fwd, rows, (y, rstd, x, w, C, eps));
 }
 
 /* add_rmsnorm_fwd: sum = a + b, then rmsnorm_fwd of sum (y, rstd), as
@@ -246,12 +454,30 @@ FSD_ROW_KERNEL(add_rmsnorm_fwd,
                 int64_t C, real eps),
                (sum, y, rstd, a, b, w, C, eps))
 
+#ifdef FSD_VEC
+DEVICE void add_rmsnorm_fwd_v_row(int64_t r, int lane, int lanes, act *sum, act *y, real *rstd,
+                                  const act *a, const act *b, const act *w, int64_t C, real eps,
+                                  bool ab_vec)
+{
+    add_norm_v_row(r, lane, lanes, sum, a, b, C, ab_vec);
+    rmsnorm_fwd_v_row(r, lane, lanes, y, rstd, sum, w, C, eps);
+}
+FSD_ROW_KERNEL(add_rmsnorm_fwd_v,
+               (act *sum, act *y, real *rstd, const act *a, const act *b, const act *w,
+                int64_t C, real eps, bool ab_vec),
+               (sum, y, rstd, a, b, w, C, eps, ab_vec))
+#endif
+
 LAUNCHER void add_rmsnorm_fwd(act *sum, act *y, real *rstd, const act *a, const act *b,
                               const act *w, int64_t rows, int64_t C, real eps)
 {
     FSD_REQUIRE("add_rmsnorm_fwd", sum && y && rstd && a && b && w);
     FSD_REQUIRE("add_rmsnorm_fwd", rows > 0 && C > 0 && eps >= 0);
-    FSD_RUN_ROWS(add_rmsnorm_fwd, rows, (sum, y, rstd, a, b, w, C, eps));
+    if (FSD_NORM_VEC(C, sum, y, w, w))
+        FSD_RUN_VEC_ROWS(add_rmsnorm_fwd_v, rows,
+                         (sum, y, rstd, a, b, w, C, eps, fsd_al16(a) && fsd_al16(b)));
+    else
+        FSD_RUN_ROWS(add_rmsnorm_fwd, rows, (sum, y, rstd, a, b, w, C, eps));
 }
 
 /* rmsnorm_bwd: with x̂ = x · rstd and g = dy · w,
@@ -276,6 +502,34 @@ FSD_ROW_KERNEL(rmsnorm_bwd,
                 int64_t C),
                (dx, acc, dy, x, w, rstd, C))
 
+#ifdef FSD_VEC
+DEVICE void rmsnorm_bwd_v_row(int64_t r, int lane, int lanes, act *dx, bool acc, const act *dy,
+                              const act *x, const act *w, const real *rstd, int64_t C)
+{
+    const act *dyr = dy + r * C, *xr = x + r * C;
+    real rs = rstd[r], sgx = 0;
+    FSD_VEC_LANES(j, C, lane, lanes) {
+        fsd_vec vd = fsd_vload(dyr + j), vx = fsd_vload(xr + j), vw = fsd_vload(w + j);
+        FSD_VEC_FOR(k)
+            sgx += fsd_wide(vd.a[k]) * fsd_wide(vw.a[k]) * fsd_wide(vx.a[k]) * rs;
+    }
+    sgx = fsd_warp_sum(sgx) / (real)C;
+    FSD_VEC_LANES(j, C, lane, lanes) {
+        fsd_vec vd = fsd_vload(dyr + j), vx = fsd_vload(xr + j), vw = fsd_vload(w + j);
+        fsd_vec vdx = fsd_vload_acc(dx + r * C + j, acc);
+        FSD_VEC_FOR(k)
+            fsd_store(&vdx.a[k],
+                      rs * (fsd_wide(vd.a[k]) * fsd_wide(vw.a[k]) - fsd_wide(vx.a[k]) * rs * sgx),
+                      acc);
+        fsd_vstore(dx + r * C + j, vdx);
+    }
+}
+FSD_ROW_KERNEL(rmsnorm_bwd_v,
+               (act *dx, bool acc, const act *dy, const act *x, const act *w, const real *rstd,
+                int64_t C),
+               (dx, acc, dy, x, w, rstd, C))
+#endif
+
 /* dw's column sums over rows [r0, r1), columns [j0, j1), into s[j − j0],
  * as layernorm_bwd_params_sum */
 DEVICE void rmsnorm_bwd_params_sum(int64_t r0, int64_t r1, int64_t j0, int64_t j1, real *s,
@@ -292,6 +546,35 @@ DEVICE void rmsnorm_bwd_params_sum(int64_t r0, int64_t r1, int64_t j0, int64_t j
 }
 FSD_COL_SUM_KERNEL(rmsnorm_bwd_params, (const act *dy, const act *x, const real *rstd, int64_t C),
                    (dy, x, rstd, C))
+
+#ifdef FSD_VEC
+DEVICE void rmsnorm_bwd_params_v_sum(int64_t r0, int64_t r1, int64_t j0, real *s, const act *dy,
+                                     const act *x, const real *rstd, int64_t C)
+{
+    const int nq = FSD_COL_BATCH / 2;
+    int64_t r = r0;
+    for (; r + nq <= r1; r += nq) {   /* nq rows loaded, then added in order */
+        fsd_vec vd[FSD_COL_BATCH / 2], vx[FSD_COL_BATCH / 2];
+        real rs[FSD_COL_BATCH / 2];
+        FSD_VEC_UNROLL for (int q = 0; q < nq; q++) {
+            rs[q] = rstd[r + q];
+            vd[q] = fsd_vload(dy + (r + q) * C + j0);
+            vx[q] = fsd_vload(x + (r + q) * C + j0);
+        }
+        FSD_VEC_UNROLL for (int q = 0; q < nq; q++)
+            FSD_VEC_FOR(k)
+                s[k] += fsd_wide(vd[q].a[k]) * fsd_wide(vx[q].a[k]) * rs[q];
+    }
+    for (; r < r1; r++) {
+        real rs = rstd[r];
+        fsd_vec vd = fsd_vload(dy + r * C + j0), vx = fsd_vload(x + r * C + j0);
+        FSD_VEC_FOR(k)
+            s[k] += fsd_wide(vd.a[k]) * fsd_wide(vx.a[k]) * rs;
+    }
+}
+FSD_COL_VSUM_KERNEL(rmsnorm_bwd_params_v,
+                    (const act *dy, const act *x, const real *rstd, int64_t C), (dy, x, rstd, C))
+#endif
 
 #ifdef FSD_NORM_CHUNK
 /* the CPU's one pass, as layernorm_bwd_chunk: part [chunks, C] */
@@ -333,7 +616,12 @@ LAUNCHER void rmsnorm_bwd(act *dx, bool acc, act *dw, const act *dy, const act *
     }
     free(part);
 #else
-    FSD_RUN_ROWS(rmsnorm_bwd, rows, (dx, acc, dy, x, w, rstd, C));
-    FSD_RUN_COL_SUMS(rmsnorm_bwd_params, rows, C, true, (dw), (dy, x, rstd, C));
+    if (FSD_NORM_VEC(C, x, dx, w, dy)) {
+        FSD_RUN_VEC_ROWS(rmsnorm_bwd_v, rows, (dx, acc, dy, x, w, rstd, C));
+        FSD_RUN_COL_VSUMS(rmsnorm_bwd_params_v, rows, C, true, (dw), (dy, x, rstd, C));
+    } else {
+        FSD_RUN_ROWS(rmsnorm_bwd, rows, (dx, acc, dy, x, w, rstd, C));
+        FSD_RUN_COL_SUMS(rmsnorm_bwd_params, rows, C, true, (dw), (dy, x, rstd, C));
+    }
 #endif
 }

@@ -51,6 +51,13 @@
  * calling the body on the CPU. A body must not return early on some lanes
  * only: every lane of a warp reaches every warp reduction.
  *
+ * On the GPU (and in its emulation) the kernels whose layout allows it
+ * have a second version X_v beside X that loads and stores 16 bytes a
+ * thread (FSD_VEC elements: "16-byte vectors" below); a launcher takes it
+ * when its pointers are 16-byte aligned and its counts multiples of
+ * FSD_VEC (FSD_VEC_WHEN), through FSD_RUN_VEC_ELEMS, FSD_RUN_VEC_ROWS or,
+ * for a column reduction's pass 1 (FSD_COL_VSUM_KERNEL), FSD_RUN_COL_VSUMS.
+ *
  * Launchers (one per kernel, named after the op in compiler/ops.def) take
  * plain pointers and int64_t sizes, check them, and abort through
  * fsd_kernel_fail on a violated assumption: that is a bug of the emitter,
@@ -236,6 +243,18 @@ static inline void fsd_launch_check(const char *kernel)
                         FSD_STREAM>>>(fsd_n_, plan, FSD_UNPAREN args);                 \
         fsd_launch_check(#name);                                                       \
     } while (0)
+/* The same over work items of FSD_VEC adjacent columns (FSD_COL_VSUM_ITEM,
+ * FSD_RUN_COL_VSUMS), consecutive threads on consecutive 16-byte groups. */
+#define FSD_COL_VSUM_KERNEL(name, params, args)                                      \
+    static __global__ void name##_kernel(int64_t fsd_n_, fsd_col_plan fsd_plan_,      \
+                                         FSD_UNPAREN params)                         \
+    {                                                                                \
+        int64_t fsd_stride_ = (int64_t)gridDim.x * blockDim.x;                       \
+        for (int64_t fsd_i_ = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;        \
+             fsd_i_ < fsd_n_; fsd_i_ += fsd_stride_)                                 \
+            FSD_COL_VSUM_ITEM(name, fsd_i_, fsd_plan_, args);                        \
+    }
+#define FSD_RUN_COL_VITEMS FSD_RUN_COL_ITEMS
 
 /* Block kernels: NAME_block(blk, tid, smem, ...) is one tile of work done
  * together by the FSD_BLOCK threads of a block (tid in [0, FSD_BLOCK)),
@@ -578,6 +597,138 @@ DEVICE void fsd_store(act *p, real v, bool acc)
 DEVICE void fsd_store(act *p, real v, bool acc) { *p = fsd_narrow(acc ? fsd_wide(*p) + v : v); }
 #endif
 
+/* ── 16-byte vectors: the GPU's wide loads and stores ──
+ * A GPU thread that loads one 2-byte bf16 per instruction moves a warp's
+ * 64 bytes at a time, and a kernel of such loads runs far below the memory's
+ * bandwidth; one 16-byte access per thread moves 512. fsd_vec is FSD_VEC
+ * consecutive act values (8 bf16, 4 float, 2 double) loaded and stored as
+ * one 16-byte access (fsd_vload, fsd_vstore: a uint4 through the pointer,
+ * which must be 16-byte aligned). Kernels with such bodies are named X_v,
+ * beside their scalar X, and work in units of FSD_VEC elements; each element
+ * is computed with the scalar body's operations (elementwise bodies call
+ * the scalar one on the vector's elements), so the results are its bits,
+ * except the row sums' order (below). A launcher takes X_v when
+ * FSD_VEC_WHEN(cond) holds: cond says the counts are multiples of FSD_VEC
+ * and every pointer the vector body loads or stores is 16-byte aligned
+ * (fsd_al16); else the scalar X, which stays.
+ *
+ * The CPU build has none of it: FSD_VEC_WHEN is false there, its cond and
+ * the X_v launch are not compiled, and no X_v body exists. Its loops are
+ * vectorised already (FSD_SIMD, FSD_RUN_ELEMS's omp simd) from the scalar
+ * bodies; keeping them keeps its bits and its speed. The warp emulation
+ * runs the GPU's choice and bodies, and stops on a misaligned vector access
+ * as the GPU would fault. */
+#if defined(__CUDACC__) || defined(FSD_WARP_EMULATION)
+#define FSD_VEC ((int)(16 / sizeof(act)))
+#ifdef __CUDACC__
+#define FSD_VEC_UNROLL _Pragma("unroll")
+#define FSD_UNROLL4 _Pragma("unroll 4")
+typedef union {
+    uint4 u;
+    act a[16 / sizeof(act)];
+} fsd_vec;
+DEVICE fsd_vec fsd_vload(const act *p)
+{
+    fsd_vec v;
+    v.u = *(const uint4 *)p;
+    return v;
+}
+/* __stwb: a plain (write-back) 16-byte store. nvcc compiled the assignment
+ * `*(uint4 *)p = v.u` of a value just loaded as a copy at act's alignment,
+ * four 4-byte stores (embed_fwd_v's PTX). */
+DEVICE void fsd_vstore(act *p, fsd_vec v) { __stwb((uint4 *)p, v.u); }
+DEVICE fsd_vec fsd_vzero(void)
+{
+    fsd_vec v;
+    v.u.x = v.u.y = v.u.z = v.u.w = 0;
+    return v;
+}
+#define FSD_VEC_LAUNCHED() ((void)0)
+#else
+#define FSD_VEC_UNROLL
+#define FSD_UNROLL4
+typedef union {
+    unsigned char b[16];
+    act a[16 / sizeof(act)];
+} fsd_vec;
+static inline void fsd_emu_vec_check(const act *p)
+{
+    if ((uintptr_t)p % 16 != 0) {
+        fprintf(stderr, "warp emulation: 16-byte vector access at %p, not 16-byte aligned\n",
+                (const void *)p);
+        abort();
+    }
+}
+DEVICE fsd_vec fsd_vload(const act *p)
+{
+    fsd_vec v;
+    fsd_emu_vec_check(p);
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+DEVICE void fsd_vstore(act *p, fsd_vec v)
+{
+    fsd_emu_vec_check(p);
+    memcpy(p, &v, sizeof v);
+}
+DEVICE fsd_vec fsd_vzero(void)
+{
+    fsd_vec v;
+    memset(&v, 0, sizeof v);
+    return v;
+}
+/* the tests count the vector launches, to know which path ran */
+static long fsd_emu_vec_launches;
+#define FSD_VEC_LAUNCHED() ((void)fsd_emu_vec_launches++)
+#endif
+/* k over a vector's elements, unrolled on the GPU so that the union's
+ * elements are indexed by constants and stay in registers */
+#define FSD_VEC_FOR(k) FSD_VEC_UNROLL for (int k = 0; k < FSD_VEC; k++)
+/* FSD_UNROLL4 before a loop whose loads do not depend on each other (its
+ * sums' order stays): unrolled 4 times on the GPU, so that a thread has 4
+ * loads in flight; rolled, each add waits for its load before the next load
+ * issues, and a thread keeps one 16-byte load in flight (ptxas keeps the
+ * loads of an unrolled loop two at a time, as its SASS shows: the vector
+ * column sums load their batches of rows explicitly, FSD_COL_BATCH).
+ *
+ * A row kernel's lane loop over a row of n elements (n a multiple of
+ * FSD_VEC) by vectors: j is the first element of vectors lane, lane + lanes,
+ * .... A vector row kernel's sums over its lanes (fsd_warp_sum) add each
+ * lane's vectors in that order, a vector's elements in order: a fixed order
+ * that depends on n alone, but not the scalar kernel's (lane l there adds
+ * elements l, l + 32, ...), so their sums may differ in the last bits. */
+#define FSD_VEC_LANES(j, n, lane, lanes)                                  \
+    FSD_UNROLL4 for (int64_t j = (int64_t)(lane) * FSD_VEC; j < (n);      \
+                     j += (int64_t)(lanes) * FSD_VEC)
+/* The 16-byte loads a vector column sum's thread (NAME_sum, below) makes
+ * before it adds them: FSD_COL_BATCH rows of one tensor, half as many of
+ * two. Its chunks of rows are the scalar pass's (fsd_col_chunk_rows), for
+ * the same order, so it runs an eighth of the scalar pass's threads (bf16):
+ * each must keep several loads in flight to keep the bytes in flight up. */
+#define FSD_COL_BATCH 8
+/* an output's old values when acc (fsd_store's), else zeros never read */
+DEVICE fsd_vec fsd_vload_acc(const act *p, bool acc) { return acc ? fsd_vload(p) : fsd_vzero(); }
+static inline bool fsd_al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+#define FSD_VEC_WHEN(cond) (cond)
+/* an elementwise X_v over n elements: n / FSD_VEC work items */
+#define FSD_RUN_VEC_ELEMS(name, n, args)                   \
+    do {                                                   \
+        FSD_VEC_LAUNCHED();                                \
+        FSD_RUN_ELEMS(name, (n) / FSD_VEC, args);          \
+    } while (0)
+#define FSD_RUN_VEC_ROWS(name, rows, args)                 \
+    do {                                                   \
+        FSD_VEC_LAUNCHED();                                \
+        FSD_RUN_ROWS(name, rows, args);                    \
+    } while (0)
+#else
+#define FSD_VEC_WHEN(cond) false
+#define FSD_RUN_VEC_ELEMS(name, n, args) ((void)0)
+#define FSD_RUN_VEC_ROWS(name, rows, args) ((void)0)
+#define FSD_RUN_COL_VSUMS(name, rows, cols, acc, outs, args) ((void)0)
+#endif
+
 /* ── column reductions (the sum shape) ── */
 
 /* the most outputs a column reduction has: layernorm_bwd's dw and db */
@@ -690,6 +841,31 @@ DEVICE act *fsd_col_out(fsd_col_plan p, int64_t k)
         fsd_col_item_end((plan), fsd_c_, fsd_j_, fsd_s_);                               \
     } while (0)
 
+/* Pass 1's work item i of a vector reduction (NAME_sum(r0, r1, j0, s, ...):
+ * FSD_VEC columns from j0, output k's column j0 + c into s[k·FSD_VEC + c],
+ * each in row order, loading 16 bytes of a row at a time): columns
+ * [j0, j0 + FSD_VEC) of chunk c, j0 = FSD_VEC·(i mod (cols / FSD_VEC)). Each
+ * column's rows are added in the scalar item's order and end in the same
+ * partial or output, so both give the same bits. */
+#define FSD_COL_VSUM_ITEM(name, i, plan, args)                                           \
+    do {                                                                                 \
+        const int64_t fsd_g_ = (plan).cols / FSD_VEC;                                    \
+        const int64_t fsd_c_ = (i) / fsd_g_, fsd_j0_ = ((i) - fsd_c_ * fsd_g_) * FSD_VEC; \
+        const int64_t fsd_r0_ = fsd_c_ * (plan).chunk;                                   \
+        const int64_t fsd_r1_ = fsd_r0_ + (plan).chunk;                                  \
+        real fsd_s_[FSD_COL_OUTS * FSD_VEC];                                             \
+        FSD_VEC_UNROLL for (int fsd_k_ = 0; fsd_k_ < FSD_COL_OUTS * FSD_VEC; fsd_k_++)   \
+            fsd_s_[fsd_k_] = 0;                                                          \
+        name##_sum(fsd_r0_, fsd_r1_ < (plan).rows ? fsd_r1_ : (plan).rows, fsd_j0_, fsd_s_, \
+                   FSD_UNPAREN args);                                                    \
+        FSD_VEC_FOR(fsd_k_) {                                                            \
+            real fsd_one_[FSD_COL_OUTS];                                                 \
+            FSD_VEC_UNROLL for (int fsd_o_ = 0; fsd_o_ < FSD_COL_OUTS; fsd_o_++)         \
+                fsd_one_[fsd_o_] = fsd_s_[fsd_o_ * FSD_VEC + fsd_k_];                    \
+            fsd_col_item_end((plan), fsd_c_, fsd_j0_ + fsd_k_, fsd_one_);                \
+        }                                                                                \
+    } while (0)
+
 /* Pass 2: column J of the partials' view [chunks, nout·cols] is output
  * k = J / cols, column J mod cols: its chunks added in order, stored. */
 DEVICE void fsd_col_parts_cols(int64_t j0, int64_t j1, fsd_col_plan p)
@@ -707,8 +883,19 @@ FSD_COL_KERNEL(fsd_col_parts, (fsd_col_plan p), (p))
  * column sums: pass 1, then pass 2 unless there is one chunk. */
 #ifdef __CUDACC_RTC__
 #define FSD_RUN_COL_SUMS(name, rows, cols, acc, outs, args) ((void)(rows), (void)(cols))
+#define FSD_RUN_COL_VSUMS(name, rows, cols, acc, outs, args) ((void)(rows), (void)(cols))
 #else
-#define FSD_RUN_COL_SUMS(name, nrows, ncols, accum, outs, args)                          \
+#define FSD_RUN_COL_SUMS(name, nrows, ncols, accum, outs, args) \
+    FSD_COL_SUMS_RUN(FSD_RUN_COL_ITEMS, 1, name, nrows, ncols, accum, outs, args)
+/* FSD_RUN_COL_VSUMS: the same with a vector NAME_sum (FSD_COL_VSUM_ITEM),
+ * cols a multiple of FSD_VEC: the same chunks, the same pass 2 */
+#define FSD_RUN_COL_VSUMS(name, nrows, ncols, accum, outs, args)  \
+    do {                                                          \
+        FSD_VEC_LAUNCHED();                                       \
+        FSD_COL_SUMS_RUN(FSD_RUN_COL_VITEMS, FSD_VEC, name, nrows, ncols, accum, outs, args); \
+    } while (0)
+/* pass 1 by RUN_ITEMS over chunks · cols / per_item work items, then pass 2 */
+#define FSD_COL_SUMS_RUN(RUN_ITEMS, per_item, name, nrows, ncols, accum, outs, args)     \
     do {                                                                                 \
         act *const fsd_outv_[] = {FSD_UNPAREN outs};                                     \
         fsd_col_plan fsd_plan_;                                                          \
@@ -721,7 +908,7 @@ FSD_COL_KERNEL(fsd_col_parts, (fsd_col_plan p), (p))
         fsd_plan_.acc = (accum);                                                         \
         fsd_plan_.chunk = fsd_col_chunk_rows(fsd_plan_.rows, fsd_plan_.cols, fsd_plan_.nout); \
         fsd_plan_.chunks = (fsd_plan_.rows + fsd_plan_.chunk - 1) / fsd_plan_.chunk;     \
-        FSD_RUN_COL_ITEMS(name, fsd_plan_.chunks * fsd_plan_.cols, fsd_plan_, args);     \
+        RUN_ITEMS(name, fsd_plan_.chunks * (fsd_plan_.cols / (per_item)), fsd_plan_, args); \
         if (fsd_plan_.chunks > 1)                                                        \
             FSD_RUN_COLS(fsd_col_parts, fsd_plan_.nout * fsd_plan_.cols, (fsd_plan_));   \
     } while (0)

@@ -4,7 +4,7 @@
 # (this file is tests/gpu/device.sh there), with the CPU references already
 # run. On the GPU machine:
 #
-#   bash DIR/run.sh                          build for this GPU, run checks 2-7
+#   bash DIR/run.sh                          build for this GPU, run checks 2-8
 #   bash DIR/run.sh --build-only sm_XX [WHAT...]
 #        only the builds, for sm_XX, no GPU needed; WHAT is any of the models
 #        packed (tiny, gpt2, tiny_offload, tiny_bf16) and kernels (default:
@@ -221,6 +221,8 @@ if wants kernels; then
         throttle
         kernel_test_build "$PACK" "$ARCH" $prec &
     done
+    throttle
+    kernel_bench_build "$PACK" "$ARCH" &
 fi
 wait
 for m in tiny gpt2 tiny_offload tiny_bf16; do
@@ -239,6 +241,11 @@ if wants kernels; then
             bad "nvcc tests/kernels/test_kernels.c for $ARCH ($prec)" "$OUT/kernels_build_$prec.log"
         fi
     done
+    if [ -x "$OUT/kernel_bench" ]; then
+        ok "nvcc tests/gpu/kernel_bench.cu for $ARCH (bf16)"
+    else
+        bad "nvcc tests/gpu/kernel_bench.cu for $ARCH (bf16)" "$OUT/kernel_bench_build.log"
+    fi
 fi
 
 if [ $build_only = yes ]; then
@@ -251,7 +258,7 @@ if [ $fails != 0 ]; then
     exit 1
 fi
 
-# ── 2-7: the checks, against the CPU references carried in ref/ ──
+# ── 2-8: the checks, against the CPU references carried in ref/ ──
 REF=$PACK/ref
 DATA=$PACK/data
 GPU_LAUNCH=alone

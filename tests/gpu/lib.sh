@@ -2,7 +2,7 @@
 # (everything on one machine) and by a pack's run.sh (tests/gpu/device.sh,
 # on a GPU machine that has neither MPI nor OpenBLAS nor bison): the
 # counters, running a trainer, the comparisons of --log files, and
-# gpu_checks, sections 2-7 of tests/gpu/run.sh's header. Bash and POSIX awk
+# gpu_checks, sections 2-8 of tests/gpu/run.sh's header. Bash and POSIX awk
 # only (mawk does), no python: a GPU machine may have none.
 #
 # gpu_checks reads (set by the caller):
@@ -19,7 +19,8 @@
 #               anything else: alone (no bootstrap at all, world 1);
 #   GPT2_STEPS  GPT-2's steps (section 4);
 # and expects the kernel tests built as $OUT/test_kernels_{fp32,bf16,bf16_hd64}
-# (kernel_test_build), their build logs beside them.
+# (kernel_test_build) and the kernel timings as $OUT/kernel_bench
+# (kernel_bench_build), their build logs beside them.
 
 fails=0
 ok() { echo "ok   $1"; }
@@ -254,7 +255,17 @@ kernel_test_build() {
         >"$OUT/kernels_build_$prec.log" 2>&1
 }
 
-# ── sections 2-7 ──
+# kernel_bench_build ROOT ARCH: tests/gpu/kernel_bench.cu (under ROOT, beside
+# ROOT/runtime and ROOT/templates) built with nvcc into $OUT/kernel_bench,
+# bf16 act, as GPT-2's program computes
+kernel_bench_build() {
+    local root=$1 arch=$2
+    rm -f "$OUT/kernel_bench"
+    "${NVCC:-nvcc}" -O2 -arch="$arch" -DFSD_ACT_BF16 -I"$root/runtime" -I"$root/templates" \
+        "$root/tests/gpu/kernel_bench.cu" -o "$OUT/kernel_bench" >"$OUT/kernel_bench_build.log" 2>&1
+}
+
+# ── sections 2-8 ──
 gpu_checks() {
     local tiny=(--steps 50 --seed 1337 --data "$DATA/tiny.bin" --quiet)
 
@@ -381,6 +392,20 @@ gpu_checks() {
             bad "kernel tests on the GPU ($prec, status $?)" "$OUT/kernels_$prec.log"
         fi
     done
+
+    # ── 8. the kernel timings: scalar against 16-byte vector kernels ──
+    # Printed for a person to read (docs/cuda.md); speed fails nothing. A
+    # CUDA error, or two paths whose outputs must be the same bits and are
+    # not, fails.
+    if [ ! -x "$OUT/kernel_bench" ]; then
+        bad "nvcc tests/gpu/kernel_bench.cu for this GPU" "$OUT/kernel_bench_build.log"
+    elif timeout 300 "$OUT/kernel_bench" >"$OUT/kernel_bench.log" 2>&1; then
+        ok "kernel timings, scalar against vector kernels (bf16, GPT-2's shapes; $OUT/kernel_bench.log):"
+        sed 's/^/     /' "$OUT/kernel_bench.log"
+    else
+        bad "kernel timings (status $?): a CUDA error, or paths that must agree differ" \
+            "$OUT/kernel_bench.log"
+    fi
 
     # ── 5. no step allocated ──
     if grep -l "did not foresee" "$OUT"/*.log >"$OUT/notes.txt" 2>/dev/null; then

@@ -17,10 +17,10 @@
 #       nvcc, NCCL and cuBLASLt (nvidia-smi if there: no MPI, OpenBLAS,
 #       bison, make or python needed) and run `bash DIR/run.sh` there: it
 #       builds the trainers without MPI (MPI=0) and the kernel tests for
-#       that GPU, runs checks 2-7 against the carried references, and prints
+#       that GPU, runs checks 2-8 against the carried references, and prints
 #       the same lines. NCCL_HOME points it at an NCCL the search misses.
 #
-# Both modes run the same checks, tests/gpu/lib.sh's gpu_checks (2-7):
+# Both modes run the same checks, tests/gpu/lib.sh's gpu_checks (2-8):
 #
 #   1. builds the CUDA trainers for tiny, GPT-2, tiny_offload and tiny_bf16
 #      (for this GPU's architecture only; with MPI, or from a pack without)
@@ -71,7 +71,12 @@
 #   7. tests/kernels/test_kernels.c built with nvcc for this GPU (fp32, bf16
 #      act, and bf16 act with GPT-2's 64-wide attention tiles) and run:
 #      every kernel (the tiled and the tensor-core attention included)
-#      against its float64 references and finite differences, on the device.
+#      against its float64 references and finite differences, on the device;
+#   8. tests/gpu/kernel_bench.cu: the elementwise, row and column-sum kernels
+#      at GPT-2's shapes (bf16), each scalar kernel against its 16-byte
+#      vector version: milliseconds, GB/s, the ratio, printed (speed fails
+#      nothing); fails on a CUDA error or where the two paths' outputs must
+#      be the same bits and are not.
 #
 # Prints one line per check and exits non-zero on any failure. Outputs
 # (logs, data) stay in build/gpu-test (GPU_TEST_OUT) for a look afterwards;
@@ -179,6 +184,8 @@ if [ -n "$PACK" ]; then
     cp runtime/*.c runtime/*.h runtime/*.cu "$PACK/runtime/"
     cp templates/*.h "$PACK/templates/"
     cp tests/kernels/*.c tests/kernels/*.h "$PACK/tests/kernels/"
+    mkdir -p "$PACK/tests/gpu"
+    cp tests/gpu/kernel_bench.cu "$PACK/tests/gpu/"
     cp tests/gpu/lib.sh "$PACK/lib.sh"
     cp tests/gpu/device.sh "$PACK/run.sh"
     chmod +x "$PACK/run.sh"
@@ -226,6 +233,7 @@ done
 for prec in fp32 bf16 bf16_hd64; do
     kernel_test_build . "$ARCH" $prec
 done
+kernel_bench_build . "$ARCH"
 
 gpu_checks
 

@@ -12,13 +12,15 @@
 #      so the lane logic the CPU's one-lane warps skip is tested too, and
 #      its block kernels (the tiled attention) as teams of 128 threads; then
 #      float32 and bf16 the same way: the tiled attention at the GPU's
-#      precisions;
+#      precisions; and there the GPU's 16-byte vector kernels (portable.h,
+#      FSD_VEC) against the scalar ones, aligned, misaligned and ragged;
 #   5. templates/README.md lists every launcher with its exact signature;
 #      the templates pasted one after another, as fsdpc emits them into
 #      train.cu, compile as C on their own (float32, float64, bf16);
 #   6. nvcc -x cu compiles the test (every launcher and kernel): float32
 #      for sm_80 and sm_90, float64 for sm_80, bf16 for sm_90, when nvcc is
-#      installed.
+#      installed; and the GPU check's kernel timings (tests/gpu/kernel_bench.cu,
+#      bf16, sm_90).
 #
 # Called by tests/all.sh (make test); runs on its own too. Every check
 # prints one line; the last line is "N passed, N failed".
@@ -86,6 +88,7 @@ declare -A nvcc_pid nvcc_arch
 nvcc_arch[float32]="sm_80 and sm_90"
 nvcc_arch[float64]="sm_80"
 nvcc_arch[bf16]="sm_90"
+nvcc_arch[bench]="sm_90"
 if ! command -v "$NVCC" >/dev/null 2>&1; then
     echo "skip kernels: nvcc compile check: $NVCC not found (install the CUDA toolkit to run it)"
 else
@@ -99,7 +102,10 @@ else
     "$NVCC" -x cu -arch=sm_90 -DFSD_ACT_BF16 -Xcompiler -Wall -Iruntime -Itemplates -c "$SRC" \
         -o "$B/test_cuda_bf16.o" >"$TMP/nvcc.bf16" 2>&1 &
     nvcc_pid[bf16]=$!
-    nvcc_pids="${nvcc_pid[float32]} ${nvcc_pid[float64]} ${nvcc_pid[bf16]}"
+    "$NVCC" -arch=sm_90 -DFSD_ACT_BF16 -Xcompiler -Wall -Iruntime -Itemplates \
+        -c tests/gpu/kernel_bench.cu -o "$B/kernel_bench.o" >"$TMP/nvcc.bench" 2>&1 &
+    nvcc_pid[bench]=$!
+    nvcc_pids="${nvcc_pid[float32]} ${nvcc_pid[float64]} ${nvcc_pid[bf16]} ${nvcc_pid[bench]}"
 fi
 
 # ── 1. float64: finite differences and references ──
@@ -182,6 +188,11 @@ if [ -n "$nvcc_pids" ]; then
             bad "kernels: nvcc -x cu -c $SRC ($what)" "$TMP/nvcc.$what"
         fi
     done
+    if wait "${nvcc_pid[bench]}" && ! grep -q warning "$TMP/nvcc.bench"; then
+        ok "kernels: nvcc compiles tests/gpu/kernel_bench.cu, ${nvcc_arch[bench]} (bf16)"
+    else
+        bad "kernels: nvcc -c tests/gpu/kernel_bench.cu (bf16)" "$TMP/nvcc.bench"
+    fi
 fi
 
 echo "$pass passed, $fail failed"

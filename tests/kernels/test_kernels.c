@@ -23,7 +23,11 @@
  * shapes, and through finite differences. With bf16 act there too, the
  * tensor-core primitives (mma.h, their fragments emulated as collectives
  * of the warp) and the attention kernels built on them are checked the
- * same way against float64 formulas. The same file compiles with nvcc
+ * same way against float64 formulas. In the emulation builds (and on the
+ * GPU) every 16-byte vector kernel (portable.h's FSD_VEC) runs against its
+ * scalar kernel on the same inputs: aligned buffers take the vector path,
+ * misaligned and ragged ones the scalar path, and the emulation's count of
+ * vector launches says which ran. The same file compiles with nvcc
  * (managed memory, a sync after every launch), so a GPU machine can run it
  * too; run.sh uses that as the CUDA compile check.
  *
@@ -1507,6 +1511,450 @@ static void bf16_rounding(void)
 }
 #endif
 
+/* ═══════════════ the GPU's 16-byte vector kernels (portable.h, FSD_VEC) ═══════════════ */
+
+#ifdef FSD_VEC
+/* Each launcher that has a vector kernel runs on the same inputs three
+ * ways: every buffer 16-byte aligned and the sizes multiples of FSD_VEC (the
+ * vector kernel), the same buffers one element past an aligned address (the
+ * scalar kernel), and, where a kernel has a count of its own, that count
+ * one less (ragged: the scalar kernel). The emulation counts the vector
+ * launches (warp_emulation.h), so each check also says which path ran; on
+ * the GPU it cannot, and the checks compare the results alone. Elementwise
+ * kernels, bias_add, embed_fwd, cross_entropy_bwd and the column sums must
+ * give the scalar kernels' bits; the norms' and the log-sum-exp's row sums
+ * add in another order (FSD_VEC_LANES), so theirs agree to REF_TOL. Sizes
+ * leave the 32 lanes' last pass ragged and, for the column sums, give
+ * several chunks of rows. */
+
+#ifdef FSD_WARP_EMULATION
+static long vec_launches(void) { return fsd_emu_vec_launches; }
+#else
+static long vec_launches(void) { return -1; }   /* not counted on the GPU */
+#endif
+
+/* a copy of x [n]: 16-byte aligned (at 0), or one element past (at 1) */
+static act *copy_at(const act *x, int64_t n, int at)
+{
+    act *p = new_act(n + 1) + at;
+    memcpy(p, x, sizeof(act) * (size_t)n);
+    return p;
+}
+
+/* the launches counted since `from`, against `want` (-1: not counted) */
+static bool launched(long from, long want)
+{
+    long now = vec_launches();
+    return now < 0 || now - from == want;
+}
+
+static const char *paths_note(void)
+{
+    return vec_launches() < 0 ? " (paths not counted on the GPU)" : "";
+}
+
+/* err of a against b relative to b's scale, as err_vs */
+static double err_between(const act *a, const act *b, int64_t n)
+{
+    double num = 0, den = 1e-300;
+    for (int64_t i = 0; i < n; i++)
+        err_add(&num, &den, wide(a[i]), wide(b[i]));
+    return num / den;
+}
+
+/* One vector-vs-scalar check's line: the paths (vector launches counted
+ * for the aligned run, none for the others) and the outputs, the same bits
+ * when `bits`, else within REF_TOL. `ragged`: a ragged run was made too. */
+static void vec_report(const char *what, bool ragged, bool paths, bool bits, bool same, double err)
+{
+    const char *runs = ragged ? "misaligned and ragged runs" : "a misaligned run";
+    if (bits)
+        report(paths && same, -1, 0, "vector %s: the scalar kernel's bits (%s scalar)%s", what,
+               runs, paths_note());
+    else
+        report(paths && err <= REF_TOL, err, REF_TOL, "vector %s: the scalar kernel's results "
+               "(%s scalar)%s", what, runs, paths_note());
+}
+
+typedef void (*UnaryFwd)(act *, const act *, int64_t);
+typedef void (*UnaryBwd)(act *, bool, const act *, const act *, int64_t);
+
+/* an activation's forward and backward (acc false and true) */
+static void vec_unary(const char *op, UnaryFwd fwd, UnaryBwd bwd, int64_t n)
+{
+    char what[128];
+    act *x = rand_act(n, -4, 4), *dy = rand_act(n, -1, 1), *old = rand_act(n, -1, 1);
+    act *xa = copy_at(x, n, 0), *xm = copy_at(x, n, 1), *dya = copy_at(dy, n, 0);
+    act *dym = copy_at(dy, n, 1);
+    act *ya = new_act(n), *ym = new_act(n + 1) + 1, *yr = new_act(n);
+    long c0 = vec_launches();
+    fwd(ya, xa, n);
+    bool paths = launched(c0, 1);
+    c0 = vec_launches();
+    fwd(ym, xm, n);
+    fwd(yr, xa, n - 1);
+    SYNC();
+    paths = paths && launched(c0, 0);
+    bool same = same_bits(ya, ym, n) && same_bits(ya, yr, n - 1);
+    snprintf(what, sizeof what, "%s_fwd n=%ld", op, (long)n);
+    vec_report(what, true, paths, true, same, 0);
+
+    paths = true, same = true;
+    for (int acc = 0; acc < 2; acc++) {
+        act *da = copy_at(old, n, 0), *dm = copy_at(old, n, 1), *dr = copy_at(old, n, 0);
+        c0 = vec_launches();
+        bwd(da, acc, dya, xa, n);
+        paths = paths && launched(c0, 1);
+        c0 = vec_launches();
+        bwd(dm, acc, dym, xm, n);
+        bwd(dr, acc, dya, xa, n - 1);
+        SYNC();
+        paths = paths && launched(c0, 0);
+        same = same && same_bits(da, dm, n) && same_bits(da, dr, n - 1);
+    }
+    snprintf(what, sizeof what, "%s_bwd n=%ld, acc false and true", op, (long)n);
+    vec_report(what, true, paths, true, same, 0);
+}
+
+/* add, mul and their same-shape backward pieces, copy, swiglu */
+static void vec_binary(int64_t n)
+{
+    char what[128];
+    act *a = rand_act(n, -2, 2), *b = rand_act(n, -2, 2), *old = rand_act(n, -1, 1);
+    act *aa = copy_at(a, n, 0), *am = copy_at(a, n, 1), *ba = copy_at(b, n, 0);
+    act *bm = copy_at(b, n, 1);
+    for (int op = 0; op < 2; op++) {
+        act *ya = new_act(n), *ym = new_act(n + 1) + 1, *yr = new_act(n);
+        void (*f)(act *, const act *, const act *, int64_t, int64_t) = op ? mul_fwd : add_fwd;
+        long c0 = vec_launches();
+        f(ya, aa, ba, n, n);
+        bool paths = launched(c0, 1);
+        c0 = vec_launches();
+        f(ym, am, bm, n, n);
+        f(yr, aa, ba, n - 1, n - 1);
+        SYNC();
+        paths = paths && launched(c0, 0);
+        snprintf(what, sizeof what, "%s_fwd n=nb=%ld", op ? "mul" : "add", (long)n);
+        vec_report(what, true, paths, true, same_bits(ya, ym, n) && same_bits(ya, yr, n - 1), 0);
+    }
+
+    /* copy and mul_bwd's da (same shape; its db is one row of column sums),
+     * acc false and true */
+    bool paths = true, same = true;
+    for (int acc = 0; acc < 2; acc++) {
+        act *ca = copy_at(old, n, 0), *cm = copy_at(old, n, 1), *cr = copy_at(old, n, 0);
+        long c0 = vec_launches();
+        copy(ca, acc, aa, n);
+        paths = paths && launched(c0, 1);
+        c0 = vec_launches();
+        copy(cm, acc, am, n);
+        copy(cr, acc, aa, n - 1);
+        SYNC();
+        paths = paths && launched(c0, 0);
+        same = same && same_bits(ca, cm, n) && same_bits(ca, cr, n - 1);
+    }
+    snprintf(what, sizeof what, "copy n=%ld, acc false and true", (long)n);
+    vec_report(what, true, paths, true, same, 0);
+
+    paths = true, same = true;
+    for (int acc = 0; acc < 2; acc++) {
+        act *da = copy_at(old, n, 0), *dm = copy_at(old, n, 1), *dr = copy_at(old, n, 0);
+        act *dba = copy_at(old, n, 0), *dbm = copy_at(old, n, 1), *dbr = copy_at(old, n, 0);
+        long c0 = vec_launches();
+        mul_bwd(da, acc, dba, acc, ba, aa, aa, n, n);   /* dy = b */
+        paths = paths && launched(c0, 2);
+        c0 = vec_launches();
+        mul_bwd(dm, acc, dbm, acc, bm, am, am, n, n);
+        mul_bwd(dr, acc, dbr, acc, ba, aa, aa, n - 1, n - 1);
+        SYNC();
+        paths = paths && launched(c0, 0);
+        same = same && same_bits(da, dm, n) && same_bits(da, dr, n - 1) &&
+               same_bits(dba, dbm, n) && same_bits(dba, dbr, n - 1);
+    }
+    snprintf(what, sizeof what, "mul_bwd n=nb=%ld: da, db, acc false and true", (long)n);
+    vec_report(what, true, paths, true, same, 0);
+
+    /* swiglu: two inputs, and two outputs in the backward */
+    act *ya = new_act(n), *ym = new_act(n + 1) + 1, *yr = new_act(n);
+    long c0 = vec_launches();
+    swiglu_fwd(ya, aa, ba, n);
+    paths = launched(c0, 1);
+    c0 = vec_launches();
+    swiglu_fwd(ym, am, bm, n);
+    swiglu_fwd(yr, aa, ba, n - 1);
+    SYNC();
+    paths = paths && launched(c0, 0);
+    snprintf(what, sizeof what, "swiglu_fwd n=%ld", (long)n);
+    vec_report(what, true, paths, true, same_bits(ya, ym, n) && same_bits(ya, yr, n - 1), 0);
+    paths = true, same = true;
+    for (int acc = 0; acc < 2; acc++) {
+        act *dga = copy_at(old, n, 0), *dgm = copy_at(old, n, 1), *dgr = copy_at(old, n, 0);
+        act *dua = copy_at(b, n, 0), *dum = copy_at(b, n, 1), *dur = copy_at(b, n, 0);
+        c0 = vec_launches();
+        swiglu_bwd(dga, acc, dua, !acc, ba, aa, ba, n);
+        paths = paths && launched(c0, 1);
+        c0 = vec_launches();
+        swiglu_bwd(dgm, acc, dum, !acc, bm, am, bm, n);
+        swiglu_bwd(dgr, acc, dur, !acc, ba, aa, ba, n - 1);
+        SYNC();
+        paths = paths && launched(c0, 0);
+        same = same && same_bits(dga, dgm, n) && same_bits(dga, dgr, n - 1) &&
+               same_bits(dua, dum, n) && same_bits(dua, dur, n - 1);
+    }
+    snprintf(what, sizeof what, "swiglu_bwd n=%ld: dg, du, acc false and true", (long)n);
+    vec_report(what, true, paths, true, same, 0);
+}
+
+/* bias_add (rows), bias_bwd, reduce_to and mul_bwd's db (column sums in
+ * chunks of rows) at [rows, C] */
+static void vec_bias(int64_t rows, int64_t C)
+{
+    char what[128];
+    int64_t n = rows * C;
+    act *x = rand_act(n, -2, 2), *b = rand_act(C, -1, 1), *old = rand_act(C, -1, 1);
+    act *xa = copy_at(x, n, 0), *xm = copy_at(x, n, 1), *ba = copy_at(b, C, 0);
+    act *bm = copy_at(b, C, 1);
+    act *ya = new_act(n), *ym = new_act(n + 1) + 1, *yr = new_act(n);
+    long c0 = vec_launches();
+    bias_add_fwd(ya, xa, ba, rows, C);
+    bool paths = launched(c0, 1);
+    c0 = vec_launches();
+    bias_add_fwd(ym, xm, bm, rows, C);
+    bias_add_fwd(yr, xa, ba, rows * C / (C - 1), C - 1);   /* ragged rows of C − 1 */
+    SYNC();
+    paths = paths && launched(c0, 0);
+    bool same = same_bits(ya, ym, n);
+    for (int64_t i = 0; i < rows * C / (C - 1) * (C - 1); i++) {   /* yr against x + b */
+        act want = narrow(wide(xa[i]) + wide(ba[i % (C - 1)]));
+        same = same && memcmp(&yr[i], &want, sizeof want) == 0;
+    }
+    snprintf(what, sizeof what, "bias_add_fwd rows=%ld C=%ld", (long)rows, (long)C);
+    vec_report(what, true, paths, true, same, 0);
+
+    /* bias_bwd (accumulates), reduce_to (acc false and true), mul_bwd's db:
+     * the vector sums give the scalar ones' bits (the same order) */
+    act *da = copy_at(old, C, 0), *dm = copy_at(old, C, 1);
+    c0 = vec_launches();
+    bias_bwd(da, xa, rows, C);
+    paths = launched(c0, 1);
+    c0 = vec_launches();
+    bias_bwd(dm, xm, rows, C);
+    SYNC();
+    paths = paths && launched(c0, 0);
+    snprintf(what, sizeof what, "bias_bwd rows=%ld C=%ld", (long)rows, (long)C);
+    vec_report(what, false, paths, true, same_bits(da, dm, C), 0);
+
+    paths = true, same = true;
+    for (int acc = 0; acc < 2; acc++) {
+        act *ra = copy_at(old, C, 0), *rm = copy_at(old, C, 1);
+        c0 = vec_launches();
+        reduce_to(ra, acc, xa, n, C);
+        paths = paths && launched(c0, 1);
+        c0 = vec_launches();
+        reduce_to(rm, acc, xm, n, C);
+        SYNC();
+        paths = paths && launched(c0, 0);
+        same = same && same_bits(ra, rm, C);
+    }
+    snprintf(what, sizeof what, "reduce_to n_src=%ld n_dst=%ld, acc false and true", (long)n,
+             (long)C);
+    vec_report(what, false, paths, true, same, 0);
+
+    /* mul_bwd with b broadcast: db vector column sums, da the broadcast kernel */
+    act *dy = rand_act(n, -1, 1), *dya = copy_at(dy, n, 0), *dym = copy_at(dy, n, 1);
+    act *dxa = new_act(n), *dxm = new_act(n + 1) + 1;
+    act *dba = copy_at(old, C, 0), *dbm = copy_at(old, C, 1);
+    c0 = vec_launches();
+    mul_bwd(dxa, false, dba, true, dya, xa, ba, n, C);
+    paths = launched(c0, 1);
+    c0 = vec_launches();
+    mul_bwd(dxm, false, dbm, true, dym, xm, bm, n, C);
+    SYNC();
+    paths = paths && launched(c0, 0);
+    snprintf(what, sizeof what, "mul_bwd n=%ld nb=%ld: db", (long)n, (long)C);
+    vec_report(what, false, paths, true, same_bits(dba, dbm, C) && same_bits(dxa, dxm, n), 0);
+}
+
+/* the largest |a − b| / max |b| of two statistics */
+static double err_stats(const real *a, const real *b, int64_t n)
+{
+    double num = 0, den = 1e-300;
+    for (int64_t i = 0; i < n; i++)
+        err_add(&num, &den, (double)a[i], (double)b[i]);
+    return num / den;
+}
+
+/* layernorm and rmsnorm, forward and backward (acc false and true), and
+ * the fused forwards with a and b misaligned (the vector norm, a and b read
+ * element by element): the unfused programs' bits */
+static void vec_norms(int64_t rows, int64_t C)
+{
+    char what[160];
+    int64_t n = rows * C;
+    act *x = rand_act(n, -2, 3), *w = rand_act(C, 0.5, 1.5), *b = rand_act(C, -1, 1);
+    act *dy = rand_act(n, -1, 1), *old = rand_act(n, -1, 1), *oldp = rand_act(C, -1, 1);
+    act *xa = copy_at(x, n, 0), *xm = copy_at(x, n, 1), *wa = copy_at(w, C, 0);
+    act *wm = copy_at(w, C, 1), *ba = copy_at(b, C, 0), *bm = copy_at(b, C, 1);
+    act *dya = copy_at(dy, n, 0), *dym = copy_at(dy, n, 1);
+    act *ya = new_act(n), *ym = new_act(n + 1) + 1;
+    real *ma = new_real(rows), *ra = new_real(rows), *mm = new_real(rows), *rm = new_real(rows);
+
+    for (int rms = 0; rms < 2; rms++) {
+        const char *op = rms ? "rmsnorm" : "layernorm";
+        long c0 = vec_launches();
+        if (rms)
+            rmsnorm_fwd(ya, ra, xa, wa, rows, C, (real)1e-6);
+        else
+            layernorm_fwd(ya, ma, ra, xa, wa, ba, rows, C, (real)1e-5);
+        bool paths = launched(c0, 1);
+        c0 = vec_launches();
+        if (rms)
+            rmsnorm_fwd(ym, rm, xm, wm, rows, C, (real)1e-6);
+        else
+            layernorm_fwd(ym, mm, rm, xm, wm, bm, rows, C, (real)1e-5);
+        SYNC();
+        paths = paths && launched(c0, 0);
+        double e = fmax(err_between(ya, ym, n), err_stats(ra, rm, rows));
+        if (!rms)
+            e = fmax(e, err_stats(ma, mm, rows));
+        snprintf(what, sizeof what, "%s_fwd rows=%ld C=%ld: y and statistics", op, (long)rows,
+                 (long)C);
+        vec_report(what, false, paths, false, true, e);
+
+        /* the backward from the same statistics: dx to REF_TOL (its row
+         * sums), the parameter gradients' column sums bit for bit */
+        paths = true;
+        e = 0;
+        bool same = true;
+        for (int acc = 0; acc < 2; acc++) {
+            act *dxa = copy_at(old, n, 0), *dxm = copy_at(old, n, 1);
+            act *dwa = copy_at(oldp, C, 0), *dwm = copy_at(oldp, C, 1);
+            act *dba = copy_at(oldp, C, 0), *dbm = copy_at(oldp, C, 1);
+            c0 = vec_launches();
+            if (rms)
+                rmsnorm_bwd(dxa, acc, dwa, dya, xa, wa, ra, rows, C);
+            else
+                layernorm_bwd(dxa, acc, dwa, dba, dya, xa, wa, ma, ra, rows, C);
+            paths = paths && launched(c0, 2);
+            c0 = vec_launches();
+            if (rms)
+                rmsnorm_bwd(dxm, acc, dwm, dym, xm, wm, ra, rows, C);
+            else
+                layernorm_bwd(dxm, acc, dwm, dbm, dym, xm, wm, ma, ra, rows, C);
+            SYNC();
+            paths = paths && launched(c0, 0);
+            e = fmax(e, err_between(dxa, dxm, n));
+            same = same && same_bits(dwa, dwm, C) && same_bits(dba, dbm, C);
+        }
+        snprintf(what, sizeof what, "%s_bwd rows=%ld C=%ld, acc false and true: dx", op,
+                 (long)rows, (long)C);
+        vec_report(what, false, paths, false, true, e);
+        snprintf(what, sizeof what, "%s_bwd rows=%ld C=%ld: %s", op, (long)rows, (long)C,
+                 rms ? "dw" : "dw, db");
+        vec_report(what, false, paths, true, same, 0);
+    }
+
+    /* fused, a and b misaligned: the vector norm on the stored sum, as the
+     * unfused norm on it takes */
+    act *bb = rand_act(n, -1, 1), *bbm = copy_at(bb, n, 1);
+    act *s0 = new_act(n), *s1 = new_act(n), *y0 = new_act(n), *y1 = new_act(n);
+    real *m0 = new_real(rows), *r0 = new_real(rows), *m1 = new_real(rows), *r1 = new_real(rows);
+    add_fwd(s0, xm, bbm, n, n);
+    layernorm_fwd(y0, m0, r0, s0, wa, ba, rows, C, (real)1e-5);
+    long c0 = vec_launches();
+    add_layernorm_fwd(s1, y1, m1, r1, xm, bbm, wa, ba, rows, C, (real)1e-5);
+    SYNC();
+    bool paths = launched(c0, 1);
+    bool same = same_bits(s0, s1, n) && same_bits(y0, y1, n) &&
+                memcmp(m0, m1, sizeof(real) * (size_t)rows) == 0 &&
+                memcmp(r0, r1, sizeof(real) * (size_t)rows) == 0;
+    add_fwd(s0, xm, bbm, n, n);
+    rmsnorm_fwd(y0, r0, s0, wa, rows, C, (real)1e-6);
+    c0 = vec_launches();
+    add_rmsnorm_fwd(s1, y1, r1, xm, bbm, wa, rows, C, (real)1e-6);
+    SYNC();
+    paths = paths && launched(c0, 1);
+    same = same && same_bits(s0, s1, n) && same_bits(y0, y1, n) &&
+           memcmp(r0, r1, sizeof(real) * (size_t)rows) == 0;
+    report(paths && same, -1, 0, "vector add_layernorm_fwd, add_rmsnorm_fwd rows=%ld C=%ld, a and "
+           "b misaligned: the bits of add_fwd then the norm%s", (long)rows, (long)C, paths_note());
+}
+
+/* cross entropy: the log-sum-exp to REF_TOL, the backward (acc false and
+ * true, targets at both ends of a vector) bit for bit from the same lse */
+static void vec_cross_entropy(int64_t rows, int64_t V)
+{
+    char what[128];
+    int64_t n = rows * V;
+    act *x = rand_act(n, -3, 3), *old = rand_act(n, -1, 1);
+    act *xa = copy_at(x, n, 0), *xm = copy_at(x, n, 1);
+    int32_t *tg = rand_idx(rows, V);
+    tg[0] = 0, tg[1] = (int32_t)(V - 1), tg[2] = FSD_VEC - 1, tg[3] = FSD_VEC;
+    real *la = new_real(rows), *lm = new_real(rows), *loss = new_real(2);
+    long c0 = vec_launches();
+    cross_entropy_fwd(loss, la, xa, tg, rows, V);
+    bool paths = launched(c0, 1);
+    c0 = vec_launches();
+    cross_entropy_fwd(loss + 1, lm, xm, tg, rows, V);
+    SYNC();
+    paths = paths && launched(c0, 0);
+    snprintf(what, sizeof what, "cross_entropy_fwd rows=%ld V=%ld: lse, loss", (long)rows, (long)V);
+    vec_report(what, false, paths, false, true,
+               fmax(err_stats(la, lm, rows), err_stats(loss, loss + 1, 1)));
+
+    paths = true;
+    bool same = true;
+    for (int acc = 0; acc < 2; acc++) {
+        act *da = copy_at(old, n, 0), *dm = copy_at(old, n, 1);
+        c0 = vec_launches();
+        cross_entropy_bwd(da, acc, xa, tg, la, rows, V, (real)0.25);
+        paths = paths && launched(c0, 1);
+        c0 = vec_launches();
+        cross_entropy_bwd(dm, acc, xm, tg, la, rows, V, (real)0.25);
+        SYNC();
+        paths = paths && launched(c0, 0);
+        same = same && same_bits(da, dm, n);
+    }
+    snprintf(what, sizeof what, "cross_entropy_bwd rows=%ld V=%ld, acc false and true", (long)rows,
+             (long)V);
+    vec_report(what, false, paths, true, same, 0);
+}
+
+static void vec_embed(int64_t N, int64_t V, int64_t C)
+{
+    char what[128];
+    act *W = rand_act(V * C, -1, 1), *Wa = copy_at(W, V * C, 0), *Wm = copy_at(W, V * C, 1);
+    int32_t *idx = rand_idx(N, V);
+    act *oa = new_act(N * C), *om = new_act(N * C + 1) + 1;
+    long c0 = vec_launches();
+    embed_fwd(oa, Wa, idx, N, C, V);
+    bool paths = launched(c0, 1);
+    c0 = vec_launches();
+    embed_fwd(om, Wm, idx, N, C, V);
+    SYNC();
+    paths = paths && launched(c0, 0);
+    snprintf(what, sizeof what, "embed_fwd N=%ld V=%ld C=%ld", (long)N, (long)V, (long)C);
+    vec_report(what, false, paths, true, same_bits(oa, om, N * C), 0);
+}
+
+static void vector_checks(void)
+{
+    /* rows of 45 vectors: the 32 lanes' second pass ragged; 201 vectors
+     * elementwise */
+    const int64_t C = 45 * FSD_VEC;
+    vec_unary("gelu", gelu_fwd, gelu_bwd, 201 * FSD_VEC);
+    vec_unary("relu", relu_fwd, relu_bwd, 201 * FSD_VEC);
+    vec_unary("silu", silu_fwd, silu_bwd, 201 * FSD_VEC);
+    vec_binary(201 * FSD_VEC);
+    vec_bias(150, C);   /* 150 rows: the column sums in chunks, a ragged last */
+    vec_bias(3, 2 * FSD_VEC);
+    vec_norms(150, C);
+    vec_norms(5, 3 * FSD_VEC);   /* fewer vectors than lanes */
+    vec_cross_entropy(6, C);
+    vec_embed(9, 6, C);
+}
+#endif
+
 /* ═══════════════ determinism: the thread count does not matter ═══════════════ */
 
 #if defined(_OPENMP) && !defined(__CUDACC__)
@@ -1650,6 +2098,12 @@ int main(void)
 #endif
     backward_checks();
     forward_checks();
+#ifdef FSD_VEC
+    vector_checks();
+#else
+    printf("skip vector kernel checks: the CPU build has none (FSD_VEC: the GPU's and the warp "
+           "emulation's)\n");
+#endif
 #if defined(_OPENMP) && !defined(__CUDACC__)
     determinism_checks();
 #else

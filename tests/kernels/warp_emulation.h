@@ -14,7 +14,11 @@
  * run.sh runs this build under a timeout. Elementwise kernels run as on
  * the CPU; column kernels take one column per call, as on the GPU, and
  * column reductions run the GPU's two passes (portable.h: its work items,
- * its partial rows in fsd_col_part, its sums' order).
+ * its partial rows in fsd_col_part, its sums' order). The launchers choose
+ * the GPU's 16-byte vector kernels as on the GPU (portable.h, FSD_VEC),
+ * whose loads and stores stop the program when misaligned, as the GPU's
+ * would fault, and are counted (fsd_emu_vec_launches), so the tests know
+ * which path ran.
  *
  * Block kernels (portable.h's fifth shape) run the same way, one block at
  * a time as a team of FSD_BLOCK threads: fsd_block_sync() is an OpenMP
@@ -179,6 +183,7 @@ static inline void fsd_emu_team_check(int want)
 #define FSD_ELEM_KERNEL(name, params, args)
 #define FSD_COL_KERNEL(name, params, args)
 #define FSD_COL_SUM_KERNEL(name, params, args)
+#define FSD_COL_VSUM_KERNEL(name, params, args)
 /* the kernel's shared memory size, for FSD_RUN_BLOCKS */
 #define FSD_BLOCK_KERNEL(name, smem_reals, params, args) \
     static inline int64_t name##_smem_reals(void) { return (smem_reals); }
@@ -230,6 +235,14 @@ static inline void fsd_emu_team_check(int want)
         _Pragma("omp parallel for schedule(static)")                            \
         for (int64_t fsd_i_ = 0; fsd_i_ < fsd_n_; fsd_i_++)                     \
             FSD_COL_SUM_ITEM(name, fsd_i_, plan, args);                         \
+    } while (0)
+/* the same for a vector reduction's work items (FSD_VEC columns each) */
+#define FSD_RUN_COL_VITEMS(name, n, plan, args)                                 \
+    do {                                                                        \
+        const int64_t fsd_n_ = (n);                                             \
+        _Pragma("omp parallel for schedule(static)")                            \
+        for (int64_t fsd_i_ = 0; fsd_i_ < fsd_n_; fsd_i_++)                     \
+            FSD_COL_VSUM_ITEM(name, fsd_i_, plan, args);                        \
     } while (0)
 #define FSD_RUN_COLS(name, cols, args)                                          \
     do {                                                                        \
