@@ -25,26 +25,6 @@ TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 . tests/lib.sh
 
-# suite PREFIX CMD...: runs a run.sh-style suite, prints its lines with
-# PREFIX after the status word, and adds its summary to the totals.
-suite() {
-    local prefix=$1
-    shift
-    "$@" >"$TMP/suite" 2>&1
-    local st=$? last
-    last=$(tail -n 1 "$TMP/suite")
-    sed '$d' "$TMP/suite" | sed -E "s/^(ok   |FAIL )/\1$prefix/"
-    case "$last" in
-    *" passed, "*" failed")
-        pass=$((pass + ${last%% passed*}))
-        local f=${last#*, }
-        fail=$((fail + ${f%% failed}))
-        [ $st = 0 ] || [ "${f%% failed}" != 0 ] || bad "${prefix}suite exited with status $st"
-        ;;
-    *) echo "$last"; bad "${prefix}suite ended without a summary (status $st)" ;;
-    esac
-}
-
 # ── 1. the ordinary build ──
 suite "" env FSDPC=build/fsdpc tests/run.sh
 

@@ -2,7 +2,8 @@
 # repository root: the pass/fail counters, ok and bad (each prints the
 # check's one line; bad also shows the first SHOW_LINES lines, default 40,
 # of a log when given one), and done_, which prints the summary line
-# "N passed, N failed" every suite ends with and exits, non-zero on a failure.
+# "N passed, N failed" every suite ends with and exits, non-zero on a failure;
+# suite, which runs a suite inside another and adds up its counts.
 pass=0
 fail=0
 ok()  { pass=$((pass + 1)); echo "ok   $1"; }
@@ -13,3 +14,26 @@ bad() {
     return 0
 }
 done_() { echo "$pass passed, $fail failed"; [ $fail = 0 ]; exit; }
+
+# suite PREFIX CMD...: runs CMD, a suite or test program that prints
+# "ok   ..." / "FAIL ..." lines and ends with "N passed, N failed" (in $TMP,
+# the caller's scratch folder); prints its lines with PREFIX after the status
+# word and adds its summary to the totals. A suite that exits non-zero with
+# no failure counted, or ends without a summary, fails as well.
+suite() {
+    local prefix=$1
+    shift
+    "$@" >"$TMP/suite" 2>&1
+    local st=$? last
+    last=$(tail -n 1 "$TMP/suite")
+    sed '$d' "$TMP/suite" | sed -E "s/^(ok   |FAIL )/\1$prefix/"
+    case "$last" in
+    *" passed, "*" failed")
+        pass=$((pass + ${last%% passed*}))
+        local f=${last#*, }
+        fail=$((fail + ${f%% failed}))
+        [ $st = 0 ] || [ "${f%% failed}" != 0 ] || bad "${prefix}$* exited with status $st"
+        ;;
+    *) echo "$last"; bad "${prefix}$* ended without a summary (status $st)" ;;
+    esac
+}

@@ -60,26 +60,6 @@ build() {
     return 1
 }
 
-# suite PREFIX CMD...: runs a test binary, prints its lines with PREFIX and
-# adds its summary line to the totals
-suite() {
-    local prefix=$1
-    shift
-    "$@" >"$TMP/suite" 2>&1
-    local st=$? last
-    last=$(tail -n 1 "$TMP/suite")
-    sed '$d' "$TMP/suite" | sed -E "s/^(ok   |FAIL )/\1$prefix/"
-    case "$last" in
-    *" passed, "*" failed")
-        pass=$((pass + ${last%% passed*}))
-        local f=${last#*, }
-        fail=$((fail + ${f%% failed}))
-        [ $st = 0 ] || [ "${f%% failed}" != 0 ] || bad "${prefix}exited with status $st"
-        ;;
-    *) echo "$last"; bad "${prefix}ended without a summary (status $st)" ;;
-    esac
-}
-
 # The nvcc compiles take longest: start them now, collect them at the end.
 # Both precisions for sm_80; float32, what the GPU build uses, also sm_90;
 # bf16 tensors (a bf16 policy's build) for sm_90.
