@@ -373,7 +373,7 @@ fi
 # the pack's tiny reference and the same command again
 ref=$TMP/gpu/tiny_cpu.jsonl
 if [ -s "$ref" ] && "$TMP/gpu/cpu/tiny/train" --steps 50 --seed 1337 --data "$TMP/gpu/tiny.bin" --quiet \
-        --log "$TMP/gpu/again.jsonl" >"$TMP/again.log" 2>&1; then
+        --log "$TMP/gpu/again.jsonl" --trace-out "$TMP/gpu/again_trace.json" >"$TMP/again.log" 2>&1; then
     (
         . tests/gpu/lib.sh
         scale() {   # every loss times $1
@@ -411,11 +411,21 @@ if [ -s "$ref" ] && "$TMP/gpu/cpu/tiny/train" --steps 50 --seed 1337 --data "$TM
             gpt2_report "$TMP/gpu/gpt2.jsonl" 829360668672 6180469248 0 0 /dev/null
         expect fail "GPT-2's report, peak 1.52x the plan" \
             gpt2_report "$TMP/gpu/gpt2.jsonl" 829360668672 4180469248 0 0 /dev/null
+        # the trace check (section 4b) on the CPU run's trace, and on broken copies
+        tr=$TMP/gpu/again_trace.json
+        expect pass "a 1-rank trace, ops busy >= 1 %" trace_check "$tr" 0.01 50
+        expect fail "ops busy >= 101 %" trace_check "$tr" 1.01
+        awk '/"cat":"compute"/ && ++k == 1 { sub(/"dur":[0-9.]+/, "\"dur\":-1") } 1' "$tr" >"$TMP/gpu/neg.json"
+        expect fail "a negative duration" trace_check "$TMP/gpu/neg.json" 0.01
+        awk '/"cat":"compute"/ && ++k == 3 { sub(/"ts":[0-9.]+/, "\"ts\":0") } 1' "$tr" >"$TMP/gpu/overlap.json"
+        expect fail "an op starting before the one before it ended" trace_check "$TMP/gpu/overlap.json" 0.01
+        grep -v '"reduce_scatter ' "$tr" >"$TMP/gpu/norsc.json"
+        expect fail "no reduce-scatter" trace_check "$TMP/gpu/norsc.json" 0.01
         [ $wrong = 0 ]
     )
     st=$?
     if [ $st = 0 ]; then
-        ok "cuda: tests/gpu/lib.sh: two CPU logs of one run compare equal; losses 1.5x the tolerance off, a missing step and a null loss fail, 0.5x passes; GPT-2's report fails on a peak 1.52x the plan"
+        ok "cuda: tests/gpu/lib.sh: two CPU logs of one run compare equal; losses 1.5x the tolerance off, a missing step and a null loss fail, 0.5x passes; GPT-2's report fails on a peak 1.52x the plan; the trace check passes the run's trace and fails a negative duration, overlapping ops, no reduce-scatter, a busy bar over 100 %"
     else
         bad "cuda: tests/gpu/lib.sh's comparisons on CPU logs" "$TMP/cmp.log"
     fi

@@ -91,15 +91,17 @@ jsonl_max() {
     END { if (seen) printf "%.0f\n", best; else exit 1 }' "$1"
 }
 
-# trace_check FILE MIN_BUSY: a --trace-out file of a GPU run, read as the
-# trainer writes it (one event a line): at least one op, all-gather and
+# trace_check FILE MIN_BUSY [STEPS]: a --trace-out file of a GPU run, read as
+# the trainer writes it (one event a line): at least one op, all-gather and
 # reduce-scatter; no negative duration; the compute stream's ops in order,
 # none starting before the one before it ended (0.5 us of rounding); and
 # those ops busy for at least MIN_BUSY of the span from the first to the
 # last, which the device's times are (the GPU runs one op after another)
-# and the host's, when it only queues them, are not. Prints the figures.
+# and the host's, when it only queues them, are not. Prints the figures and
+# the op kinds (an op's name to its first space) that took the most time,
+# in ms a step over STEPS steps (default 1).
 trace_check() {
-    awk -v min="$2" '
+    awk -v min="$2" -v steps="${3:-1}" '
     /"ph":"X"/ {
         match($0, /"tid":[0-9]+/); tid = substr($0, RSTART + 6, RLENGTH - 6) + 0
         match($0, /"ts":-?[0-9.]+/); ts = substr($0, RSTART + 5, RLENGTH - 5) + 0
@@ -110,12 +112,23 @@ trace_check() {
             if (n[0] > 1 && ts < end0 - 0.5) { printf "     trace: ops overlap at ts %.3f\n", ts; bad = 1 }
             if (n[0] == 1) first = ts
             end0 = ts + dur; busy += dur
+            match($0, /"name":"[^" ]*/); kind = substr($0, RSTART + 8, RLENGTH - 8)
+            if (!(kind in by)) kinds[++nk] = kind
+            by[kind] += dur; calls[kind]++
         }
     }
     END {
         span = end0 - first
         printf "     trace: %d ops, %d all-gathers, %d reduce-scatters; ops busy %.1f%% of %.1f ms\n",
                n[0], n[1], n[2], (span > 0 ? 100 * busy / span : 0), span / 1000
+        for (shown = 0; shown < 12 && shown < nk; shown++) {   # the largest first
+            top = ""
+            for (i = 1; i <= nk; i++)
+                if (!(kinds[i] in done) && (top == "" || by[kinds[i]] > by[top])) top = kinds[i]
+            done[top] = 1
+            printf "     trace: %-22s %8.2f ms a step, %5d calls\n", top, by[top] / 1000 / steps,
+                   calls[top] / steps
+        }
         if (!n[0] || !n[1] || !n[2] || span <= 0 || busy < min * span) bad = 1
         exit bad
     }' "$1"
@@ -344,7 +357,7 @@ gpu_checks() {
     # ── 4b. GPT-2's trace: the device's times ──
     if run gpt2_trace "$CUDA_BUILD/gpt2/train" --steps 3 --data "$DATA/gpt2.bin" \
             --trace-out "$OUT/gpt2_trace.json"; then
-        if trace_check "$OUT/gpt2_trace.json" 0.5; then
+        if trace_check "$OUT/gpt2_trace.json" 0.5 3; then
             ok "gpt2: --trace-out has the GPU's times: ops in order, busy >= 50% of the span"
         else
             bad "gpt2: --trace-out: ops overlap, a slice is missing or negative, or the ops are not the device's times" \
