@@ -225,17 +225,24 @@ static inline void fsd_launch_check(const char *kernel)
     } while (0)
 
 /* A column reduction's pass 1 (FSD_RUN_COL_SUMS, below): a grid-stride loop
- * over its n = chunks·cols work items (FSD_COL_SUM_ITEM), consecutive
- * threads on consecutive columns of a chunk, so each row's loads coalesce. */
-#define FSD_COL_SUM_KERNEL(name, params, args)                                       \
+ * over its n work items, ITEM(name, i, plan, args) each: FSD_COL_SUM_ITEM,
+ * chunks·cols items, consecutive threads on consecutive columns of a chunk,
+ * so each row's loads coalesce; or FSD_COL_VSUM_ITEM (FSD_COL_VSUM_KERNEL,
+ * FSD_RUN_COL_VSUMS), items of FSD_VEC adjacent columns, consecutive threads
+ * on consecutive 16-byte groups. */
+#define FSD_COL_ITEMS_KERNEL(ITEM, name, params, args)                               \
     static __global__ void name##_kernel(int64_t fsd_n_, fsd_col_plan fsd_plan_,      \
                                          FSD_UNPAREN params)                         \
     {                                                                                \
         int64_t fsd_stride_ = (int64_t)gridDim.x * blockDim.x;                       \
         for (int64_t fsd_i_ = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;        \
              fsd_i_ < fsd_n_; fsd_i_ += fsd_stride_)                                 \
-            FSD_COL_SUM_ITEM(name, fsd_i_, fsd_plan_, args);                         \
+            ITEM(name, fsd_i_, fsd_plan_, args);                                     \
     }
+#define FSD_COL_SUM_KERNEL(name, params, args) \
+    FSD_COL_ITEMS_KERNEL(FSD_COL_SUM_ITEM, name, params, args)
+#define FSD_COL_VSUM_KERNEL(name, params, args) \
+    FSD_COL_ITEMS_KERNEL(FSD_COL_VSUM_ITEM, name, params, args)
 #define FSD_RUN_COL_ITEMS(name, n, plan, args)                                         \
     do {                                                                               \
         const int64_t fsd_n_ = (n);                                                    \
@@ -243,17 +250,6 @@ static inline void fsd_launch_check(const char *kernel)
                         FSD_STREAM>>>(fsd_n_, plan, FSD_UNPAREN args);                 \
         fsd_launch_check(#name);                                                       \
     } while (0)
-/* The same over work items of FSD_VEC adjacent columns (FSD_COL_VSUM_ITEM,
- * FSD_RUN_COL_VSUMS), consecutive threads on consecutive 16-byte groups. */
-#define FSD_COL_VSUM_KERNEL(name, params, args)                                      \
-    static __global__ void name##_kernel(int64_t fsd_n_, fsd_col_plan fsd_plan_,      \
-                                         FSD_UNPAREN params)                         \
-    {                                                                                \
-        int64_t fsd_stride_ = (int64_t)gridDim.x * blockDim.x;                       \
-        for (int64_t fsd_i_ = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;        \
-             fsd_i_ < fsd_n_; fsd_i_ += fsd_stride_)                                 \
-            FSD_COL_VSUM_ITEM(name, fsd_i_, fsd_plan_, args);                        \
-    }
 #define FSD_RUN_COL_VITEMS FSD_RUN_COL_ITEMS
 
 /* Block kernels: NAME_block(blk, tid, smem, ...) is one tile of work done
