@@ -26,6 +26,13 @@ static unsigned blocks_for(int64_t n)
     return (unsigned)(b < 1 ? 1 : b > MAX_BLOCKS ? MAX_BLOCKS : b);
 }
 
+/* kernel<<<grid, block, 0, s>>>(args): a macro so that tests/cudasim can
+ * build this file for its simulated device, where a launch is a queued
+ * call (tests/cudasim/kernel.h). */
+#ifndef LAUNCH
+#define LAUNCH(kernel, grid, block, s, ...) kernel<<<(grid), (block), 0, (s)>>>(__VA_ARGS__)
+#endif
+
 #define GRID_STRIDE(i, n)                                                      \
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
          i += (int64_t)gridDim.x * blockDim.x)
@@ -64,26 +71,26 @@ static __global__ void accum_widen_kernel(float *dst, const uint16_t *src, int64
 
 extern "C" cudaError_t cu_narrow(uint16_t *dst, const float *src, int64_t n, int bf16, cudaStream_t s)
 {
-    narrow_kernel<<<blocks_for(n), THREADS, 0, s>>>(dst, src, n, bf16);
+    LAUNCH(narrow_kernel, blocks_for(n), THREADS, s, dst, src, n, bf16);
     return cudaGetLastError();
 }
 
 extern "C" cudaError_t cu_widen(float *dst, const uint16_t *src, int64_t n, int bf16, cudaStream_t s)
 {
-    widen_kernel<<<blocks_for(n), THREADS, 0, s>>>(dst, src, n, bf16);
+    LAUNCH(widen_kernel, blocks_for(n), THREADS, s, dst, src, n, bf16);
     return cudaGetLastError();
 }
 
 extern "C" cudaError_t cu_accum(float *dst, const float *src, int64_t n, cudaStream_t s)
 {
-    accum_kernel<<<blocks_for(n), THREADS, 0, s>>>(dst, src, n);
+    LAUNCH(accum_kernel, blocks_for(n), THREADS, s, dst, src, n);
     return cudaGetLastError();
 }
 
 extern "C" cudaError_t cu_accum_widen(float *dst, const uint16_t *src, int64_t n, int bf16,
                                       cudaStream_t s)
 {
-    accum_widen_kernel<<<blocks_for(n), THREADS, 0, s>>>(dst, src, n, bf16);
+    LAUNCH(accum_widen_kernel, blocks_for(n), THREADS, s, dst, src, n, bf16);
     return cudaGetLastError();
 }
 
@@ -93,7 +100,7 @@ static __global__ void loss_add_kernel(double *acc, const float *loss) { acc[0] 
 
 extern "C" cudaError_t cu_loss_add(double *acc, const float *loss, cudaStream_t s)
 {
-    loss_add_kernel<<<1, 1, 0, s>>>(acc, loss);
+    LAUNCH(loss_add_kernel, 1, 1, s, acc, loss);
     return cudaGetLastError();
 }
 
@@ -147,14 +154,14 @@ extern "C" int cu_sumsq_blocks(int64_t n)
 
 extern "C" cudaError_t cu_sumsq_partial(const float *x, int64_t n, double *partials, cudaStream_t s)
 {
-    sumsq_partial_kernel<<<cu_sumsq_blocks(n), THREADS, 0, s>>>(x, n, partials);
+    LAUNCH(sumsq_partial_kernel, cu_sumsq_blocks(n), THREADS, s, x, n, partials);
     return cudaGetLastError();
 }
 
 extern "C" cudaError_t cu_sumsq_finish(double *stats, const double *partials, int np, double *acc,
                                        double host_loss, cudaStream_t s)
 {
-    sumsq_finish_kernel<<<1, THREADS, 0, s>>>(stats, partials, np, acc, host_loss);
+    LAUNCH(sumsq_finish_kernel, 1, THREADS, s, stats, partials, np, acc, host_loss);
     return cudaGetLastError();
 }
 
@@ -168,7 +175,7 @@ static __global__ void clip_kernel(double *stats, double clip)
 
 extern "C" cudaError_t cu_clip(double *stats, double clip, cudaStream_t s)
 {
-    clip_kernel<<<1, 1, 0, s>>>(stats, clip);
+    LAUNCH(clip_kernel, 1, 1, s, stats, clip);
     return cudaGetLastError();
 }
 
@@ -230,7 +237,7 @@ extern "C" cudaError_t cu_adamw(float *p, float *g, float *m, float *v, int64_t 
                                 const CudaSeg *seg, int nseg, const double *coef_dev, CudaAdamW a,
                                 cudaStream_t s)
 {
-    adamw_kernel<<<blocks_for(n), THREADS, 0, s>>>(p, g, m, v, n, seg, nseg, coef_dev, a);
+    LAUNCH(adamw_kernel, blocks_for(n), THREADS, s, p, g, m, v, n, seg, nseg, coef_dev, a);
     return cudaGetLastError();
 }
 
@@ -238,8 +245,8 @@ extern "C" cudaError_t cu_sgd(float *p, float *g, float *b, int64_t n, const Cud
                               const double *coef_dev, float wd, float mu, float lr, int nesterov,
                               cudaStream_t s)
 {
-    sgd_kernel<<<blocks_for(n), THREADS, 0, s>>>(p, g, b, n, seg, nseg, coef_dev, wd, mu, lr,
-                                                 nesterov);
+    LAUNCH(sgd_kernel, blocks_for(n), THREADS, s, p, g, b, n, seg, nseg, coef_dev, wd, mu, lr,
+           nesterov);
     return cudaGetLastError();
 }
 
@@ -271,8 +278,8 @@ extern "C" cudaError_t cu_scale(void *C, int64_t M, int64_t N, int64_t ldc, floa
                                 cudaStream_t s)
 {
     if (bf16)
-        scale_kernel<<<blocks_for(M * N), THREADS, 0, s>>>((__nv_bfloat16 *)C, M, N, ldc, beta);
+        LAUNCH(scale_kernel, blocks_for(M * N), THREADS, s, (__nv_bfloat16 *)C, M, N, ldc, beta);
     else
-        scale_kernel<<<blocks_for(M * N), THREADS, 0, s>>>((float *)C, M, N, ldc, beta);
+        LAUNCH(scale_kernel, blocks_for(M * N), THREADS, s, (float *)C, M, N, ldc, beta);
     return cudaGetLastError();
 }

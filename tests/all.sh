@@ -101,6 +101,9 @@ suite "" tests/install/run.sh
 # ── the CUDA build without a GPU: nvcc, NCCL link, NVRTC, no host syncs ──
 suite "" env MAKE="$MAKE" tests/cuda/run.sh
 
+# ── the CUDA backend's host code on a simulated device, against the CPU build ──
+suite "" env MAKE="$MAKE" tests/cudasim/run.sh
+
 # ── emitted trainers end to end: gradient checks, 1-4 ranks, bf16, the plan ──
 suite "e2e: " env MAKE="$MAKE" tests/e2e/run.sh
 

@@ -93,23 +93,28 @@ jsonl_max() {
 
 # trace_check FILE MIN_BUSY [STEPS]: a --trace-out file of a GPU run, read as
 # the trainer writes it (one event a line): at least one op, all-gather and
-# reduce-scatter; no negative duration; the compute stream's ops in order,
-# none starting before the one before it ended (0.5 us of rounding); and
-# those ops busy for at least MIN_BUSY of the span from the first to the
-# last, which the device's times are (the GPU runs one op after another)
-# and the host's, when it only queues them, are not. Prints the figures and
-# the op kinds (an op's name to its first space) that took the most time,
-# in ms a step over STEPS steps (default 1).
+# reduce-scatter; no negative duration; each rank's compute stream's ops in
+# order, none starting before the one before it ended (0.5 us of rounding);
+# and rank 0's ops busy for at least MIN_BUSY of the span from its first to
+# its last, which the device's times are (the GPU runs one op after
+# another) and the host's, when it only queues them, are not. Prints rank
+# 0's figures and op kinds (an op's name to its first space) that took the
+# most time, in ms a step over STEPS steps (default 1).
 trace_check() {
     awk -v min="$2" -v steps="${3:-1}" '
     /"ph":"X"/ {
+        match($0, /"pid":[0-9]+/); pid = substr($0, RSTART + 6, RLENGTH - 6) + 0
         match($0, /"tid":[0-9]+/); tid = substr($0, RSTART + 6, RLENGTH - 6) + 0
         match($0, /"ts":-?[0-9.]+/); ts = substr($0, RSTART + 5, RLENGTH - 5) + 0
         match($0, /"dur":-?[0-9.]+/); dur = substr($0, RSTART + 6, RLENGTH - 6) + 0
-        n[tid]++
         if (dur < 0) { printf "     trace: a negative duration: %s\n", $0; bad = 1 }
+        if (tid == 0 && ops[pid]++ && ts < end[pid] - 0.5) {
+            printf "     trace: rank %d: ops overlap at ts %.3f\n", pid, ts; bad = 1
+        }
+        if (tid == 0) end[pid] = ts + dur
+        if (pid != 0) next
+        n[tid]++
         if (tid == 0) {
-            if (n[0] > 1 && ts < end0 - 0.5) { printf "     trace: ops overlap at ts %.3f\n", ts; bad = 1 }
             if (n[0] == 1) first = ts
             end0 = ts + dur; busy += dur
             match($0, /"name":"[^" ]*/); kind = substr($0, RSTART + 8, RLENGTH - 8)

@@ -1,0 +1,268 @@
+#!/usr/bin/env bash
+# run.sh — the CUDA backend's host code on a simulated device (part of
+# `make test`; tests/cudasim/README.md). runtime/cuda.c, unchanged, runs
+# under mpirun against cudasim's CUDA, NCCL (over MPI) and cuBLASLt, with
+# the trainer's kernels as the CPU build's loops; its --log files are held
+# to the CPU build's, run for run:
+#
+#   1. make runtime-cudasim builds without a warning; the fakes' own tests
+#      (test_cublaslt: products and epilogues against a reference, and the
+#      calls cuBLASLt would refuse; test_nccl: the collectives on 3 ranks,
+#      and each NCCL misuse it stages stops the run with a message);
+#   2. tiny (fp32 products, FSD_TF32=0) at world 1, 2 and 4 with the
+#      collective streams run lazily, and at world 2 eagerly
+#      (device.cc: the two orders a correct program must not notice):
+#      loss, grad norm, bytes moved and the counted memory peak against
+#      the CPU build at the same world;
+#   3. the proof that 2 can fail: with every cudaStreamWaitEvent dropped
+#      (FSD_CUDASIM_DROP_WAITS=1) the lazy run no longer matches; and an
+#      asynchronous NCCL error ends the run with cuda.c's message;
+#   4. tiny_bf16 (bf16 act: bf16 all-gathers and reduce-scatters, bf16
+#      products) at world 2, lazy and eager;
+#   5. tiny_offload (offload = cpu: pinned shards, copy streams, the host
+#      update) at world 2, lazy and eager;
+#   6. checkpoints: 10 + 10 steps resumed = 20 straight on cudasim (world
+#      1), and across backends, resharded: saved by cudasim at world 2 and
+#      resumed by the CPU build at world 1, saved by the CPU build at world
+#      1 and resumed by cudasim at world 4, each against the same two runs
+#      on the CPU build alone;
+#   7. --trace-out at world 2: the device-timed trace (events on the
+#      streams) passes tests/gpu/lib.sh's trace_check;
+#   8. FSD_GEMM_BENCH=1: the product table after the run lists every
+#      planned product shape;
+#   9. the build without MPI (MPI=0): NCCL's id through FSD_NCCL_ID_FILE
+#      at world 2 under mpirun, against the CPU build.
+#
+# Like the other suites: one line per check, then "N passed, N failed".
+set -u
+cd "$(dirname "$0")/../.."
+
+MAKE=${MAKE:-make}
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+OUT=$TMP
+. tests/gpu/lib.sh   # run, jsonl_compare, trace_check
+. tests/lib.sh       # the counters, ok, bad, done_ (after: they replace lib.sh's)
+
+STEPS=${CUDASIM_STEPS:-20}
+MPI=(mpirun --oversubscribe)
+[ "$(id -u)" = 0 ] && MPI+=(--allow-run-as-root)
+
+# ── 1. builds ──
+if ! $MAKE --no-print-directory build/fsdpc build/fsdata runtime >"$TMP/base.log" 2>&1; then
+    bad "cudasim: make build/fsdpc build/fsdata runtime" "$TMP/base.log"
+    done_
+fi
+if ! $MAKE --no-print-directory runtime-cudasim >"$TMP/sim.log" 2>&1; then
+    bad "cudasim: make runtime-cudasim" "$TMP/sim.log"
+    done_
+elif grep -qi 'warning' "$TMP/sim.log"; then
+    bad "cudasim: make runtime-cudasim builds, but with warnings" "$TMP/sim.log"
+else
+    ok "cudasim: make runtime-cudasim builds build/cudasim/libfsdrt_cudasim.a without warnings"
+fi
+
+models="tiny:examples/tiny.fsd tiny_bf16:tests/cuda/tiny_bf16.fsd tiny_offload:tests/cuda/tiny_offload.fsd"
+for spec in $models; do
+    m=${spec%%:*} fsd=${spec#*:}
+    if ! $MAKE --no-print-directory trainer FSD="$fsd" BACKEND=cpu >"$TMP/$m.cpu.log" 2>&1; then
+        bad "cudasim: make trainer FSD=$fsd BACKEND=cpu" "$TMP/$m.cpu.log"
+    elif ! $MAKE --no-print-directory trainer-cudasim FSD="$fsd" >"$TMP/$m.sim.log" 2>&1; then
+        bad "cudasim: make trainer-cudasim FSD=$fsd" "$TMP/$m.sim.log"
+    fi
+done
+if ! $MAKE --no-print-directory trainer-cudasim FSD=examples/tiny.fsd MPI=0 >"$TMP/nompi.log" 2>&1; then
+    bad "cudasim: make trainer-cudasim FSD=examples/tiny.fsd MPI=0" "$TMP/nompi.log"
+fi
+DATA=$TMP
+build/fsdata synth "$DATA/tiny.bin" --tokens 200000 --seed 1 --vocab 256 >/dev/null
+
+# the fakes' own tests
+for t in device cublaslt nccl; do
+    src=tests/cudasim/test_$t.cc
+    [ -f "$src" ] || continue
+    if ! $MAKE --no-print-directory build/cudasim/test_$t >"$TMP/test_$t.build" 2>&1; then
+        bad "cudasim: make build/cudasim/test_$t" "$TMP/test_$t.build"
+        continue
+    fi
+    np=1
+    [ $t = nccl ] && np=3
+    if timeout 120 "${MPI[@]}" -np $np build/cudasim/test_$t >"$TMP/test_$t.log" 2>&1; then
+        ok "cudasim: test_$t ($(tail -n 1 "$TMP/test_$t.log"))"
+    else
+        bad "cudasim: test_$t" "$TMP/test_$t.log"
+    fi
+done
+
+# and every NCCL misuse test_nccl can stage stops the run with cudasim's line
+if [ -x build/cudasim/test_nccl ]; then
+    caught=0 missed=""
+    for c in $(timeout 60 "${MPI[@]}" -np 1 build/cudasim/test_nccl list); do
+        timeout 60 "${MPI[@]}" -np 3 build/cudasim/test_nccl fail "$c" >"$TMP/fail_$c.log" 2>&1
+        st=$?
+        if [ $st != 0 ] && [ $st != 124 ] && grep -q '^cudasim: rank' "$TMP/fail_$c.log" &&
+                ! grep -q 'not caught' "$TMP/fail_$c.log"; then
+            caught=$((caught + 1))
+        else
+            missed+=" $c"
+        fi
+    done
+    if [ -z "$missed" ] && [ $caught -ge 10 ]; then
+        ok "cudasim: test_nccl: each of $caught NCCL misuses stops the run with a message"
+    else
+        bad "cudasim: test_nccl: misuses not stopped with a message:${missed:- (only $caught cases)}"
+    fi
+fi
+
+# sim NAME NP [FSD_VAR=VALUE...] MODEL ARGS...: MODEL's cudasim trainer on
+# NP ranks, STEPS steps of tiny.bin at seed 1337, --log $OUT/NAME.jsonl.
+sim() {
+    local name=$1 np=$2
+    shift 2
+    local envs=()
+    while [[ $1 =~ ^FSD_[A-Z0-9_]*= ]]; do
+        envs+=("$1")
+        shift
+    done
+    local model=$1
+    shift
+    run "$name" ${envs[@]+"${envs[@]}"} "${MPI[@]}" -np "$np" "build/$model/train" \
+        --steps "$STEPS" --seed 1337 --data "$DATA/tiny.bin" --quiet --log "$OUT/$name.jsonl" "$@"
+}
+# cpu NAME NP MODEL ARGS...: the same on the CPU build.
+cpu() {
+    local name=$1 np=$2 model=$3
+    shift 3
+    run "$name" "${MPI[@]}" -np "$np" "build/$model/cpu/train" --steps "$STEPS" --seed 1337 \
+        --data "$DATA/tiny.bin" --quiet --log "$OUT/$name.jsonl" "$@"
+}
+# same LABEL CPU SIM SPEC...: one ok/FAIL line per "KEY TOL [FIRST_TOL]".
+same() {
+    local label=$1 a=$OUT/$2.jsonl b=$OUT/$3.jsonl spec msg
+    shift 3
+    [ -s "$a" ] && [ -s "$b" ] || return 0   # run has reported the failure
+    for spec in "$@"; do
+        # shellcheck disable=SC2086
+        if msg=$(jsonl_compare "$a" "$b" $spec); then
+            ok "$label: ${spec%% *}: $msg"
+        else
+            bad "$label: ${spec%% *}: $msg"
+        fi
+    done
+}
+FP32=("loss 1e-4 1e-6" "grad_norm 1e-3" "comm_bytes 0" "mem_peak_bytes 0")
+
+# ── 2. tiny, fp32 ──
+for np in 1 2 4; do
+    cpu "tiny_cpu_w$np" "$np" tiny
+    sim "tiny_sim_w$np" "$np" FSD_TF32=0 tiny/cudasim
+    same "cudasim: tiny, world $np, lazy collective streams, vs CPU" "tiny_cpu_w$np" "tiny_sim_w$np" "${FP32[@]}"
+done
+sim tiny_sim_w2_eager 2 FSD_TF32=0 FSD_CUDASIM=eager tiny/cudasim
+same "cudasim: tiny, world 2, eager collective streams, vs CPU" tiny_cpu_w2 tiny_sim_w2_eager "${FP32[@]}"
+same "cudasim: tiny, world 2, eager against lazy collective streams, bit for bit" tiny_sim_w2 \
+    tiny_sim_w2_eager "loss 0" "grad_norm 0"
+
+# ── 3. a missing event wait shows ──
+if ! timeout 300 env FSD_TF32=0 FSD_CUDASIM_DROP_WAITS=1 "${MPI[@]}" -np 2 build/tiny/cudasim/train \
+        --steps "$STEPS" --seed 1337 --data "$DATA/tiny.bin" --quiet \
+        --log "$OUT/tiny_sim_nowait.jsonl" >"$OUT/tiny_sim_nowait.log" 2>&1; then
+    ok "cudasim: with every stream wait dropped, tiny at world 2 fails ($(grep -m1 -v '^ *$' "$OUT/tiny_sim_nowait.log" | cut -c1-100))"
+elif msg=$(jsonl_compare "$OUT/tiny_cpu_w2.jsonl" "$OUT/tiny_sim_nowait.jsonl" loss 1e-4 1e-6); then
+    bad "cudasim: with every stream wait dropped, tiny at world 2 still matches the CPU build ($msg): the lazy streams prove nothing"
+else
+    ok "cudasim: with every stream wait dropped, tiny at world 2 no longer matches (${msg:0:140})"
+fi
+
+# an asynchronous NCCL error ends the run through cuda.c's check, with its
+# message, instead of a hang (it shows at the first host wait that polls)
+if timeout 120 env FSD_CUDASIM_NCCL_ASYNC_ERROR=1 "${MPI[@]}" -np 2 build/tiny/cudasim/train \
+        --steps 2 --seed 1337 --data "$DATA/tiny.bin" --quiet >"$OUT/async.log" 2>&1; then
+    bad "cudasim: an asynchronous NCCL error (FSD_CUDASIM_NCCL_ASYNC_ERROR=1) went unnoticed" "$OUT/async.log"
+elif line=$(grep -m1 '^train: rank [0-9]*: .*failed: unhandled system error' "$OUT/async.log"); then
+    ok "cudasim: an asynchronous NCCL error ends the run: ${line:0:110}"
+else
+    bad "cudasim: an asynchronous NCCL error ended the run without cuda.c's message" "$OUT/async.log"
+fi
+
+# ── 4. bf16 act ──
+cpu tiny_bf16_cpu 2 tiny_bf16
+for mode in lazy eager; do
+    sim "tiny_bf16_sim_$mode" 2 FSD_CUDASIM=$mode tiny_bf16/cudasim
+    same "cudasim: tiny_bf16, world 2, $mode, vs CPU" tiny_bf16_cpu "tiny_bf16_sim_$mode" \
+        "loss 1e-2 1e-4" "grad_norm 5e-2" "comm_bytes 0" "mem_peak_bytes 0"
+done
+
+# ── 5. offload = cpu ──
+# The counted device peak is the CPU build's plus the device accumulators
+# of the gradient (docs/cuda.md, offload), the plan's sharded gradients.
+cpu tiny_offload_cpu 2 tiny_offload
+build/fsdpc tests/cuda/tiny_offload.fsd --dump-memory --world 2 >"$OUT/offload.memory" 2>&1
+acc=$(plan_figure "$OUT/offload.memory" "sharded gradients" 4)
+for mode in lazy eager; do
+    sim "tiny_offload_sim_$mode" 2 FSD_TF32=0 FSD_CUDASIM=$mode tiny_offload/cudasim
+    same "cudasim: tiny_offload, world 2, $mode, vs CPU" tiny_offload_cpu "tiny_offload_sim_$mode" \
+        "${FP32[@]:0:3}"
+    p_cpu=$(jsonl_max "$OUT/tiny_offload_cpu.jsonl" mem_peak_bytes)
+    p_sim=$(jsonl_max "$OUT/tiny_offload_sim_$mode.jsonl" mem_peak_bytes)
+    if [ -n "$acc" ] && [ -n "$p_cpu" ] && [ "${p_sim:-x}" = $((p_cpu + acc)) ]; then
+        ok "cudasim: tiny_offload, world 2, $mode: counted device peak $p_sim = the CPU build's $p_cpu + accumulators $acc"
+    else
+        bad "cudasim: tiny_offload, world 2, $mode: counted device peak ${p_sim:-?}; want the CPU build's ${p_cpu:-?} + accumulators ${acc:-?}"
+    fi
+done
+
+# ── 6. checkpoints ──
+resume_check "cudasim: tiny, world 1" build/tiny/cudasim/train tiny_sim
+# across backends and world sizes: 10 steps and a checkpoint on one side,
+# resumed to step 20 on the other (resharded where the worlds differ),
+# against the same pair of runs on the CPU build alone
+pair() {
+    local tag=$1 np_a=$2 exe_a=$3 np_b=$4 exe_b=$5
+    rm -rf "$OUT/ck_$tag"
+    run "${tag}_first" FSD_TF32=0 "${MPI[@]}" -np "$np_a" "$exe_a" --steps 10 --seed 1337 \
+        --data "$DATA/tiny.bin" --quiet --ckpt-every 10 --ckpt-dir "$OUT/ck_$tag" &&
+        run "${tag}_resumed" FSD_TF32=0 "${MPI[@]}" -np "$np_b" "$exe_b" --steps 20 --seed 1337 \
+            --data "$DATA/tiny.bin" --quiet --resume "$OUT/ck_$tag/step_000010" \
+            --log "$OUT/$tag.jsonl"
+}
+SIM_EXE=build/tiny/cudasim/train CPU_EXE=build/tiny/cpu/train
+pair cpu_2_1 2 $CPU_EXE 1 $CPU_EXE
+pair sim_2_1 2 $SIM_EXE 1 $CPU_EXE
+same "cudasim: checkpoint saved by cudasim at world 2, resumed by the CPU build at world 1, vs CPU both" \
+    cpu_2_1 sim_2_1 "loss 1e-4 1e-6"
+pair cpu_1_4 1 $CPU_EXE 4 $CPU_EXE
+pair sim_1_4 1 $CPU_EXE 4 $SIM_EXE
+same "cudasim: checkpoint saved by the CPU build at world 1, resumed by cudasim at world 4, vs CPU both" \
+    cpu_1_4 sim_1_4 "loss 1e-4 1e-6"
+
+# ── 7. the device-timed trace ──
+if sim tiny_sim_trace 2 FSD_TF32=0 tiny/cudasim --trace-out "$OUT/trace.json"; then
+    if trace_check "$OUT/trace.json" 0.5 "$STEPS" >"$OUT/trace.check"; then
+        ok "cudasim: --trace-out at world 2 passes trace_check ($(head -n 1 "$OUT/trace.check" | sed 's/^ *trace: //'))"
+    else
+        bad "cudasim: --trace-out at world 2 fails trace_check" "$OUT/trace.check"
+    fi
+fi
+
+# ── 8. the product bench ──
+if run tiny_sim_bench FSD_GEMM_BENCH=1 build/tiny/cudasim/train --steps 2 --seed 1337 \
+        --data "$DATA/tiny.bin" --quiet; then
+    rows=$(grep -cE '^ *[0-9]+ +[0-9]+ +[0-9]+ [01][01] ' "$OUT/tiny_sim_bench.log")
+    timed=$(grep -cE '^ *[0-9]+ +[0-9]+ +[0-9]+ [01][01] .*\| #[0-9]' "$OUT/tiny_sim_bench.log")
+    tables=$(grep -c 'FSD_GEMM_BENCH:' "$OUT/tiny_sim_bench.log")
+    if [ "$tables" = 1 ] && [ "$rows" -ge 3 ] && [ "$rows" = "$timed" ]; then
+        ok "cudasim: FSD_GEMM_BENCH=1 prints one table, $rows product shapes, each timed against the heuristic's candidates"
+    else
+        bad "cudasim: FSD_GEMM_BENCH=1: $tables tables, $rows shapes, $timed with candidates timed" "$OUT/tiny_sim_bench.log"
+    fi
+fi
+
+# ── 9. without MPI: NCCL's id through a file ──
+rm -f "$OUT/nccl-id"
+sim tiny_sim_nompi 2 FSD_TF32=0 FSD_NCCL_ID_FILE="$OUT/nccl-id" tiny/cudasim_nompi
+same "cudasim: tiny, MPI=0 build, NCCL id through FSD_NCCL_ID_FILE at world 2, vs CPU" \
+    tiny_cpu_w2 tiny_sim_nompi "${FP32[@]}"
+[ -e "$OUT/nccl-id" ] && bad "cudasim: FSD_NCCL_ID_FILE $OUT/nccl-id was not removed at the end"
+
+done_
