@@ -125,7 +125,9 @@ typedef struct GemmPlan {
     bool transA, transB;
     cublasLtEpilogue_t epilogue;     /* DEFAULT, BIAS or GELU_AUX_BIAS */
     int64_t M, N, K, lda, ldb, ldc;
-    uint32_t align;                  /* bytes every operand is aligned to, 16..256 */
+    uint32_t align;                  /* bytes A, B and C are aligned to, 16..256 */
+    uint32_t bias_align, aux_align;  /* the bias's and aux's (0: none): the heuristic
+                                      * reads them from their addresses */
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t a, b, c;  /* cuBLASLt's A (our B), B (our A), C = D */
     cublasLtMatmulAlgo_t algo;
@@ -1636,9 +1638,12 @@ void bk_wait_reduce(FsdRun *r, int g)
  * Everything but cublasLtMatmul itself happens on a shape's first call and
  * is host-only (descriptors, layouts, the heuristic's choice): nothing
  * waits for the device, and a step after the first only looks its shapes
- * up. The plan's key holds the alignment of the operands' addresses, since
- * the heuristic may choose kernels that need more than the 64 bytes a
- * parameter's start guarantees (plan.c aligns them to 16 elements). That
+ * up. The plan's key holds the alignment of the operands' addresses (A, B
+ * and C's least, the bias's and aux's each: the heuristic reads those two
+ * from the pointers it is shown, so a plan is only used with ones aligned
+ * as those were), since the heuristic may choose kernels that need more
+ * than the 64 bytes a parameter's start guarantees (plan.c aligns them to
+ * 16 elements). That
  * alignment comes from offsets the model's tables fix, inside buffers
  * cudaMalloc aligns to 256 bytes, so a product gets the same plan, and the
  * same algorithm, at every step of every run. */
@@ -1677,7 +1682,7 @@ static int gemm_candidates(FsdRun *r, const GemmPlan *p, cublasLtMatmulDesc_t de
 static GemmPlan *gemm_plan(FsdRun *r, bool bf16, bool transA, bool transB, int64_t M, int64_t N,
                            int64_t K, int64_t lda, int64_t ldb, int64_t ldc,
                            cublasLtEpilogue_t epilogue, const void *bias, void *aux,
-                           uint32_t align)
+                           const uint32_t align[3])
 {
     Backend *bk = r->bk;
     for (int i = 0; i < bk->nplans; i++) {
@@ -1685,7 +1690,8 @@ static GemmPlan *gemm_plan(FsdRun *r, bool bf16, bool transA, bool transB, int64
         if (p->bf16 == bf16 && p->transA == transA && p->transB == transB &&
             p->epilogue == epilogue &&
             p->M == M && p->N == N && p->K == K && p->lda == lda && p->ldb == ldb &&
-            p->ldc == ldc && p->align == align)
+            p->ldc == ldc && p->align == align[0] && p->bias_align == align[1] &&
+            p->aux_align == align[2])
             return p;
     }
     if (bk->nplans == bk->plans_cap) {
@@ -1697,7 +1703,8 @@ static GemmPlan *gemm_plan(FsdRun *r, bool bf16, bool transA, bool transB, int64
         bk->plans_cap = cap;
     }
     GemmPlan *p = &bk->plans[bk->nplans++];   /* counted now: bk_stop frees what was made */
-    *p = (GemmPlan){bf16, transA, transB, epilogue, M, N, K, lda, ldb, ldc, align};
+    *p = (GemmPlan){bf16, transA, transB, epilogue, M, N, K, lda, ldb, ldc,
+                    align[0], align[1], align[2]};
     const cudaDataType_t type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
     const cublasComputeType_t compute =
         bk->tf32 && !bf16 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
@@ -1749,11 +1756,12 @@ static GemmPlan *gemm_plan(FsdRun *r, bool bf16, bool transA, bool transB, int64
         char why[256];
         snprintf(why, sizeof why,
                  "no algorithm for %s C[%lld, %lld] = %sop(A)·op(B)%s%s with K %lld, trans %d%d, "
-                 "lda %lld ldb %lld ldc %lld, operands aligned to %u bytes, a %d MiB workspace",
+                 "lda %lld ldb %lld ldc %lld, A, B and C aligned to %u bytes, a %d MiB "
+                 "workspace",
                  bf16 ? "bf16" : "fp32", (long long)M, (long long)N, aux ? "gelu(" : "",
                  bias ? " + bias" : "", aux ? ") and its input" : "",
                  (long long)K, transA, transB,
-                 (long long)lda, (long long)ldb, (long long)ldc, align,
+                 (long long)lda, (long long)ldb, (long long)ldc, align[0],
                  BLAS_WORKSPACE_BYTES >> 20);
         failed(r, __FILE__, __LINE__, "cublasLtMatmulAlgoGetHeuristic", why);
     }
@@ -1787,15 +1795,14 @@ static void lt_matmul(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N,
                       float beta, void *C, int64_t ldc, const void *bias, void *aux)
 {
     Backend *bk = r->bk;
-    const void *operands[] = {A, B, C, bias, aux};
-    uint32_t align = 256;
-    for (size_t i = 0; i < sizeof operands / sizeof *operands; i++) {
-        uint32_t ai = operands[i] ? addr_align(operands[i]) : 256;
-        align = ai < align ? ai : align;
-    }
-    if (align < 16)
-        RT_BUG(r, "a [%lld, %lld] product's operand is aligned to %u bytes; the runtime hands out "
-                  "buffers aligned to at least 16", (long long)M, (long long)N, align);
+    /* A, B and C's least alignment, the bias's, aux's (0: none) */
+    uint32_t align[3] = {addr_align(A), bias ? addr_align(bias) : 0, aux ? addr_align(aux) : 0};
+    align[0] = addr_align(B) < align[0] ? addr_align(B) : align[0];
+    align[0] = addr_align(C) < align[0] ? addr_align(C) : align[0];
+    for (int i = 0; i < 3; i++)
+        if (align[i] && align[i] < 16)
+            RT_BUG(r, "a [%lld, %lld] product's operand is aligned to %u bytes; the runtime hands "
+                      "out buffers aligned to at least 16", (long long)M, (long long)N, align[i]);
     cublasLtEpilogue_t epilogue = aux    ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
                                   : bias ? CUBLASLT_EPILOGUE_BIAS
                                          : CUBLASLT_EPILOGUE_DEFAULT;
@@ -1867,17 +1874,18 @@ static void gemm_bench(FsdRun *r)
     for (int i = 0; i < bk->nplans; i++) {
         GemmPlan *p = &bk->plans[i];
         /* A, B, C, bias, aux as stored (row-major, leading dimensions of
-         * the run's), each starting p->align bytes past a 256-byte
-         * boundary unless that is 256 */
+         * the run's), each starting as many bytes past a 256-byte boundary
+         * as it is aligned to in the plan, unless that is 256 */
         const int64_t rows[5] = {p->transA ? p->K : p->M, p->transB ? p->N : p->K, p->M, 1,
                                  p->M};
         const int64_t lds[5] = {p->lda, p->ldb, p->ldc, p->N, p->ldc};
         const bool used[5] = {true, true, true, p->epilogue != CUBLASLT_EPILOGUE_DEFAULT,
                               p->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS};
         void *base[5] = {NULL}, *buf[5] = {NULL};
-        const size_t skew = p->align % 256;
+        const uint32_t al[5] = {p->align, p->align, p->align, p->bias_align, p->aux_align};
         for (int k = 0; k < 5; k++)
             if (used[k]) {
+                const size_t skew = al[k] % 256;
                 const size_t bytes = (size_t)(rows[k] * lds[k] * elem) + skew;
                 CUDA_CHECK(r, cudaMalloc(&base[k], bytes));
                 CUDA_CHECK(r, cudaMemsetAsync(base[k], 0x3c, bytes, bk->compute));   /* ~0.0115 */

@@ -32,6 +32,13 @@
  * ignores every cudaStreamWaitEvent: the tests' proof that a missing wait
  * shows.
  *
+ * An op that cannot finish (sim.h's sim_enqueue_until: the NCCL fake's
+ * hung collective) stops its stream there: events behind it stay not
+ * ready, a stream waiting on one stops too, and a host call that would
+ * block on it (a synchronize, cudaFree, a copy into pageable memory) stops
+ * the run saying it would wait forever; cudaEventQuery keeps answering not
+ * ready, so host waits that poll can time out.
+ *
  * Copies with pageable host memory keep CUDA's rules: a copy from pageable
  * memory reads it when called (staged), one into pageable memory returns
  * when done; pinned memory is read and written when the copy runs.
@@ -188,7 +195,7 @@ static cudaError_t release(void *p, SimMem kind, const char *call)
 
 struct Op {
     std::string what;
-    std::function<void()> run;
+    std::function<bool()> run;   /* false: cannot finish (yet) */
 };
 
 struct CUstream_st {
@@ -235,31 +242,46 @@ static bool runs_at_once(CUstream_st *s)
            (fsdrt_cuda_stream && (CUstream_st *)fsdrt_cuda_stream() == s);
 }
 
-/* Runs s's ops up to and including op number `upto`. */
-static void drain(CUstream_st *s, uint64_t upto)
+/* Runs s's ops up to and including op number `upto`; false if one of
+ * them cannot finish (sim_enqueue_until), which stays first in line. */
+static bool drain(CUstream_st *s, uint64_t upto)
 {
     std::lock_guard<std::recursive_mutex> g(lock);
     if (s->running && upto >= s->done)
         sim_fail("stream %d: %s waits on itself or on later work of its stream: on the device "
                  "this would hang", s->id, s->running_what.c_str());
     while (s->done <= upto && !s->queue.empty()) {
-        Op op = std::move(s->queue.front());
-        s->queue.pop_front();
+        Op &op = s->queue.front();
         s->running = true;
         s->running_what = op.what;
-        op.run();
+        bool finished = op.run();
         s->running = false;
+        if (!finished)
+            return false;
+        s->queue.pop_front();
         s->done++;
     }
+    return true;
 }
 
-static void drain_all(CUstream_st *s)
+static bool drain_all(CUstream_st *s) { return !s->queued || drain(s, s->queued - 1); }
+
+/* A host call that blocks until stream s has run through op `upto`. */
+static void block_on(CUstream_st *s, uint64_t upto, const char *call)
+{
+    if (!drain(s, upto))
+        sim_fail("%s waits forever: stream %d is stuck at %s, which never completes (on the "
+                 "device this host thread would hang)",
+                 call, s->id, s->queue.front().what.c_str());
+}
+
+static void block_on_all(CUstream_st *s, const char *call)
 {
     if (s->queued)
-        drain(s, s->queued - 1);
+        block_on(s, s->queued - 1, call);
 }
 
-void sim_enqueue(cudaStream_t stream, const char *what, std::function<void()> op)
+void sim_enqueue_until(cudaStream_t stream, const char *what, std::function<bool()> op)
 {
     std::lock_guard<std::recursive_mutex> g(lock);
     CUstream_st *s = stream_of(stream);
@@ -269,6 +291,14 @@ void sim_enqueue(cudaStream_t stream, const char *what, std::function<void()> op
     s->queued++;
     if (runs_at_once(s))
         drain_all(s);
+}
+
+void sim_enqueue(cudaStream_t stream, const char *what, std::function<void()> op)
+{
+    sim_enqueue_until(stream, what, [op] {
+        op();
+        return true;
+    });
 }
 
 static double now_us(void)
@@ -307,14 +337,14 @@ cudaError_t cudaStreamDestroy(cudaStream_t s)
     std::lock_guard<std::recursive_mutex> g(lock);
     if (!s || s->destroyed)
         sim_fail("cudaStreamDestroy: %s stream", s ? "a destroyed" : "the legacy");
-    drain_all(s);   /* the device finishes its work first */
+    block_on_all(s, "cudaStreamDestroy");   /* the device finishes its work first */
     s->destroyed = true;
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
-    drain_all(stream_of(s));
+    block_on_all(stream_of(s), "cudaStreamSynchronize");
     return cudaSuccess;
 }
 
@@ -325,7 +355,7 @@ cudaError_t cudaDeviceSynchronize(void)
         more = false;
         for (CUstream_st *s : streams)
             if (!s->queue.empty()) {
-                drain_all(s);
+                block_on_all(s, "cudaDeviceSynchronize (or cudaFree, which synchronises)");
                 more = true;
             }
     }
@@ -342,7 +372,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t e, unsigned fla
         return cudaSuccess;   /* never recorded: nothing to wait for */
     CUstream_st *on = e->stream;
     uint64_t upto = e->op;
-    sim_enqueue(stream, "cudaStreamWaitEvent", [on, upto] { drain(on, upto); });
+    sim_enqueue_until(stream, "cudaStreamWaitEvent", [on, upto] { return drain(on, upto); });
     return cudaSuccess;
 }
 
@@ -388,7 +418,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e)
     std::lock_guard<std::recursive_mutex> g(lock);
     need_event(e, "cudaEventSynchronize");
     if (e->stream)
-        drain(e->stream, e->op);
+        block_on(e->stream, e->op, "cudaEventSynchronize");
     return cudaSuccess;
 }
 
@@ -402,8 +432,7 @@ cudaError_t cudaEventQuery(cudaEvent_t e)
         e->polled = true;
         return cudaErrorNotReady;
     }
-    drain(e->stream, e->op);
-    return cudaSuccess;
+    return drain(e->stream, e->op) ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b)
@@ -485,7 +514,7 @@ static cudaError_t copy(void *dst, size_t dpitch, const void *src, size_t spitch
             memmove(d + r * dpitch, s + r * spitch, width);
     });
     if (dk == SIM_HOST)   /* pageable: done before the call returns */
-        drain_all(stream_of(stream));
+        block_on_all(stream_of(stream), call);
     return cudaSuccess;
 }
 

@@ -46,7 +46,9 @@
  *   - finalize and destroy: no op of the communicator still queued (its
  *     buffers may be freed already) and no group left open.
  * ncclCommGetAsyncError reports ncclSystemError when
- * FSD_CUDASIM_NCCL_ASYNC_ERROR=1, so a test can check cuda.c's host wait.
+ * FSD_CUDASIM_NCCL_ASYNC_ERROR=1, and FSD_CUDASIM_NCCL_HANG=K makes one
+ * collective never complete (hung(), below), so a test can check cuda.c's
+ * host waits.
  * Limits of the simulator, also stopped with a message: more than INT_MAX
  * bytes in one operand, and a group whose calls use different streams.
  */
@@ -418,6 +420,22 @@ static void run_group(const std::vector<Call> &calls)
     }
 }
 
+/* FSD_CUDASIM_NCCL_HANG=K: on rank FSD_CUDASIM_NCCL_HANG_RANK (default 0),
+ * the communicator's collective number K (from 0) never completes, as if
+ * another rank never joined it, so a test can check that cuda.c's host
+ * waits end the run after FSD_NCCL_TIMEOUT instead of hanging. */
+static bool hung(const std::vector<Call> &calls)
+{
+    const char *k = getenv("FSD_CUDASIM_NCCL_HANG"), *at = getenv("FSD_CUDASIM_NCCL_HANG_RANK");
+    if (!k || !*k)
+        return false;
+    for (const Call &c : calls)
+        if (c.coll && c.c.comm->rank == (at && *at ? atoi(at) : 0) &&
+            c.c.seq == strtoull(k, NULL, 10))
+            return true;
+    return false;
+}
+
 /* Queues a group's calls (or one call alone) as one op on their stream. */
 static void queue_calls(std::vector<Call> calls)
 {
@@ -446,10 +464,17 @@ static void queue_calls(std::vector<Call> calls)
                        : calls[0].coll  ? kind_names[calls[0].c.kind]
                        : calls[0].p.send ? "ncclSend"
                                          : "ncclRecv";
-    sim_enqueue(s, what, [calls, comms]() {
+    const bool hangs = hung(calls);
+    sim_enqueue_until(s, what, [calls, comms, hangs]() {
+        bool aborted = false;
+        for (ncclComm *m : comms)
+            aborted |= m->aborted;
+        if (hangs && !aborted)
+            return false;   /* never joined: the stream stops here, until an abort */
         run_group(calls);
         for (ncclComm *m : comms)
             m->queued--;
+        return true;
     });
 }
 

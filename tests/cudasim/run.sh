@@ -14,9 +14,14 @@
 #      (device.cc: the two orders a correct program must not notice):
 #      loss, grad norm, bytes moved and the counted memory peak against
 #      the CPU build at the same world;
+#   2b. tiny with each sharding policy that changes what the backend does
+#      (unsharded accumulation, parameters kept gathered, fp32 compute with
+#      bf16 or fp16 wire formats), tiny_llama and mlp at world 2, tiny at
+#      world 3 (eager);
 #   3. the proof that 2 can fail: with every cudaStreamWaitEvent dropped
-#      (FSD_CUDASIM_DROP_WAITS=1) the lazy run no longer matches; and an
-#      asynchronous NCCL error ends the run with cuda.c's message;
+#      (FSD_CUDASIM_DROP_WAITS=1) the lazy run no longer matches; an
+#      asynchronous NCCL error ends the run with cuda.c's message, and so
+#      does a collective that never completes, after FSD_NCCL_TIMEOUT;
 #   4. tiny_bf16 (bf16 act: bf16 all-gathers and reduce-scatters, bf16
 #      products) at world 2, lazy and eager;
 #   5. tiny_offload (offload = cpu: pinned shards, copy streams, the host
@@ -163,6 +168,61 @@ same "cudasim: tiny, world 2, eager collective streams, vs CPU" tiny_cpu_w2 tiny
 same "cudasim: tiny, world 2, eager against lazy collective streams, bit for bit" tiny_sim_w2 \
     tiny_sim_w2_eager "loss 0" "grad_norm 0"
 
+# ── 2b. the policies, another model, an odd world ──
+# tiny with each sharding policy of tests/e2e that changes what the CUDA
+# backend does (sharded or unsharded accumulation, keeping parameters
+# gathered, an fp32 model with 16-bit wire formats), tiny_llama (no biases,
+# RMSNorm, RoPE, SwiGLU) and mlp, at world 2; tiny at world 3
+policy() { sed "s/^shard {/shard {\n  $2/" examples/tiny.fsd >"$OUT/$1.fsd"; }
+policy tiny_unsharded 'accumulate = unsharded'
+policy tiny_keep 'reshard_after_forward = false'
+policy tiny_unsharded_rab 'accumulate = unsharded\n  reshard_after_backward = false'
+policy tiny_reduce_bf16 'mixed_precision(param = fp32, reduce = bf16)'
+policy tiny_param_fp16 'mixed_precision(param = fp16, reduce = fp16)'
+for v in tiny_unsharded tiny_keep tiny_unsharded_rab tiny_reduce_bf16 tiny_param_fp16 \
+        tiny_llama mlp; do
+    fsd=$OUT/$v.fsd
+    [ -f "$fsd" ] || fsd=examples/$v.fsd
+    if ! $MAKE --no-print-directory trainer FSD="$fsd" BACKEND=cpu >"$TMP/$v.cpu.log" 2>&1; then
+        bad "cudasim: make trainer FSD=$fsd BACKEND=cpu" "$TMP/$v.cpu.log"
+        continue
+    elif ! $MAKE --no-print-directory trainer-cudasim FSD="$fsd" >"$TMP/$v.sim.log" 2>&1; then
+        bad "cudasim: make trainer-cudasim FSD=$fsd" "$TMP/$v.sim.log"
+        continue
+    fi
+    cpu "${v}_cpu" 2 "$v"
+    sim "${v}_sim" 2 FSD_TF32=0 "$v/cudasim"
+    case $v in
+    tiny_reduce_bf16 | tiny_param_fp16) ;;
+    *)
+        same "cudasim: $v, world 2, vs CPU" "${v}_cpu" "${v}_sim" "${FP32[@]}"
+        continue ;;
+    esac
+    # fp32 compute over 16-bit wires: the device holds what the fp32 policy
+    # does, plus a 16-bit wire buffer the size of the largest group for each
+    # 16-bit direction (docs/cuda.md, Numerics), where the CPU build counts
+    # the plan's 16-bit buffers
+    same "cudasim: $v, world 2, vs CPU" "${v}_cpu" "${v}_sim" "${FP32[@]:0:3}"
+    most=$(build/fsdpc "$OUT/$v.fsd" --dump-plan --world 2 | awk '
+        /^groups in forward order/ { on = 1; next }
+        on && NF == 0 { exit }
+        on && $1 ~ /^[0-9]+$/ { gsub(",", "", $4); if ($4 + 0 > most) most = $4 + 0 }
+        END { print most + 0 }')
+    dirs=1
+    [ $v = tiny_param_fp16 ] && dirs=2
+    p_fp32=$(jsonl_max "$OUT/tiny_sim_w2.jsonl" mem_peak_bytes)
+    p_sim=$(jsonl_max "$OUT/${v}_sim.jsonl" mem_peak_bytes)
+    want=$((${p_fp32:-0} + dirs * 2 * most))
+    if [ "$most" -gt 0 ] && [ -n "$p_fp32" ] && [ "${p_sim:-x}" = "$want" ]; then
+        ok "cudasim: $v, world 2: counted device peak $p_sim = the fp32 policy's $p_fp32 + $dirs wire buffer(s) of $((2 * most)) bytes"
+    else
+        bad "cudasim: $v, world 2: counted device peak ${p_sim:-?}; want the fp32 policy's ${p_fp32:-?} + $dirs wire buffer(s) of $((2 * most)) bytes"
+    fi
+done
+cpu tiny_cpu_w3 3 tiny
+sim tiny_sim_w3 3 FSD_TF32=0 FSD_CUDASIM=eager tiny/cudasim
+same "cudasim: tiny, world 3, eager, vs CPU" tiny_cpu_w3 tiny_sim_w3 "${FP32[@]}"
+
 # ── 3. a missing event wait shows ──
 if ! timeout 300 env FSD_TF32=0 FSD_CUDASIM_DROP_WAITS=1 "${MPI[@]}" -np 2 build/tiny/cudasim/train \
         --steps "$STEPS" --seed 1337 --data "$DATA/tiny.bin" --quiet \
@@ -183,6 +243,20 @@ elif line=$(grep -m1 '^train: rank [0-9]*: .*failed: unhandled system error' "$O
     ok "cudasim: an asynchronous NCCL error ends the run: ${line:0:110}"
 else
     bad "cudasim: an asynchronous NCCL error ended the run without cuda.c's message" "$OUT/async.log"
+fi
+
+# a collective that never completes on rank 0 (another rank never joined,
+# say) ends every rank after FSD_NCCL_TIMEOUT, with cuda.c's message
+start=$SECONDS
+if timeout 120 env FSD_NCCL_TIMEOUT=3 FSD_CUDASIM_NCCL_HANG=30 "${MPI[@]}" -np 2 \
+        build/tiny/cudasim/train --steps 3 --seed 1337 --data "$DATA/tiny.bin" --quiet \
+        >"$OUT/hang.log" 2>&1; then
+    bad "cudasim: a collective that never completes went unnoticed" "$OUT/hang.log"
+elif line=$(grep -m1 '^train: rank 0: .* did not complete within 3 s (FSD_NCCL_TIMEOUT)' "$OUT/hang.log") &&
+        [ $((SECONDS - start)) -lt 60 ]; then
+    ok "cudasim: a hung collective ends the run after the timeout ($((SECONDS - start)) s): ${line:0:90}"
+else
+    bad "cudasim: a hung collective did not end the run with cuda.c's timeout message within 60 s" "$OUT/hang.log"
 fi
 
 # ── 4. bf16 act ──

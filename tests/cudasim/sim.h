@@ -19,6 +19,15 @@
  * messages. */
 void sim_enqueue(cudaStream_t s, const char *what, std::function<void()> op);
 
+/* The same for an op that may never finish (a collective a rank never
+ * joins): it returns false while it cannot, and the stream stops there;
+ * every later attempt to run the stream calls it again. Whatever waits on
+ * the stream then waits too: events behind it stay not ready, a stream
+ * waiting on one of them stops as well, and a host call that would block
+ * on it (a synchronize, cudaFree, a copy into pageable memory) stops the
+ * run, where the device would hang. */
+void sim_enqueue_until(cudaStream_t s, const char *what, std::function<bool()> op);
+
 /* Stops the process: "cudasim: rank R: <message>" on stderr, exit 3. For
  * a call the real library would reject or a use the device would fault
  * on. */

@@ -524,6 +524,40 @@ static void hang(cudaStream_t b)
     });
 }
 
+/* An op that cannot finish (sim_enqueue_until, the NCCL fake's hung
+ * collective): its stream stops there, events behind it stay not ready, a
+ * stream waiting on one stops too, and a host call that would block on it
+ * stops the run. */
+static void stuck(void)
+{
+    in_child("FSD_CUDASIM", "lazy", [] {
+        cudaStream_t s = new_stream();
+        bool release = false;
+        ran.clear();
+        sim_enqueue_until(s, "stuck", [&release] { return release; });
+        mark(s, 1);
+        cudaEvent_t e = new_event(cudaEventDisableTiming);
+        CUDA(cudaEventRecord(e, s));
+        cudaError_t q1 = cudaEventQuery(e), q2 = cudaEventQuery(e);
+        check(q1 == cudaErrorNotReady && q2 == cudaErrorNotReady && ran.empty(),
+              "a stuck op: an event behind it stays not ready (%d, %d), nothing after it runs: %s",
+              (int)q1, (int)q2, ran_str().c_str());
+        CUDA(cudaStreamWaitEvent(compute, e, 0));
+        mark(compute, 2);
+        check(ran.empty(), "a stuck op: the compute stream waiting on it stops too: %s",
+              ran_str().c_str());
+        release = true;
+        CUDA(cudaStreamSynchronize(compute));
+        check(ran_is({1, 2}), "a stuck op, once it can finish: both streams run on: %s",
+              ran_str().c_str());
+    });
+    expect_fail("a host synchronize on a stuck stream", "waits forever", [] {
+        cudaStream_t s = new_stream();
+        sim_enqueue_until(s, "stuck", [] { return false; });
+        cudaStreamSynchronize(s);
+    });
+}
+
 /* ── launches ── */
 
 static void count_kernel(int *count, int n)   /* grid-stride: one increment per element */
@@ -675,6 +709,7 @@ int main()
     copies(b);
     copy_refusals(b);
     hang(b);
+    stuck();
     launches(b);
     drop_waits(b);
 
