@@ -355,7 +355,7 @@ SIM_CXXFLAGS = -std=c++17 -O2 -g -fopenmp -Wall -Wextra -Wno-unused-parameter -I
 SIM_OBJS  = $(addprefix $(SIM)/obj/,$(filter-out cuda.o,$(SIM_CC:.c=.o)) $(SIM_CXX:.cc=.o) cuda_kernels.o)
 SIM_LIB  := $(SIM)/libfsdrt_cudasim$(if $(filter 0,$(MPI)),_nompi).a
 
-.PHONY: runtime-cudasim trainer-cudasim
+.PHONY: runtime-cudasim trainer-cudasim cudasim-vars
 runtime-cudasim: $(SIM_LIB)
 $(SIM)/libfsdrt_cudasim.a: $(SIM_OBJS) $(SIM)/obj/cuda.o
 	ar rcs $@ $^
@@ -375,6 +375,11 @@ $(SIM)/obj/%.o: tests/cudasim/%.cc $(SIM_HDRS)
 $(SIM)/obj/cuda_kernels.o: runtime/cuda_kernels.cu runtime/cuda.h $(SIM_HDRS)
 	@mkdir -p $(@D)
 	$(MPICXX) $(SIM_CXXFLAGS) -x c++ -include kernel.h -c -o $@ $<
+# the flags a cudasim trainer is built with, as shell assignments (for
+# tests/cudasim/run.sh's mutants of runtime/cuda.c)
+cudasim-vars:
+	@printf "%s='%s'\n" SIM_CFLAGS "$(RT_CFLAGS)" SIM_LIBS "$(RT_LIBS) -lstdc++"
+
 # the fakes' own tests (tests/cudasim/test_*.cc)
 $(SIM)/test_%: tests/cudasim/test_%.cc $(addprefix $(SIM)/obj/,$(SIM_CXX:.cc=.o))
 	$(MPICXX) $(SIM_CXXFLAGS) -o $@ $^
@@ -382,7 +387,7 @@ SIM_TRAINER := build/$(MODEL)/cudasim$(if $(filter 0,$(MPI)),_nompi)
 trainer-cudasim: $(B)/fsdpc $(SIM_LIB)
 	@mkdir -p $(SIM_TRAINER)
 	$(B)/fsdpc $(FSD) -o $(SIM_TRAINER)/train.cu
-	$(MPICC) -x c -std=c11 $(RT_CFLAGS) -Iruntime $(SIM_TRAINER)/train.cu -x none \
+	$(MPICC) -x c $(RT_CFLAGS) -Iruntime $(SIM_TRAINER)/train.cu -x none \
 	  $(SIM_LIB) $(RT_LIBS) -lstdc++ -o $(SIM_TRAINER)/train
 
 clean:

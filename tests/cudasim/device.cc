@@ -199,11 +199,12 @@ struct Op {
 };
 
 struct CUstream_st {
-    int id;
+    int id = 0;
     std::deque<Op> queue;   /* ops not yet run; the first has number `done` */
     uint64_t queued = 0;    /* ops ever queued */
     uint64_t done = 0;      /* ops run */
     bool running = false;   /* op number `done` of this stream is running now */
+    uint64_t after_compute = 0;   /* compute-stream ops its next op is ordered after */
     std::string running_what;
     bool destroyed = false;
 };
@@ -213,13 +214,14 @@ struct CUevent_st {
     bool destroyed = false;
     CUstream_st *stream = NULL;   /* its last record's stream, op number */
     uint64_t op = 0;
+    uint64_t after_compute = 0;   /* compute-stream ops its last record is ordered after */
     uint64_t records = 0;         /* records made; the one that ran last: */
     uint64_t ran = 0;
     double us = 0;                /* when that record ran */
     bool polled = false;          /* cudaEventQuery answered not-ready once */
 };
 
-static CUstream_st legacy_stream = {0, {}, 0, 0, false, "", false};
+static CUstream_st legacy_stream;   /* id 0 */
 static std::vector<CUstream_st *> streams = {&legacy_stream};
 
 static bool eager(void)
@@ -236,10 +238,34 @@ static bool eager(void)
 
 static CUstream_st *stream_of(cudaStream_t s) { return s ? s : &legacy_stream; }
 
+static CUstream_st *compute_stream(void)
+{
+    return fsdrt_cuda_stream ? (CUstream_st *)fsdrt_cuda_stream() : NULL;
+}
+
 static bool runs_at_once(CUstream_st *s)
 {
-    return s == &legacy_stream || eager() ||
-           (fsdrt_cuda_stream && (CUstream_st *)fsdrt_cuda_stream() == s);
+    return s == &legacy_stream || eager() || s == compute_stream();
+}
+
+/* How many compute-stream ops work queued on s now is ordered after: all
+ * of them on the compute stream itself, else what s's event waits gave it
+ * (at issue, as CUDA orders them). */
+static uint64_t after_compute(CUstream_st *s)
+{
+    return s == compute_stream() ? s->queued : s->after_compute;
+}
+
+void sim_need_after_compute(cudaStream_t stream, const char *what)
+{
+    std::lock_guard<std::recursive_mutex> g(lock);
+    CUstream_st *s = stream_of(stream), *c = compute_stream();
+    if (!c || s == c || s == &legacy_stream || s->after_compute >= c->queued)
+        return;
+    sim_fail("%s on stream %d is ordered after only %llu of the %llu ops queued on the compute "
+             "stream before it: on the device it may run before the others (no fence: an event "
+             "recorded on the compute stream and waited for on this one)",
+             what, s->id, (unsigned long long)s->after_compute, (unsigned long long)c->queued);
 }
 
 /* Runs s's ops up to and including op number `upto`; false if one of
@@ -370,8 +396,10 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t e, unsigned fla
         return cudaErrorInvalidValue;
     if (!e->stream || env_int("FSD_CUDASIM_DROP_WAITS", 0))
         return cudaSuccess;   /* never recorded: nothing to wait for */
-    CUstream_st *on = e->stream;
+    CUstream_st *on = e->stream, *s = stream_of(stream);
     uint64_t upto = e->op;
+    if (e->after_compute > s->after_compute)
+        s->after_compute = e->after_compute;
     sim_enqueue_until(stream, "cudaStreamWaitEvent", [on, upto] { return drain(on, upto); });
     return cudaSuccess;
 }
@@ -410,6 +438,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream)
             e->us = now_us();
         }
     });
+    e->after_compute = after_compute(s);   /* the record itself counted */
     return cudaSuccess;
 }
 

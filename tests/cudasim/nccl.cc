@@ -44,7 +44,10 @@
  *   - point to point: a receive gets exactly the bytes it asked for, and
  *     a send to oneself has its receive in the same group;
  *   - finalize and destroy: no op of the communicator still queued (its
- *     buffers may be freed already) and no group left open.
+ *     buffers may be freed already) and no group left open;
+ *   - ordering: an op on a stream other than the compute stream is ordered
+ *     after everything queued on the compute stream before it (sim.h's
+ *     sim_need_after_compute: runtime/cuda.c's fence).
  * ncclCommGetAsyncError reports ncclSystemError when
  * FSD_CUDASIM_NCCL_ASYNC_ERROR=1, and FSD_CUDASIM_NCCL_HANG=K makes one
  * collective never complete (hung(), below), so a test can check cuda.c's
@@ -464,6 +467,7 @@ static void queue_calls(std::vector<Call> calls)
                        : calls[0].coll  ? kind_names[calls[0].c.kind]
                        : calls[0].p.send ? "ncclSend"
                                          : "ncclRecv";
+    sim_need_after_compute(s, what);   /* cuda.c fences every collective */
     const bool hangs = hung(calls);
     sim_enqueue_until(s, what, [calls, comms, hangs]() {
         bool aborted = false;

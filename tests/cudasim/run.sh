@@ -36,7 +36,9 @@
 #   8. FSD_GEMM_BENCH=1: the product table after the run lists every
 #      planned product shape;
 #   9. the build without MPI (MPI=0): NCCL's id through FSD_NCCL_ID_FILE
-#      at world 2 under mpirun, against the CPU build.
+#      at world 2 under mpirun, against the CPU build;
+#  10. each fence and cudaStreamWaitEvent of runtime/cuda.c, removed from a
+#      copy of it, makes tiny_offload or tiny fail.
 #
 # Like the other suites: one line per check, then "N passed, N failed".
 set -u
@@ -338,5 +340,57 @@ sim tiny_sim_nompi 2 FSD_TF32=0 FSD_NCCL_ID_FILE="$OUT/nccl-id" tiny/cudasim_nom
 same "cudasim: tiny, MPI=0 build, NCCL id through FSD_NCCL_ID_FILE at world 2, vs CPU" \
     tiny_cpu_w2 tiny_sim_nompi "${FP32[@]}"
 [ -e "$OUT/nccl-id" ] && bad "cudasim: FSD_NCCL_ID_FILE $OUT/nccl-id was not removed at the end"
+
+# ── 10. every fence and event wait in runtime/cuda.c is needed ──
+# Each in turn is removed from a copy of cuda.c, and tiny_offload (whose
+# steps pass every one of them) and then tiny, at world 2 with lazy
+# collective streams, must fail: stop on the fakes' ordering check (a
+# collective not ordered after the compute stream), or stop otherwise, or
+# no longer match the CPU build.
+eval "$($MAKE -s --no-print-directory cudasim-vars)"
+mutant() {   # mutant LINE: build/cudasim/mutant/{tiny,tiny_offload} without cuda.c's line LINE
+    local dir=build/cudasim/mutant m
+    mkdir -p $dir
+    sed "${1}s/.*/    ; \/* removed *\//" runtime/cuda.c >$dir/cuda.c
+    # shellcheck disable=SC2086
+    mpicc $SIM_CFLAGS -Iruntime -Itests/cudasim/include -c $dir/cuda.c -o $dir/cuda.o \
+        >"$TMP/mutant.log" 2>&1 || return 1
+    for m in tiny tiny_offload; do
+        # shellcheck disable=SC2086
+        mpicc -x c $SIM_CFLAGS -Iruntime "build/$m/cudasim/train.cu" -x none $dir/cuda.o \
+            build/cudasim/libfsdrt_cudasim.a $SIM_LIBS -o "$dir/$m" >>"$TMP/mutant.log" 2>&1 || return 1
+    done
+}
+caught=() missed=()
+for line in $(grep -n 'fence(r, bk->[a-z0-9]*);\|cudaStreamWaitEvent(' runtime/cuda.c | cut -d: -f1); do
+    if ! mutant "$line"; then
+        bad "cudasim: cuda.c without line $line does not build" "$TMP/mutant.log"
+        continue
+    fi
+    how=""
+    for m in tiny_offload tiny; do
+        ref=${m}_cpu
+        [ $m = tiny ] && ref=tiny_cpu_w2
+        if ! timeout 120 env FSD_TF32=0 "${MPI[@]}" -np 2 build/cudasim/mutant/$m --steps "$STEPS" \
+                --seed 1337 --data "$DATA/tiny.bin" --quiet --log "$OUT/mutant.jsonl" \
+                >"$OUT/mutant.log" 2>&1; then
+            how="$m stops"
+            grep -q 'is ordered after only' "$OUT/mutant.log" && how="$m: not ordered after compute"
+        elif ! jsonl_compare "$OUT/$ref.jsonl" "$OUT/mutant.jsonl" loss 1e-4 1e-6 >/dev/null; then
+            how="$m: wrong losses"
+        fi
+        [ -n "$how" ] && break
+    done
+    if [ -n "$how" ]; then
+        caught+=("$line ($how)")
+    else
+        missed+=("$line: $(sed -n "${line}p" runtime/cuda.c | sed 's/^ *//')")
+    fi
+done
+if [ ${#missed[@]} = 0 ] && [ ${#caught[@]} -ge 6 ]; then
+    ok "cudasim: each of runtime/cuda.c's ${#caught[@]} fences and event waits, removed, is caught: ${caught[*]}"
+else
+    bad "cudasim: removing these lines of runtime/cuda.c goes unnoticed: ${missed[*]:-none} (caught: ${#caught[@]})"
+fi
 
 done_

@@ -28,6 +28,14 @@ void sim_enqueue(cudaStream_t s, const char *what, std::function<void()> op);
  * run, where the device would hang. */
 void sim_enqueue_until(cudaStream_t s, const char *what, std::function<bool()> op);
 
+/* Fails unless work queued on stream s now is ordered (through event
+ * waits) after everything queued on the compute stream so far: what
+ * runtime/cuda.c's fence gives every collective, so that it sees the
+ * gradients written and the shards updated. The compute stream runs its
+ * ops at once here, so a missing fence would not change a result; this
+ * catches it where it is made. */
+void sim_need_after_compute(cudaStream_t s, const char *what);
+
 /* Stops the process: "cudasim: rank R: <message>" on stderr, exit 3. For
  * a call the real library would reject or a use the device would fault
  * on. */

@@ -7,12 +7,10 @@
  * library would refuse, or run wrongly, stop the process (sim_fail) with
  * a message that says so.
  *
- * Built with device.cc (the simulated device), or alone with
- * -DLT_STUB_SIM, which defines sim.h's functions and cudaMalloc/cudaFree
- * here: operations run at once, device memory is a list of blocks.
- *   g++ -std=c++17 -O2 -fopenmp -DLT_STUB_SIM -Iinclude -I. test_cublaslt.cc cublaslt.cc
+ * Built with device.cc, the simulated device (make build/cudasim/test_cublaslt).
  * Prints one line per check; exits 1 if any failed.
  */
+#include "check.h"
 #include "cublasLt.h"
 #include "sim.h"
 
@@ -30,73 +28,8 @@
 #include <string>
 #include <vector>
 
-#ifdef LT_STUB_SIM
-/* ── a stand-in for device.cc: blocks of "device" memory, ops run at once ── */
-#include <map>
-
-static std::map<uintptr_t, size_t> blocks;   /* start → bytes */
-
-extern "C" cudaError_t cudaMalloc(void **p, size_t bytes)
-{
-    *p = aligned_alloc(256, (bytes + 255) / 256 * 256);
-    blocks[(uintptr_t)*p] = bytes;
-    return cudaSuccess;
-}
-
-extern "C" cudaError_t cudaFree(void *p)
-{
-    blocks.erase((uintptr_t)p);
-    free(p);
-    return cudaSuccess;
-}
-
-void sim_enqueue(cudaStream_t, const char *, std::function<void()> op) { op(); }
-
-void sim_fail(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "cudasim: rank 0: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
-    va_end(ap);
-    exit(3);
-}
-
-static const std::pair<const uintptr_t, size_t> *block_of(const void *p)
-{
-    auto it = blocks.upper_bound((uintptr_t)p);
-    if (it == blocks.begin())
-        return nullptr;
-    --it;
-    return (uintptr_t)p < it->first + it->second ? &*it : nullptr;
-}
-
-SimMem sim_kind(const void *p) { return block_of(p) ? SIM_DEVICE : SIM_HOST; }
-
-void sim_need_device(const void *p, size_t bytes, const char *what)
-{
-    auto b = block_of(p);
-    if (!b || (uintptr_t)p + bytes > b->first + b->second)
-        sim_fail("%s: [%p, +%zu) is not inside one device allocation", what, p, bytes);
-}
-#endif
 
 /* ── helpers ── */
-
-static int failures, checks;
-
-static void check(bool ok, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    printf("%s: ", ok ? "ok  " : "FAIL");
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-    checks++;
-    failures += !ok;
-}
 
 #define LT(call)                                                                  \
     do {                                                                          \
@@ -430,38 +363,6 @@ static void bf16_exact()
     cudaFree(a), cudaFree(b), cudaFree(d);
 }
 
-/* Runs f in a child process; passes if the child exits 3 (sim_fail) with
- * `want` in its stderr. */
-static void expect_fail(const char *name, const char *want, const std::function<void()> &f)
-{
-    fflush(stdout);
-    int fd[2];
-    if (pipe(fd) != 0) {
-        perror("pipe");
-        exit(1);
-    }
-    pid_t pid = fork();
-    if (pid == 0) {
-        close(fd[0]);
-        dup2(fd[1], 2);
-        f();
-        _exit(0);
-    }
-    close(fd[1]);
-    std::string err;
-    char buf[512];
-    ssize_t got;
-    while ((got = read(fd[0], buf, sizeof buf)) > 0)
-        err.append(buf, (size_t)got);
-    close(fd[0]);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    const bool exited3 = WIFEXITED(status) && WEXITSTATUS(status) == 3;
-    if (!err.empty() && err.back() == '\n')
-        err.pop_back();
-    check(exited3 && err.find(want) != std::string::npos, "refuses %s: exit %d, \"%s\"", name,
-          WIFEXITED(status) ? WEXITSTATUS(status) : -1, err.c_str());
-}
 
 /* A small fp32 product set up for the refusals: A 8×8, B 8×8, D 8×8, all
  * from 256-byte-aligned blocks with room for an offset. */

@@ -32,6 +32,7 @@
  * "test_device: FAILED (N of M checks failed)" last; exits 1 on failure.
  */
 #include "kernel.h"
+#include "check.h"
 #include "sim.h"
 
 #include <stdarg.h>
@@ -47,22 +48,6 @@
 #include <vector>
 
 /* ── helpers ── */
-
-static int failures, checks;
-
-static void check(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void check(bool ok, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    printf("%s: ", ok ? "ok  " : "FAIL");
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-    fflush(stdout);
-    checks++;
-    failures += !ok;
-}
 
 #define CUDA(call)                                                         \
     do {                                                                   \
@@ -118,41 +103,6 @@ static std::string ran_str(void)
 
 static bool ran_is(std::vector<int> want) { return ran == want; }
 
-/* Runs f in a forked child, which must stop with exit 3 and a message
- * containing `want` on stderr. Everything queued is run first, so the
- * child inherits no work. */
-static void expect_fail(const char *name, const char *want, const std::function<void()> &f)
-{
-    CUDA(cudaDeviceSynchronize());
-    fflush(stdout);
-    int fd[2];
-    if (pipe(fd) != 0) {
-        perror("pipe");
-        exit(1);
-    }
-    pid_t pid = fork();
-    if (pid == 0) {
-        close(fd[0]);
-        dup2(fd[1], 2);
-        f();
-        _exit(0);
-    }
-    close(fd[1]);
-    std::string err;
-    char buf[512];
-    ssize_t got;
-    while ((got = read(fd[0], buf, sizeof buf)) > 0)
-        err.append(buf, (size_t)got);
-    close(fd[0]);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    const bool exited3 = WIFEXITED(status) && WEXITSTATUS(status) == 3;
-    if (!err.empty() && err.back() == '\n')
-        err.pop_back();
-    check(exited3 && err.rfind("cudasim: rank ", 0) == 0 && err.find(want) != std::string::npos,
-          "refuses %s: exit %d, \"%s\"", name, WIFEXITED(status) ? WEXITSTATUS(status) : -1,
-          err.c_str());
-}
 
 /* Runs f in a forked child, after setting the environment variable
  * name=value; the child's exit status is the number of its failed checks
@@ -558,6 +508,30 @@ static void stuck(void)
     });
 }
 
+/* sim_need_after_compute: a stream is ordered after the compute stream's
+ * ops through events recorded there (or on a stream ordered so), as of
+ * the wait's issue. */
+static void ordering(cudaStream_t b, cudaStream_t c)
+{
+    mark(compute, 1);
+    cudaEvent_t e = new_event(cudaEventDisableTiming);
+    CUDA(cudaEventRecord(e, compute));
+    CUDA(cudaStreamWaitEvent(b, e, 0));
+    /* in a child, which exits 3 if either is refused */
+    in_child("FSD_CUDASIM", "lazy", [b, c, e] {
+        sim_need_after_compute(b, "a collective after a fence");
+        CUDA(cudaEventRecord(e, b));
+        CUDA(cudaStreamWaitEvent(c, e, 0));
+        sim_need_after_compute(c, "a collective after a fence through another stream");
+    });
+    expect_fail("a collective queued after more compute work than its fence covers",
+                "is ordered after only", [b] {
+                    mark(compute, 2);
+                    sim_need_after_compute(b, "a collective");
+                });
+    CUDA(cudaDeviceSynchronize());
+}
+
 /* ── launches ── */
 
 static void count_kernel(int *count, int n)   /* grid-stride: one increment per element */
@@ -710,6 +684,7 @@ int main()
     copy_refusals(b);
     hang(b);
     stuck();
+    ordering(b, c);
     launches(b);
     drop_waits(b);
 
