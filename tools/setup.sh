@@ -13,6 +13,7 @@ need=""
 command -v flex  >/dev/null 2>&1 || need="$need flex"
 command -v bison >/dev/null 2>&1 || need="$need bison"
 command -v cc    >/dev/null 2>&1 || need="$need gcc"
+command -v g++   >/dev/null 2>&1 || need="$need g++"   # tests/cudasim's fakes are C++
 command -v make  >/dev/null 2>&1 || need="$need make"
 command -v python3 >/dev/null 2>&1 || need="$need python3"
 # the CPU runtime (make runtime) and its tests: MPI, OpenBLAS, found with

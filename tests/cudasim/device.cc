@@ -39,6 +39,10 @@
  * the run saying it would wait forever; cudaEventQuery keeps answering not
  * ready, so host waits that poll can time out.
  *
+ * Once the compute stream exists, work on the legacy stream stops the run:
+ * the runtime's streams are non-blocking, so nothing orders it against
+ * them.
+ *
  * Copies with pageable host memory keep CUDA's rules: a copy from pageable
  * memory reads it when called (staged), one into pageable memory returns
  * when done; pinned memory is read and written when the copy runs.
@@ -313,6 +317,9 @@ void sim_enqueue_until(cudaStream_t stream, const char *what, std::function<bool
     CUstream_st *s = stream_of(stream);
     if (s->destroyed)
         sim_fail("%s queued on a destroyed stream", what);
+    if (s == &legacy_stream && compute_stream())
+        sim_fail("%s on the legacy stream (0), which the runtime's non-blocking streams neither "
+                 "wait for nor are waited for by: queue it on the compute stream", what);
     s->queue.push_back(Op{what, std::move(op)});
     s->queued++;
     if (runs_at_once(s))

@@ -27,7 +27,8 @@
 #   5. tiny_offload (offload = cpu: pinned shards, copy streams, the host
 #      update) at world 2, lazy and eager;
 #   6. checkpoints: 10 + 10 steps resumed = 20 straight on cudasim (world
-#      1), and across backends, resharded: saved by cudasim at world 2 and
+#      1: tiny, tiny_offload, tiny_bf16; an async save at world 2), and
+#      across backends, resharded: saved by cudasim at world 2 and
 #      resumed by the CPU build at world 1, saved by the CPU build at world
 #      1 and resumed by cudasim at world 4, each against the same two runs
 #      on the CPU build alone;
@@ -290,14 +291,17 @@ done
 
 # ── 6. checkpoints ──
 resume_check "cudasim: tiny, world 1" build/tiny/cudasim/train tiny_sim
+resume_check "cudasim: tiny_offload, world 1" build/tiny_offload/cudasim/train tiny_offload_sim
+resume_check "cudasim: tiny_bf16, world 1" build/tiny_bf16/cudasim/train tiny_bf16_sim
 # across backends and world sizes: 10 steps and a checkpoint on one side,
 # resumed to step 20 on the other (resharded where the worlds differ),
 # against the same pair of runs on the CPU build alone
-pair() {
+pair() {   # pair TAG NP_A EXE_A NP_B EXE_B [SAVE_FLAG...]
     local tag=$1 np_a=$2 exe_a=$3 np_b=$4 exe_b=$5
+    shift 5
     rm -rf "$OUT/ck_$tag"
     run "${tag}_first" FSD_TF32=0 "${MPI[@]}" -np "$np_a" "$exe_a" --steps 10 --seed 1337 \
-        --data "$DATA/tiny.bin" --quiet --ckpt-every 10 --ckpt-dir "$OUT/ck_$tag" &&
+        --data "$DATA/tiny.bin" --quiet --ckpt-every 10 --ckpt-dir "$OUT/ck_$tag" "$@" &&
         run "${tag}_resumed" FSD_TF32=0 "${MPI[@]}" -np "$np_b" "$exe_b" --steps 20 --seed 1337 \
             --data "$DATA/tiny.bin" --quiet --resume "$OUT/ck_$tag/step_000010" \
             --log "$OUT/$tag.jsonl"
@@ -307,6 +311,12 @@ pair cpu_2_1 2 $CPU_EXE 1 $CPU_EXE
 pair sim_2_1 2 $SIM_EXE 1 $CPU_EXE
 same "cudasim: checkpoint saved by cudasim at world 2, resumed by the CPU build at world 1, vs CPU both" \
     cpu_2_1 sim_2_1 "loss 1e-4 1e-6"
+# an async save (a host snapshot through bk_to_host, written by a thread)
+# at world 2, resumed at world 2: the 20 straight steps' last 10, exactly
+pair sim_async 2 $SIM_EXE 2 $SIM_EXE --ckpt-async
+tail -n 10 "$OUT/tiny_sim_w2.jsonl" >"$OUT/tiny_sim_w2_last10.jsonl"
+same "cudasim: async checkpoint at world 2, resumed, vs 20 straight steps" tiny_sim_w2_last10 \
+    sim_async "loss 0" "grad_norm 0"
 pair cpu_1_4 1 $CPU_EXE 4 $CPU_EXE
 pair sim_1_4 1 $CPU_EXE 4 $SIM_EXE
 same "cudasim: checkpoint saved by the CPU build at world 1, resumed by cudasim at world 4, vs CPU both" \

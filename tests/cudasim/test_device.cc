@@ -524,6 +524,8 @@ static void ordering(cudaStream_t b, cudaStream_t c)
         CUDA(cudaStreamWaitEvent(c, e, 0));
         sim_need_after_compute(c, "a collective after a fence through another stream");
     });
+    expect_fail("work on the legacy stream once the compute stream exists", "legacy stream",
+                [] { cudaMemset(dev(16), 0, 16); });
     expect_fail("a collective queued after more compute work than its fence covers",
                 "is ordered after only", [b] {
                     mark(compute, 2);
