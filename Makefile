@@ -341,16 +341,23 @@ $(RT)/test_half: tests/runtime/test_half.c runtime/half.h
 #   make runtime-cudasim                   → build/cudasim/libfsdrt_cudasim.a
 #   make trainer-cudasim FSD=path/model.fsd → build/<model>/cudasim/train
 #   make trainer-cudasim FSD=... MPI=0      → build/<model>/cudasim_nompi/train
+#   ... CUDASIM_SAN=1                       → the same with AddressSanitizer
 # runtime/cuda.c and the rest of the CUDA runtime's host side, built with
 # the C compiler against tests/cudasim's CUDA, NCCL and cuBLASLt on host
 # memory; runtime/cuda_kernels.cu built as host C++; a trainer is the CPU
 # build's train.cu linked against it (tests/cudasim/README.md). Test-only.
 MPICXX   ?= mpicxx
-SIM      := build/cudasim
+# CUDASIM_SAN=1: the same, built with AddressSanitizer, in build/cudasim-san
+# and build/<model>/cudasim-san (device memory is heap memory here, so a
+# copy or kernel past a buffer's end is reported)
+CUDASIM_SAN ?=
+SIM_SAN  := $(if $(filter 1,$(CUDASIM_SAN)),-fsanitize=address -fno-omit-frame-pointer)
+SIM      := build/cudasim$(if $(SIM_SAN),-san)
 SIM_CC   := $(filter-out cpu.c,$(RT_SRCS)) cuda.c
 SIM_CXX  := device.cc nccl.cc cublaslt.cc
 SIM_HDRS := $(wildcard tests/cudasim/*.h tests/cudasim/include/*.h)
-SIM_CXXFLAGS = -std=c++17 -O2 -g -fopenmp -Wall -Wextra -Wno-unused-parameter -Itests/cudasim/include -Itests/cudasim -Iruntime
+SIM_CXXFLAGS = -std=c++17 -O2 -g -fopenmp -Wall -Wextra -Wno-unused-parameter $(SIM_SAN) \
+               -Itests/cudasim/include -Itests/cudasim -Iruntime
 
 SIM_OBJS  = $(addprefix $(SIM)/obj/,$(filter-out cuda.o,$(SIM_CC:.c=.o)) $(SIM_CXX:.cc=.o) cuda_kernels.o)
 SIM_LIB  := $(SIM)/libfsdrt_cudasim$(if $(filter 0,$(MPI)),_nompi).a
@@ -365,10 +372,10 @@ $(SIM)/libfsdrt_cudasim_nompi.a: $(SIM_OBJS) $(SIM)/obj/cuda_nompi.o
 	ar rcs $@ $^
 $(SIM)/obj/cuda_nompi.o: runtime/cuda.c $(RT_HDRS) runtime/cuda.h $(SIM_HDRS)
 	@mkdir -p $(@D)
-	$(CC) $(RT_CFLAGS) -DFSD_MPI=0 -Itests/cudasim/include -c -o $@ $<
+	$(CC) $(RT_CFLAGS) $(SIM_SAN) -DFSD_MPI=0 -Itests/cudasim/include -c -o $@ $<
 $(SIM)/obj/%.o: runtime/%.c $(RT_HDRS) runtime/cuda.h $(SIM_HDRS)
 	@mkdir -p $(@D)
-	$(MPICC) $(RT_CFLAGS) -Itests/cudasim/include -c -o $@ $<
+	$(MPICC) $(RT_CFLAGS) $(SIM_SAN) -Itests/cudasim/include -c -o $@ $<
 $(SIM)/obj/%.o: tests/cudasim/%.cc $(SIM_HDRS)
 	@mkdir -p $(@D)
 	$(MPICXX) $(SIM_CXXFLAGS) -c -o $@ $<
@@ -383,12 +390,12 @@ cudasim-vars:
 # the fakes' own tests (tests/cudasim/test_*.cc)
 $(SIM)/test_%: tests/cudasim/test_%.cc $(addprefix $(SIM)/obj/,$(SIM_CXX:.cc=.o))
 	$(MPICXX) $(SIM_CXXFLAGS) -o $@ $^
-SIM_TRAINER := build/$(MODEL)/cudasim$(if $(filter 0,$(MPI)),_nompi)
+SIM_TRAINER := build/$(MODEL)/cudasim$(if $(SIM_SAN),-san)$(if $(filter 0,$(MPI)),_nompi)
 trainer-cudasim: $(B)/fsdpc $(SIM_LIB)
 	@mkdir -p $(SIM_TRAINER)
 	$(B)/fsdpc $(FSD) -o $(SIM_TRAINER)/train.cu
-	$(MPICC) -x c $(RT_CFLAGS) -Iruntime $(SIM_TRAINER)/train.cu -x none \
-	  $(SIM_LIB) $(RT_LIBS) -lstdc++ -o $(SIM_TRAINER)/train
+	$(MPICC) -x c $(RT_CFLAGS) $(SIM_SAN) -Iruntime $(SIM_TRAINER)/train.cu -x none \
+	  $(SIM_LIB) $(RT_LIBS) $(SIM_SAN) -lstdc++ -o $(SIM_TRAINER)/train
 
 clean:
 	rm -rf build

@@ -39,7 +39,10 @@
 #   9. the build without MPI (MPI=0): NCCL's id through FSD_NCCL_ID_FILE
 #      at world 2 under mpirun, against the CPU build;
 #  10. each fence and cudaStreamWaitEvent of runtime/cuda.c, removed from a
-#      copy of it, makes tiny_offload or tiny fail.
+#      copy of it, makes tiny_offload or tiny fail;
+#  11. built with AddressSanitizer (CUDASIM_SAN=1, each cudaMalloc exactly
+#      its size): tiny_offload and tiny_bf16 with a checkpoint and a trace,
+#      and a resharded resume, without a report.
 #
 # Like the other suites: one line per check, then "N passed, N failed".
 set -u
@@ -401,6 +404,43 @@ if [ ${#missed[@]} = 0 ] && [ ${#caught[@]} -ge 6 ]; then
     ok "cudasim: each of runtime/cuda.c's ${#caught[@]} fences and event waits, removed, is caught: ${caught[*]}"
 else
     bad "cudasim: removing these lines of runtime/cuda.c goes unnoticed: ${missed[*]:-none} (caught: ${#caught[@]})"
+fi
+
+# ── 11. under AddressSanitizer ──
+# Device memory is heap memory here, each cudaMalloc exactly its size: a
+# copy, collective, product or kernel past a buffer's end is reported.
+# tiny_offload and tiny_bf16 at world 2, 5 steps with a checkpoint and a
+# trace, then tiny_offload resumed from it at world 4 (resharded).
+san_ok=1
+for m in tiny_offload tiny_bf16; do
+    fsd=tests/cuda/$m.fsd
+    if ! $MAKE --no-print-directory trainer-cudasim FSD=$fsd CUDASIM_SAN=1 >"$TMP/san_$m.build" 2>&1; then
+        bad "cudasim: make trainer-cudasim FSD=$fsd CUDASIM_SAN=1" "$TMP/san_$m.build"
+        san_ok=0
+    fi
+done
+if [ $san_ok = 1 ]; then
+    san_runs=""
+    export ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:exitcode=86
+    rm -rf "$OUT/ck_san"
+    for spec in "tiny_offload 2 --steps 5 --ckpt-every 5 --ckpt-dir $OUT/ck_san" \
+            "tiny_bf16 2 --steps 5 --trace-out $OUT/san_trace.json" \
+            "tiny_offload 4 --steps 8 --resume $OUT/ck_san/step_000005"; do
+        # shellcheck disable=SC2086
+        set -- $spec
+        m=$1 np=$2
+        shift 2
+        if timeout 300 env FSD_TF32=0 "${MPI[@]}" -np "$np" -x ASAN_OPTIONS \
+                "build/$m/cudasim-san/train" --seed 1337 --data "$DATA/tiny.bin" --quiet "$@" \
+                >"$OUT/san.log" 2>&1 && ! grep -q 'AddressSanitizer' "$OUT/san.log"; then
+            san_runs+="${san_runs:+, }$m at world $np"
+        else
+            bad "cudasim: AddressSanitizer: $m at world $np $*" "$OUT/san.log"
+            san_ok=0
+        fi
+    done
+    unset ASAN_OPTIONS
+    [ $san_ok = 1 ] && ok "cudasim: no AddressSanitizer report: $san_runs (checkpoint, trace, resharded resume)"
 fi
 
 done_
