@@ -1643,10 +1643,9 @@ void bk_wait_reduce(FsdRun *r, int g)
  * from the pointers it is shown, so a plan is only used with ones aligned
  * as those were), since the heuristic may choose kernels that need more
  * than the 64 bytes a parameter's start guarantees (plan.c aligns them to
- * 16 elements). That
- * alignment comes from offsets the model's tables fix, inside buffers
- * cudaMalloc aligns to 256 bytes, so a product gets the same plan, and the
- * same algorithm, at every step of every run. */
+ * 16 elements). That alignment comes from offsets the model's tables fix,
+ * inside buffers cudaMalloc aligns to 256 bytes, so a product gets the
+ * same plan, and the same algorithm, at every step of every run. */
 static uint32_t addr_align(const void *p)
 {
     uint32_t a = 256;
@@ -1796,9 +1795,12 @@ static void lt_matmul(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N,
 {
     Backend *bk = r->bk;
     /* A, B and C's least alignment, the bias's, aux's (0: none) */
-    uint32_t align[3] = {addr_align(A), bias ? addr_align(bias) : 0, aux ? addr_align(aux) : 0};
-    align[0] = addr_align(B) < align[0] ? addr_align(B) : align[0];
-    align[0] = addr_align(C) < align[0] ? addr_align(C) : align[0];
+    uint32_t align[3] = {256, bias ? addr_align(bias) : 0, aux ? addr_align(aux) : 0};
+    const void *abc[3] = {A, B, C};
+    for (int i = 0; i < 3; i++) {
+        const uint32_t ai = addr_align(abc[i]);
+        align[0] = ai < align[0] ? ai : align[0];
+    }
     for (int i = 0; i < 3; i++)
         if (align[i] && align[i] < 16)
             RT_BUG(r, "a [%lld, %lld] product's operand is aligned to %u bytes; the runtime hands "

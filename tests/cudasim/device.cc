@@ -146,14 +146,9 @@ void sim_need_device(const void *p, size_t bytes, const char *what)
                  bytes, p, (size_t)((uintptr_t)p + bytes - start - b->bytes), b->bytes);
 }
 
-/* [p, p + bytes) inside one block of kind `kind` (SIM_HOST: not inside any
- * device block; pinned counts as host). */
-static void need_kind(const void *p, size_t bytes, SimMem kind, const char *what)
+/* p is host memory, pageable or pinned: not inside a device block. */
+static void need_host(const void *p, const char *what)
 {
-    if (kind == SIM_DEVICE) {
-        sim_need_device(p, bytes, what);
-        return;
-    }
     if (sim_kind(p) == SIM_DEVICE)
         sim_fail("%s: %p is device memory where host memory is needed", what, p);
 }
@@ -525,11 +520,11 @@ static cudaError_t copy(void *dst, size_t dpitch, const void *src, size_t spitch
         return cudaErrorInvalidValue;
     SimMem dk = sim_kind(dst), sk = sim_kind(src);
     switch (kind) {
-    case cudaMemcpyHostToDevice: need_kind(src, 0, SIM_HOST, call), dk = SIM_DEVICE; break;
-    case cudaMemcpyDeviceToHost: sk = SIM_DEVICE, need_kind(dst, 0, SIM_HOST, call); break;
+    case cudaMemcpyHostToDevice: need_host(src, call), dk = SIM_DEVICE; break;
+    case cudaMemcpyDeviceToHost: sk = SIM_DEVICE, need_host(dst, call); break;
     case cudaMemcpyDeviceToDevice: sk = dk = SIM_DEVICE; break;
     case cudaMemcpyHostToHost:
-        need_kind(src, 0, SIM_HOST, call), need_kind(dst, 0, SIM_HOST, call);
+        need_host(src, call), need_host(dst, call);
         break;
     case cudaMemcpyDefault: break;
     default: return cudaErrorInvalidValue;

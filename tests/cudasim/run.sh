@@ -52,7 +52,7 @@ MAKE=${MAKE:-make}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 OUT=$TMP
-. tests/gpu/lib.sh   # run, jsonl_compare, trace_check
+. tests/gpu/lib.sh   # run, jsonl_compare, check_compare, trace_check, resume_check
 . tests/lib.sh       # the counters, ok, bad, done_ (after: they replace lib.sh's)
 
 STEPS=${CUDASIM_STEPS:-20}
@@ -73,14 +73,21 @@ else
     ok "cudasim: make runtime-cudasim builds build/cudasim/libfsdrt_cudasim.a without warnings"
 fi
 
-models="tiny:examples/tiny.fsd tiny_bf16:tests/cuda/tiny_bf16.fsd tiny_offload:tests/cuda/tiny_offload.fsd"
-for spec in $models; do
-    m=${spec%%:*} fsd=${spec#*:}
-    if ! $MAKE --no-print-directory trainer FSD="$fsd" BACKEND=cpu >"$TMP/$m.cpu.log" 2>&1; then
-        bad "cudasim: make trainer FSD=$fsd BACKEND=cpu" "$TMP/$m.cpu.log"
-    elif ! $MAKE --no-print-directory trainer-cudasim FSD="$fsd" >"$TMP/$m.sim.log" 2>&1; then
-        bad "cudasim: make trainer-cudasim FSD=$fsd" "$TMP/$m.sim.log"
+# trainers FSD: its CPU and cudasim trainers, build/<model>/{cpu,cudasim}/train;
+# a failure is a FAIL line and status 1
+trainers() {
+    local m
+    m=$(basename "$1" .fsd)
+    if ! $MAKE --no-print-directory trainer FSD="$1" BACKEND=cpu >"$TMP/$m.cpu.log" 2>&1; then
+        bad "cudasim: make trainer FSD=$1 BACKEND=cpu" "$TMP/$m.cpu.log"
+        return 1
+    elif ! $MAKE --no-print-directory trainer-cudasim FSD="$1" >"$TMP/$m.sim.log" 2>&1; then
+        bad "cudasim: make trainer-cudasim FSD=$1" "$TMP/$m.sim.log"
+        return 1
     fi
+}
+for fsd in examples/tiny.fsd tests/cuda/tiny_bf16.fsd tests/cuda/tiny_offload.fsd; do
+    trainers "$fsd"
 done
 if ! $MAKE --no-print-directory trainer-cudasim FSD=examples/tiny.fsd MPI=0 >"$TMP/nompi.log" 2>&1; then
     bad "cudasim: make trainer-cudasim FSD=examples/tiny.fsd MPI=0" "$TMP/nompi.log"
@@ -149,16 +156,12 @@ cpu() {
 }
 # same LABEL CPU SIM SPEC...: one ok/FAIL line per "KEY TOL [FIRST_TOL]".
 same() {
-    local label=$1 a=$OUT/$2.jsonl b=$OUT/$3.jsonl spec msg
+    local label=$1 a=$OUT/$2.jsonl b=$OUT/$3.jsonl spec
     shift 3
     [ -s "$a" ] && [ -s "$b" ] || return 0   # run has reported the failure
     for spec in "$@"; do
         # shellcheck disable=SC2086
-        if msg=$(jsonl_compare "$a" "$b" $spec); then
-            ok "$label: ${spec%% *}: $msg"
-        else
-            bad "$label: ${spec%% *}: $msg"
-        fi
+        check_compare "$label" "$a" "$b" $spec
     done
 }
 FP32=("loss 1e-4 1e-6" "grad_norm 1e-3" "comm_bytes 0" "mem_peak_bytes 0")
@@ -189,13 +192,7 @@ for v in tiny_unsharded tiny_keep tiny_unsharded_rab tiny_reduce_bf16 tiny_param
         tiny_llama mlp; do
     fsd=$OUT/$v.fsd
     [ -f "$fsd" ] || fsd=examples/$v.fsd
-    if ! $MAKE --no-print-directory trainer FSD="$fsd" BACKEND=cpu >"$TMP/$v.cpu.log" 2>&1; then
-        bad "cudasim: make trainer FSD=$fsd BACKEND=cpu" "$TMP/$v.cpu.log"
-        continue
-    elif ! $MAKE --no-print-directory trainer-cudasim FSD="$fsd" >"$TMP/$v.sim.log" 2>&1; then
-        bad "cudasim: make trainer-cudasim FSD=$fsd" "$TMP/$v.sim.log"
-        continue
-    fi
+    trainers "$fsd" || continue
     cpu "${v}_cpu" 2 "$v"
     sim "${v}_sim" 2 FSD_TF32=0 "$v/cudasim"
     case $v in
