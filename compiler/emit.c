@@ -16,9 +16,10 @@
  * Micro-batches differ only when gradients accumulate unsharded (the first
  * allocates gradient buffers, the last reduce-scatters them) or parameters
  * stay gathered between them (reshard_after_backward = false), so the
- * emitter walks verified schedules of one and of three micro-batches and
- * writes each distinct micro-batch once: `only` (a step of one), `first`,
- * `middle` and `last`. Nothing here reorders the schedule.
+ * emitter builds and verifies schedules of one and of three micro-batches
+ * under the plan's chosen policy, and writes each distinct micro-batch
+ * once: `only` (a step of one), `first`, `middle` and `last`. Nothing here
+ * reorders the schedule.
  */
 #include "fsdpc.h"
 
@@ -562,7 +563,7 @@ static uint64_t model_hash(Model *m)
 
 /* ── the file ── */
 
-void emit_program(FILE *out, Schedule *one, Schedule *three)
+static void write_program(FILE *out, Schedule *one, Schedule *three)
 {
     Plan *p = one->plan;
     Model *m = p->m;
@@ -644,4 +645,13 @@ void emit_program(FILE *out, Schedule *one, Schedule *three)
       " * norm, clips, runs the optimizer on every group's shard and logs. */\n");
     P("int main(int argc, char **argv)\n{\n");
     P("    return fsdrt_train(fsdrt_init(argc, argv, &model), step);\n}\n");
+}
+
+int emit_program(FILE *out, Plan *p, FILE *err)
+{
+    Schedule *one = schedule_build(p, 1), *three = schedule_build(p, 3);
+    int bad = schedule_verify(one, err) + schedule_verify(three, err);
+    if (!bad)
+        write_program(out, one, three);
+    return bad;
 }

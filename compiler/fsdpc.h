@@ -68,6 +68,9 @@ const char *diag_where(Diag *d, Loc loc);
 const char *diag_suggest(const char *name, const char *const *names);
 /* 124475904 → "124,475,904" */
 const char *fmt_count(int64_t v);
+/* 1610612736 → "1.50 GiB", 12582912 → "12.00 MiB": sizes for messages and
+ * dumps, where bytes with commas read badly */
+const char *fmt_size(int64_t bytes);
 void loc_line_col(const Source *src, uint32_t off, int *line, int *col);
 
 /* ───────────────────────── ast.c: the syntax tree ──────────────────────── */
@@ -366,7 +369,7 @@ typedef struct ShardConfig {
     bool reshard_after_backward; /* false: keep gathered until the step's last backward */
     int64_t auto_bucket_bytes;   /* fully_shard auto(bucket = N); 0: explicit groups */
     int64_t memory_budget_bytes; /* 0: none */
-    Loc memory_budget_loc;       /* the setting, for memplan_fit's error */
+    Loc memory_budget_loc;       /* the setting, for plan_choose's error */
 } ShardConfig;
 
 typedef struct TrainConfig {
@@ -399,7 +402,7 @@ typedef struct Model {
     int64_t numel;
     ShardGroup **groups;         /* bottom-up: children first, root last */
     int ngroups;
-    bool groups_auto;            /* plan.c replaced them: fully_shard auto(...) */
+    bool groups_auto;            /* planner.c replaced them: fully_shard auto(...) */
     ShardConfig shard;
     TrainConfig train;
 } Model;
@@ -532,6 +535,23 @@ void fuse(Graph *g);
 
 typedef enum { ACCUM_SHARDED, ACCUM_UNSHARDED } AccumMode;
 
+/* One alternative plan_choose weighed, with what it was predicted to
+ * cost: the dumps list them. */
+typedef enum { TRY_BUCKET, TRY_POLICY } PlanTryKind;
+typedef struct PlanTry {
+    PlanTryKind kind;
+    bool chosen;
+    /* TRY_BUCKET: fully_shard auto's bucket size, the groups it made and the
+     * simulated step */
+    int64_t bucket;
+    int ngroups;
+    double step_s;
+    /* TRY_POLICY: a memory_budget candidate and its peak bytes per rank */
+    bool reshard;                /* non-root groups reshard after forward */
+    int prefetch_fwd, prefetch_bwd;
+    int64_t peak;
+} PlanTry;
+
 typedef struct Plan {
     Model *m;
     Graph *g;
@@ -541,17 +561,17 @@ typedef struct Plan {
     int64_t micro_batch;       /* B */
     ShardGroup **fwd_order;    /* groups in order of first forward use */
     int nused;                 /* fwd_order[0..nused) are used in forward */
-    /* fully_shard auto: the bucket size chosen, and what was tried */
-    int64_t auto_bucket;
-    int ntried;
-    int64_t tried_bucket[8];
-    int tried_groups[8];
-    double tried_step_s[8];
+    /* set by plan_choose: the step's schedule and its memory plan for the
+     * world planned for, and every alternative weighed */
+    struct Schedule *sched;
+    struct MemPlan *mem;
+    PlanTry *tries;
+    int ntries, cap_tries;
 } Plan;
 
+/* Lays out the model's groups as they stand (offsets, padding, forward
+ * order) with the shard section's policies; chooses nothing. */
 Plan *plan_build(Model *m, Graph *g);
-/* The plan with groups made by fully_shard auto at this bucket size. */
-Plan *plan_build_auto(Model *m, Graph *g, int64_t bucket);
 /* A group's padded flat size and per-rank shard for world size w. */
 int64_t plan_padded_numel(const ShardGroup *sg, int64_t world);
 int64_t plan_shard_numel(const ShardGroup *sg, int64_t world);
@@ -601,7 +621,9 @@ const char *event_name(EventKind k);
 bool op_reads_params(const OpNode *op);
 bool op_writes_grads(const OpNode *op);
 StreamId event_stream(EventKind k);
-Schedule *schedule_build(Plan *p);
+/* The events of one step of `micro_batches` micro-batches under the plan's
+ * groups and policies. */
+Schedule *schedule_build(Plan *p, int micro_batches);
 /* Replays the schedule against the plan's rules; prints each violation to
  * err (when not NULL) and returns how many there were. */
 int schedule_verify(Schedule *s, FILE *err);
@@ -615,14 +637,6 @@ void schedule_dump_json(FILE *out, Schedule *s, int64_t world, struct MemPlan *m
 int64_t event_comm_bytes(const Schedule *s, const Event *e, int64_t world);
 
 /* ───────────────────────── memplan.c: memory per rank ───────────────── */
-
-/* One policy memplan_fit considers for memory_budget, and its peak. */
-#define MEMPLAN_TRIES 4
-typedef struct MemTry {
-    bool reshard;                /* non-root groups reshard after forward */
-    int prefetch_fwd, prefetch_bwd;
-    int64_t peak;
-} MemTry;
 
 typedef struct MemPlan {
     Schedule *sched;
@@ -657,10 +671,6 @@ typedef struct MemPlan {
     int64_t max_unsharded;       /* max over events of params + grads together */
     int64_t as_placed;           /* resident + max_unsharded + act_arena + workspace:
                                     the peak when the runtime allocates the arena once */
-    /* memory_budget: the candidate policies memplan_fit planned (budget 0: none) */
-    int64_t budget;
-    int chosen;                  /* index into tries, -1 without a budget */
-    MemTry tries[MEMPLAN_TRIES];
 } MemPlan;
 
 MemPlan *memplan_build(Schedule *s, int64_t world);
@@ -669,13 +679,6 @@ MemPlan *memplan_build(Schedule *s, int64_t world);
  * NULL) and returns how many there were. */
 int memplan_verify(MemPlan *mp, FILE *err);
 void memplan_dump(FILE *out, MemPlan *mp);
-/* Builds the schedule and its memory plan for world `world`. Without a
- * memory_budget, for the plan's policy as configured; with one, for each
- * candidate reshard policy and prefetch depth, fastest first, leaving the
- * first that fits in the plan (so --dump-plan shows it). NULL, with the
- * error reported at the memory_budget setting, when none fits. The returned
- * plan's schedule (mp->sched) is not verified yet. */
-MemPlan *memplan_fit(Plan *p, int64_t world, Diag *d);
 
 /* ───────────────────────── sim.c: cost model and replay ───────────── */
 
@@ -732,21 +735,33 @@ typedef struct Sim {
 } Sim;
 
 Sim *sim_run(Schedule *s, const SimCluster *c);
-/* fully_shard auto(bucket = N): plans bucket sizes N, N/2, N/4, ... (down to
- * 1 MiB, at most 8), simulates each step on c and returns the plan of the
- * fastest (the larger bucket on a tie: fewer collectives). Plain plan_build
- * when the model does not ask for auto groups. */
-Plan *sim_choose_buckets(Model *m, Graph *g, const SimCluster *c);
 /* The --sim summary; memory is included when mp is given. */
 void sim_dump(FILE *out, const Sim *sim, const MemPlan *mp);
 /* The replay as a Chrome trace (Trace Event Format JSON). */
 void sim_trace(FILE *out, const Sim *sim);
 
+/* ───────────────────────── planner.c: every choice, in one place ──────── */
+
+/* Chooses what the .fsd leaves open and plans the step for c->world ranks:
+ * fully_shard auto's groups (bucket sizes searched through the simulator
+ * on c), then under memory_budget the fastest reshard policy and prefetch
+ * depth that fit (searched through the memory planner), then the step's
+ * schedule and memory plan (p->sched, p->mem; not verified yet). Every
+ * alternative weighed is in p->tries. NULL, with the error reported, when
+ * nothing fits the budget. */
+Plan *plan_choose(Model *m, Graph *g, const SimCluster *c, Diag *d);
+/* The alternatives weighed, as --dump-plan (bucket sizes) and
+ * --dump-memory (policies) list them. */
+void plan_dump_buckets(FILE *out, const Plan *p);
+void plan_dump_policies(FILE *out, const Plan *p);
+
 /* ───────────────────────── emit.c: the training program ─────────────── */
 
-/* Writes train.cu from verified schedules of one and of three micro-batches
- * (every distinct micro-batch of any step appears in one of them). */
-void emit_program(FILE *out, Schedule *one, Schedule *three);
+/* Writes train.cu for the chosen plan. It walks schedules of one and of
+ * three micro-batches (every distinct micro-batch of any step appears in
+ * one of them), which it builds and verifies itself; returns the verifier's
+ * count of violations (printed to err), and writes nothing unless 0. */
+int emit_program(FILE *out, Plan *p, FILE *err);
 /* A template's text, built into fsdpc from templates/ (NULL if absent). */
 const char *template_text(const char *name);
 /* The template file holding an op's kernels ("norm.h"); NULL for the

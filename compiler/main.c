@@ -1,16 +1,17 @@
 /*
- * main.c — the fsdpc command line, and the pipeline as one list of calls:
+ * main.c — the fsdpc command line, and the pipeline as one list of passes:
  *
- *   source_read → parse_program → sema_check → lower_model → autodiff
- *     → fuse (unless --no-fuse) → plan_build
- *     → memplan_fit (schedule_build, memplan_build)
- *     → sim_run (for --sim and --trace) → (dumps, or train.cu)
- *
- * (--verify stops after fuse: it compiles the graph's kernel templates
- * with NVRTC and prints its report instead of writing train.cu.)
+ *   parse_program → sema_check → lower_model → autodiff → fuse (unless
+ *   --no-fuse) → plan_choose → the dumps, --sim and --trace → emit_program
  *
  * with a verifier after every pass that builds or transforms the IR: a
- * failure there is a compiler bug and stops with an internal error.
+ * failure there is a compiler bug and stops with an internal error. Every
+ * choice the compiler makes (fully_shard auto's groups, the policy under
+ * memory_budget) is made inside plan_choose (planner.c); the passes after
+ * it only read the plan. The run stops after the last stage an output
+ * needs: --dump-ast after parsing, --check and --dump-model after sema.
+ * --verify stops after fusion: it compiles the graph's kernel templates with
+ * NVRTC and prints its report instead of writing train.cu.
  *
  * Output (train.cu, or the dumps asked for) goes to -o FILE or stdout. A file
  * named by -o is written under a temporary name and renamed only when the
@@ -41,6 +42,7 @@ typedef struct Options {
     bool no_fuse;              /* --no-fuse: keep every forward op apart */
     const char *arch;          /* --arch sm_80,sm_90: what --verify compiles for */
     SimCluster cluster;        /* what --sim and --trace simulate */
+    bool emit;                 /* no --check and no dump: write train.cu */
 } Options;
 
 static void usage(FILE *out)
@@ -168,10 +170,14 @@ static int parse_options(int argc, char **argv, Options *o)
         fprintf(stderr, "fsdpc: no input file (see fsdpc --help)\n");
         return 1;
     }
+    o->emit = !(o->check || o->dump_ast || o->dump_model || o->dump_ir || o->dump_plan ||
+                o->dump_schedule || o->dump_memory || o->sim_spec || o->verify);
     if (o->arch && !o->verify) {
         fprintf(stderr, "fsdpc: --arch names --verify's architectures; add --verify\n");
         return 1;
     }
+    if (!o->arch)
+        o->arch = "sm_80,sm_90";
     if (o->sim_spec) {
         char msg[512];
         if (!sim_parse_cluster(o->sim_spec, &o->cluster, msg, sizeof msg)) {
@@ -218,51 +224,70 @@ static int write_trace(const char *path, Sim *sim)
     return 0;
 }
 
-/* Output goes to a temporary file beside -o, renamed at the end. */
-static FILE *open_output(const Options *o, char **tmp)
+/* The output (-o FILE or standard output), opened when something is first
+ * written: a file named by -o goes to a temporary name beside it, renamed
+ * only when the whole compile succeeded. */
+typedef struct Output {
+    const char *path;          /* -o FILE, or NULL for standard output */
+    FILE *f;
+    char *tmp;
+    bool failed;               /* it could not be opened */
+} Output;
+
+static FILE *output(Output *o)
 {
-    *tmp = NULL;
-    if (!o->output)
-        return stdout;
+    if (o->f || o->failed)
+        return o->f;
+    if (!o->path)
+        return o->f = stdout;
     /* A device or pipe (-o /dev/null, -o /dev/stdout) is written directly:
      * renaming over it would replace it with a file (as root, /dev/null). */
     struct stat st;
-    if (stat(o->output, &st) == 0 && !S_ISREG(st.st_mode)) {
-        FILE *f = fopen(o->output, "wb");
-        if (!f)
-            fprintf(stderr, "fsdpc: cannot write %s: %s\n", o->output, strerror(errno));
-        return f;
+    const char *name = o->path;
+    if (stat(o->path, &st) != 0 || S_ISREG(st.st_mode))
+        name = o->tmp = arena_printf("%s.tmp.%ld", o->path, (long)getpid());
+    if (!(o->f = fopen(name, "wb"))) {
+        fprintf(stderr, "fsdpc: cannot write %s: %s\n", name, strerror(errno));
+        o->failed = true;
     }
-    *tmp = arena_printf("%s.tmp.%ld", o->output, (long)getpid());
-    FILE *f = fopen(*tmp, "wb");
-    if (!f)
-        fprintf(stderr, "fsdpc: cannot write %s: %s\n", *tmp, strerror(errno));
-    return f;
+    return o->f;
 }
 
-static int close_output(const Options *o, FILE *f, char *tmp, bool ok)
+/* Ends the run: on success the output (if any was written) is flushed and
+ * renamed into place; on failure the temporary file is removed. Returns
+ * main's exit status. */
+static int finish(Output *o, bool ok)
 {
-    if (!tmp)
-        return fflush(f) == 0 ? 0 : 1;
-    bool wrote = fclose(f) == 0;
+    if (o->failed)
+        return 1;
+    if (!o->f)
+        return ok ? 0 : 1;
+    if (!o->tmp)
+        return fflush(o->f) == 0 && ok ? 0 : 1;
+    bool wrote = fclose(o->f) == 0;
     if (!ok || !wrote) {
         if (!wrote)
-            fprintf(stderr, "fsdpc: cannot write %s: %s\n", tmp, strerror(errno));
-        remove(tmp);
+            fprintf(stderr, "fsdpc: cannot write %s: %s\n", o->tmp, strerror(errno));
+        remove(o->tmp);
         return 1;
     }
-    if (rename(tmp, o->output) != 0) {
-        fprintf(stderr, "fsdpc: cannot rename %s to %s: %s\n", tmp, o->output, strerror(errno));
-        remove(tmp);
+    if (rename(o->tmp, o->path) != 0) {
+        fprintf(stderr, "fsdpc: cannot rename %s to %s: %s\n", o->tmp, o->path, strerror(errno));
+        remove(o->tmp);
         return 1;
     }
     return 0;
 }
 
-/* A verifier's complaint after a pass is a compiler bug, not a user error. */
-static void verified(int violations, const char *pass)
+/* A verifier's complaint after a pass is a compiler bug, not a user error:
+ * the run stops with status 2, leaving no output behind. */
+static void verified(Output *o, int violations, const char *pass)
 {
     if (violations) {
+        if (o->tmp) {
+            fclose(o->f);
+            remove(o->tmp);
+        }
         fprintf(stderr, "fsdpc: internal compiler error: %d violation%s after %s "
                         "(please report this with the .fsd file)\n",
                 violations, violations == 1 ? "" : "s", pass);
@@ -270,125 +295,103 @@ static void verified(int violations, const char *pass)
     }
 }
 
+static Source *read_input(const char *path)
+{
+    Source *src = source_read(path);
+    if (!src) {
+        fprintf(stderr, "fsdpc: cannot read %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    if (src->len > MAX_SOURCE_BYTES) {
+        fprintf(stderr, "fsdpc: %s is %zu bytes; .fsd files are limited to %u MiB\n", path,
+                src->len, MAX_SOURCE_BYTES >> 20);
+        return NULL;
+    }
+    return src;
+}
+
+/* How far the pipeline runs: the last stage any requested output needs. */
+typedef enum { UPTO_PARSE, UPTO_SEMA, UPTO_PLAN } Upto;
+
+static Upto upto(const Options *o)
+{
+    if (o->dump_ir || o->dump_plan || o->dump_schedule || o->dump_memory || o->sim_spec ||
+        o->trace || o->verify || o->emit)
+        return UPTO_PLAN;
+    return o->check || o->dump_model ? UPTO_SEMA : UPTO_PARSE;
+}
+
+/* The dumps that read the plan, in a fixed order; --trace to its own file. */
+static bool write_plan_outputs(const Options *o, Output *out, Plan *plan)
+{
+    Sim *sim = o->sim_spec || o->trace ? sim_run(plan->sched, &o->cluster) : NULL;
+    if (o->dump_ir && output(out))
+        ir_dump(out->f, plan->g);
+    if (o->dump_plan && output(out))
+        plan_dump(out->f, plan, o->world);
+    if (o->dump_schedule && output(out)) {
+        if (o->schedule_json)
+            schedule_dump_json(out->f, plan->sched, o->world, plan->mem);
+        else
+            schedule_dump(out->f, plan->sched, o->world, plan->mem);
+    }
+    if (o->dump_memory && output(out))
+        memplan_dump(out->f, plan->mem);
+    if (o->sim_spec && output(out))
+        sim_dump(out->f, sim, plan->mem);
+    return !out->failed && !(o->trace && write_trace(o->trace, sim));
+}
+
 int main(int argc, char **argv)
 {
     Options o = {.world = 8};
     if (parse_options(argc, argv, &o))
         return 1;
-
-    Source *src = source_read(o.input);
-    if (!src) {
-        fprintf(stderr, "fsdpc: cannot read %s: %s\n", o.input, strerror(errno));
+    Output out = {.path = o.output};
+    Source *src = read_input(o.input);
+    if (!src)
         return 1;
-    }
-    if (src->len > MAX_SOURCE_BYTES) {
-        fprintf(stderr, "fsdpc: %s is %zu bytes; .fsd files are limited to %u MiB\n", o.input,
-                src->len, MAX_SOURCE_BYTES >> 20);
-        return 1;
-    }
     Diag diag;
     diag_init(&diag, src, stderr);
 
     Program *prog = parse_program(src, &diag);
     if (diag.errors)
         return 1;
-
-    char *tmp;
-    FILE *out = NULL;
-    if (o.dump_ast) {
-        out = open_output(&o, &tmp);
-        if (!out)
-            return 1;
-        ast_dump(out, prog);
-        if (!o.dump_model && !o.check)
-            return close_output(&o, out, tmp, true);
-    }
+    if (o.dump_ast && output(&out))
+        ast_dump(out.f, prog);
+    if (upto(&o) == UPTO_PARSE)
+        return finish(&out, true);
 
     Model *model = sema_check(prog, &diag);
-    if (!model) {
-        if (out)
-            close_output(&o, out, tmp, false);
-        return 1;
-    }
-    if (o.dump_model) {
-        if (!out && !(out = open_output(&o, &tmp)))
-            return 1;
-        model_dump(out, model);
-    }
-    bool later = o.dump_ir || o.dump_plan || o.dump_schedule || o.dump_memory || o.sim_spec ||
-                 o.trace || o.verify || !(o.check || o.dump_ast || o.dump_model);
-    if (!later)
-        return out ? close_output(&o, out, tmp, true) : 0;
+    if (!model)
+        return finish(&out, false);
+    if (o.dump_model && output(&out))
+        model_dump(out.f, model);
+    if (upto(&o) == UPTO_SEMA)
+        return finish(&out, true);
 
     Graph *graph = lower_model(model);
-    verified(ir_verify(graph, stderr), "lowering");
+    verified(&out, ir_verify(graph, stderr), "lowering");
     autodiff(graph);
-    verified(ir_verify(graph, stderr), "autodiff");
+    verified(&out, ir_verify(graph, stderr), "autodiff");
     if (!o.no_fuse) {
         fuse(graph);
-        verified(ir_verify(graph, stderr), "fusion");
+        verified(&out, ir_verify(graph, stderr), "fusion");
     }
     if (o.verify) {   /* the kernels through NVRTC: the report, and no train.cu */
-        if (!out && !(out = open_output(&o, &tmp)))
-            return 1;
-        int failed = verify_kernels(out, model, graph, o.arch ? o.arch : "sm_80,sm_90");
-        return close_output(&o, out, tmp, true) || failed != 0;
+        int failed = output(&out) ? verify_kernels(out.f, model, graph, o.arch) : 0;
+        return finish(&out, true) || failed != 0;
     }
-    /* groups from the .fsd, or chosen with the cost model for fully_shard auto */
-    Plan *plan = sim_choose_buckets(model, graph, &o.cluster);
-    /* the schedule and each rank's memory for --world; under memory_budget,
-     * for the fastest reshard policy and prefetch depth that fit */
-    MemPlan *mem = memplan_fit(plan, o.world, &diag);
-    if (!mem) {
-        if (out)
-            close_output(&o, out, tmp, false);
-        return 1;
-    }
-    Schedule *sched = mem->sched;
-    verified(schedule_verify(sched, stderr), "scheduling");
-    verified(memplan_verify(mem, stderr), "memory planning");
-    Sim *sim = o.sim_spec || o.trace ? sim_run(sched, &o.cluster) : NULL;
 
-    if (!out && (o.dump_ir || o.dump_plan || o.dump_schedule || o.dump_memory || o.sim_spec) &&
-        !(out = open_output(&o, &tmp)))
-        return 1;
-    if (o.dump_ir)
-        ir_dump(out, graph);
-    if (o.dump_plan)
-        plan_dump(out, plan, o.world);
-    if (o.dump_schedule) {
-        if (o.schedule_json)
-            schedule_dump_json(out, sched, o.world, mem);
-        else
-            schedule_dump(out, sched, o.world, mem);
-    }
-    if (o.dump_memory)
-        memplan_dump(out, mem);
-    if (o.sim_spec)
-        sim_dump(out, sim, mem);
-    if (o.trace && write_trace(o.trace, sim)) {
-        if (out)
-            close_output(&o, out, tmp, false);
-        return 1;
-    }
-    if (out)
-        return close_output(&o, out, tmp, true);
-    if (o.check)
-        return 0;
+    Plan *plan = plan_choose(model, graph, &o.cluster, &diag);
+    if (!plan)
+        return finish(&out, false);
+    verified(&out, schedule_verify(plan->sched, stderr), "scheduling");
+    verified(&out, memplan_verify(plan->mem, stderr), "memory planning");
+    if (!write_plan_outputs(&o, &out, plan))
+        return finish(&out, false);
 
-    /* train.cu walks verified schedules of one and of three micro-batches,
-     * under the policy chosen above: together they hold every distinct
-     * micro-batch a step of any length runs */
-    int k = plan->micro_batches;
-    plan->micro_batches = 1;
-    Schedule *one = schedule_build(plan);
-    verified(schedule_verify(one, stderr), "scheduling one micro-batch");
-    plan->micro_batches = 3;
-    Schedule *three = schedule_build(plan);
-    verified(schedule_verify(three, stderr), "scheduling three micro-batches");
-    plan->micro_batches = k;
-    if (!(out = open_output(&o, &tmp)))
-        return 1;
-    emit_program(out, one, three);
-    return close_output(&o, out, tmp, true);
+    if (o.emit && output(&out))
+        verified(&out, emit_program(out.f, plan, stderr), "scheduling the emitted micro-batches");
+    return finish(&out, true);
 }

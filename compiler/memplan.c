@@ -2,15 +2,12 @@
  * memplan.c — each rank's memory over one training step: what stays
  * resident, which unsharded buffers every schedule event leaves live, where
  * each activation sits in one arena placed by liveness, and the peak with
- * its breakdown (design section 4, "Memory plan"). It also chooses the
- * reshard policy and prefetch depth that fit the shard section's
- * `memory_budget`.
- *
- * It runs after planning: main calls memplan_fit, which builds the schedule
- * for the shard section's policy (under a budget, for each candidate policy
- * in turn) and the memory plan of each; --dump-memory and the "live" column
- * of --dump-schedule read the result. Memory depends on the world size, so
- * this is where `--world` matters; the schedule itself does not.
+ * its breakdown (design section 4, "Memory plan"). It chooses nothing: the
+ * planner (planner.c) calls memplan_build for the step it settled on, and
+ * under `memory_budget` for each candidate policy it weighs; --dump-memory
+ * and the "live" column of --dump-schedule read the result. Memory depends
+ * on the world size, so this is where `--world` matters; the schedule
+ * itself does not.
  *
  * What one rank holds, in bytes (W ranks, micro-batch B, shard_g and
  * padded_g the plan's per-group sizes for W):
@@ -346,7 +343,6 @@ MemPlan *memplan_build(Schedule *s, int64_t world)
     mp->sched = s;
     mp->world = world;
     mp->batch = p->micro_batch;
-    mp->chosen = -1;
     for (int i = 0; i < m->ngroups; i++)
         mp->shard_numel += plan_shard_numel(m->groups[i], world);
     mp->param_shards = mp->shard_numel * 4;
@@ -406,113 +402,6 @@ int memplan_verify(MemPlan *mp, FILE *err)
     return bad;
 }
 
-/* ── memory_budget: the fastest policy that fits ── */
-
-static void apply(Plan *p, const MemTry *t)
-{
-    Model *m = p->m;
-    p->prefetch_fwd = t->prefetch_fwd;
-    p->prefetch_bwd = t->prefetch_bwd;
-    for (int i = 0; i < m->ngroups; i++)
-        m->groups[i]->reshard = t->reshard && !m->groups[i]->is_root;
-}
-
-/* "reshard after forward, prefetch 1", for the dump's table */
-static const char *policy_str(const MemTry *t)
-{
-    const char *what = t->reshard ? "reshard after forward" : "keep parameters after forward";
-    if (t->prefetch_fwd == t->prefetch_bwd)
-        return arena_printf("%s, prefetch %d", what, t->prefetch_fwd);
-    return arena_printf("%s, prefetch forward %d, backward %d", what, t->prefetch_fwd,
-                        t->prefetch_bwd);
-}
-
-/* "resharding after forward and prefetching 0 groups ahead", for messages */
-static const char *policy_phrase(const MemTry *t)
-{
-    const char *what = t->reshard ? "resharding" : "keeping parameters";
-    if (t->prefetch_fwd == t->prefetch_bwd)
-        return arena_printf("%s after forward and prefetching %d group%s ahead", what,
-                            t->prefetch_fwd, t->prefetch_fwd == 1 ? "" : "s");
-    return arena_printf("%s after forward and prefetching %d groups ahead in forward and %d "
-                        "in backward",
-                        what, t->prefetch_fwd, t->prefetch_bwd);
-}
-
-/* "1.50 GiB", "12.00 MiB": for messages, where bytes with commas read badly. */
-static const char *size_str(int64_t b)
-{
-    if (b >= (int64_t)1 << 30)
-        return arena_printf("%.2f GiB", (double)b / GIB);
-    if (b >= 1 << 20)
-        return arena_printf("%.2f MiB", (double)b / (1 << 20));
-    if (b >= 1 << 10)
-        return arena_printf("%.2f KiB", (double)b / (1 << 10));
-    return arena_printf("%" PRId64 " B", b);
-}
-
-/* Without a budget, the shard section's policy. With one, the candidates
- * from fastest to leanest, and the first whose peak fits:
- *   1. keep every group's parameters after forward (reshard false), with the
- *      configured prefetch: backward gathers nothing again, so one
- *      all-gather per group and micro-batch instead of two; it holds every
- *      group unsharded at the end of forward.
- *   2-4. reshard after forward (FSDP2's default), prefetching 2, 1, then 0
- *      groups ahead: each prefetched group is one more unsharded buffer in
- *      flight, and each one less exposes more of the all-gathers' latency.
- * The root keeps its parameters in all of them, as FSDP2 does: backward
- * starts with the root's head. Every candidate is planned (a schedule and a
- * memory plan are cheap) so --dump-memory can show what each would need.
- * "Fits" means the peak of live bytes is within the budget: what an
- * allocator that frees as it goes needs. The arena "as placed" figure,
- * which the runtime needs if it allocates the arena once, is at least that;
- * the dump prints it beside the peak. */
-MemPlan *memplan_fit(Plan *p, int64_t world, Diag *d)
-{
-    ShardConfig *c = &p->m->shard;
-    int64_t budget = c->memory_budget_bytes;
-    if (!budget)
-        return memplan_build(schedule_build(p), world);
-
-    MemTry tries[MEMPLAN_TRIES] = {
-        {false, c->prefetch_forward, c->prefetch_backward, 0},
-        {true, 2, 2, 0},
-        {true, 1, 1, 0},
-        {true, 0, 0, 0},
-    };
-    MemPlan *plans[MEMPLAN_TRIES];
-    int chosen = -1;
-    for (int k = 0; k < MEMPLAN_TRIES; k++) {
-        apply(p, &tries[k]);
-        plans[k] = memplan_build(schedule_build(p), world);
-        tries[k].peak = plans[k]->peak;
-        if (chosen < 0 && tries[k].peak <= budget)
-            chosen = k;
-    }
-    if (chosen < 0) {
-        const MemPlan *lean = plans[MEMPLAN_TRIES - 1];
-        diag_error(d, c->memory_budget_loc,
-                   "memory_budget %s is less than the leanest plan needs on %" PRId64
-                   " ranks: %s, each rank peaks at %s (sharded parameters %s, "
-                   "gradients %s, optimizer state %s%s, unsharded parameters %s, unsharded "
-                   "gradients %s, activations %s, workspace %s); raise the budget, shard "
-                   "over more ranks (--world), or lower micro_batch",
-                   size_str(budget), world, policy_phrase(&tries[MEMPLAN_TRIES - 1]),
-                   size_str(lean->peak), size_str(lean->param_shards),
-                   size_str(lean->grad_shards), size_str(lean->optim_state),
-                   lean->offload ? " (on the host)" : "", size_str(lean->peak_unsharded_params),
-                   size_str(lean->peak_unsharded_grads), size_str(lean->peak_activations),
-                   size_str(lean->peak_workspace));
-        return NULL;
-    }
-    apply(p, &tries[chosen]);
-    MemPlan *mp = plans[chosen];
-    mp->budget = budget;
-    mp->chosen = chosen;
-    memcpy(mp->tries, tries, sizeof tries);
-    return mp;
-}
-
 /* ── --dump-memory ── */
 
 static const char *const phase_names[] = {"forward", "backward", "optimizer"};
@@ -542,7 +431,6 @@ static void row(FILE *out, const char *label, int64_t bytes, const char *note)
             note ? "  " : "", note ? note : "");
 }
 
-
 static int by_bytes_desc(const void *a, const void *b)
 {
     const ActRange *x = *(ActRange *const *)a, *y = *(ActRange *const *)b;
@@ -551,28 +439,39 @@ static int by_bytes_desc(const void *a, const void *b)
     return x->t->id - y->t->id;
 }
 
-void memplan_dump(FILE *out, MemPlan *mp)
-{
-    Schedule *s = mp->sched;
-    Plan *p = s->plan;
-    Model *m = p->m;
-    Graph *g = p->g;
-    ShardConfig *c = &m->shard;
-    const char *pdt = dtype_name(c->param_dtype), *rdt = dtype_name(c->reduce_dtype);
-    const char *adt = dtype_name(compute_dtype(m)), *gdt = dtype_name(grad_dtype(m));
-    bool widen = dtype_bytes(c->reduce_dtype) > dtype_bytes(grad_dtype(m));
-    int nstates = optim_states(&m->train);
+/* ── --dump-memory, one part at a time ── */
 
+/* What each part of the dump reads: the plan and its dtype names. */
+typedef struct DumpCtx {
+    FILE *out;
+    const MemPlan *mp;
+    Plan *p;
+    Model *m;
+    ShardConfig *c;
+    const char *pdt, *rdt, *adt, *gdt;   /* param, reduce, activation, gradient dtypes */
+    bool widen;                          /* gradients widened for the reduce-scatter */
+    int nstates;                         /* fp32 optimizer states per parameter */
+} DumpCtx;
+
+/* The headline: world, batch, dtypes, optimizer, policy, budget. */
+static void dump_settings(const DumpCtx *x)
+{
+    FILE *out = x->out;
+    const MemPlan *mp = x->mp;
+    Model *m = x->m;
+    Plan *p = x->p;
+    ShardConfig *c = x->c;
+    Schedule *s = mp->sched;
     fprintf(out, "memory plan %s for world %" PRId64 " (bytes per rank)\n", m->name, mp->world);
     fprintf(out, "  micro-batch B = %" PRId64 ", %d micro-batch%s per step\n", mp->batch,
-            p->micro_batches, p->micro_batches == 1 ? "" : "es");
+            s->micro_batches, s->micro_batches == 1 ? "" : "es");
     fprintf(out, "  dtypes: master parameters, gradient shards and optimizer state fp32; "
                  "all-gather %s; reduce-scatter %s; activations %s%s\n",
-            pdt, rdt, adt, compute_dtype(m) != DTYPE_FP32 ? " (statistics fp32)" : "");
+            x->pdt, x->rdt, x->adt, compute_dtype(m) != DTYPE_FP32 ? " (statistics fp32)" : "");
     fprintf(out, "  optimizer: %s\n",
             m->train.optimizer == OPT_ADAMW ? "adamw (2 fp32 states per parameter: m, v)"
-            : nstates ? "sgd with momentum (1 fp32 state per parameter)"
-                      : "sgd without momentum (no state)");
+            : x->nstates ? "sgd with momentum (1 fp32 state per parameter)"
+                         : "sgd without momentum (no state)");
     bool any_reshard = false;
     for (int i = 0; i < m->ngroups; i++)
         any_reshard |= m->groups[i]->reshard;
@@ -584,35 +483,43 @@ void memplan_dump(FILE *out, MemPlan *mp)
             mp->offload ? "cpu (sharded parameters, gradients and optimizer state live in "
                           "host memory and are not counted in the peak)"
                         : "none");
-    if (!mp->budget) {
+    if (!c->memory_budget_bytes) {
         fputs("  memory_budget: none\n", out);
     } else {
         fprintf(out, "  memory_budget: %s (%s bytes); policies from fastest to leanest, "
                      "the first that fits is used:\n",
-                size_str(mp->budget), fmt_count(mp->budget));
-        for (int k = 0; k < MEMPLAN_TRIES; k++) {
-            const MemTry *t = &mp->tries[k];
-            fprintf(out, "    %d. %-44s peak %20s  %s%s\n", k + 1, policy_str(t),
-                    fmt_count(t->peak), t->peak <= mp->budget ? "fits" : "too big",
-                    k == mp->chosen ? "  <- chosen" : "");
-        }
+                fmt_size(c->memory_budget_bytes), fmt_count(c->memory_budget_bytes));
+        plan_dump_policies(out, p);
     }
+}
 
+/* What is live at the peak, by kind. */
+static void dump_peak(const DumpCtx *x)
+{
+    FILE *out = x->out;
+    const MemPlan *mp = x->mp;
     fputs("\nbreakdown at the peak                                     bytes         GiB\n", out);
     const char *host = mp->offload ? "(host)" : NULL;
     row(out, "sharded parameters (fp32)", mp->param_shards, host);
     row(out, "sharded gradients (fp32)", mp->grad_shards, host);
-    row(out, arena_printf("optimizer state (%d x fp32)", nstates), mp->optim_state, host);
-    row(out, arena_printf("unsharded parameters (%s)", pdt), mp->peak_unsharded_params, NULL);
+    row(out, arena_printf("optimizer state (%d x fp32)", x->nstates), mp->optim_state, host);
+    row(out, arena_printf("unsharded parameters (%s)", x->pdt), mp->peak_unsharded_params, NULL);
     row(out,
-        widen ? arena_printf("unsharded gradients (%s+%s reduce)", gdt, rdt)
-              : arena_printf("unsharded gradients (%s)", gdt),
+        x->widen ? arena_printf("unsharded gradients (%s+%s reduce)", x->gdt, x->rdt)
+                 : arena_printf("unsharded gradients (%s)", x->gdt),
         mp->peak_unsharded_grads, NULL);
     row(out, "activations", mp->peak_activations, NULL);
     row(out, "workspace", mp->peak_workspace, NULL);
     row(out, "peak", mp->peak, NULL);
     fprintf(out, "\n  the peak is after %s\n", event_desc(mp, mp->peak_event));
+}
 
+/* The largest of each kind over the whole step, each at its own event. */
+static void dump_whole_step(const DumpCtx *x)
+{
+    FILE *out = x->out;
+    const MemPlan *mp = x->mp;
+    Graph *g = x->p->g;
     fputs("\nover the whole step\n", out);
     row(out, "largest unsharded parameters", mp->max_unsharded_params,
         mp->max_params_event >= 0 ? arena_printf("at event %d", mp->max_params_event) : NULL);
@@ -635,10 +542,18 @@ void memplan_dump(FILE *out, MemPlan *mp)
                               : NULL);
     row(out, "if the arena is used as placed", mp->as_placed,
         "resident + largest unsharded + arena + workspace");
+}
 
+/* Each group's flat, padded and shard sizes at this world. */
+static void dump_groups(const DumpCtx *x)
+{
+    FILE *out = x->out;
+    const MemPlan *mp = x->mp;
+    Model *m = x->m;
+    Plan *p = x->p;
     fputs("\ngroups (padded = flat rounded up to a multiple of W; shard = padded / W)\n", out);
     fprintf(out, "  %-5s %-20s %15s %15s %13s %17s %17s\n", "group", "name", "flat", "padded",
-            "shard", arena_printf("params %s", pdt), arena_printf("grads %s", gdt));
+            "shard", arena_printf("params %s", x->pdt), arena_printf("grads %s", x->gdt));
     for (int i = 0; i < m->ngroups; i++) {
         ShardGroup *sg = p->fwd_order[i];
         fprintf(out, "  %-5d %-20s %15s %15s %13s %17s %17s\n", sg->index, sg->name,
@@ -646,7 +561,13 @@ void memplan_dump(FILE *out, MemPlan *mp)
                 fmt_count(plan_shard_numel(sg, mp->world)),
                 fmt_count(param_buffer_bytes(mp, sg)), fmt_count(grad_buffer_bytes(mp, sg)));
     }
+}
 
+/* The ten largest activation tensors and where they sit. */
+static void dump_largest_tensors(const DumpCtx *x)
+{
+    FILE *out = x->out;
+    const MemPlan *mp = x->mp;
     int ntop = mp->nact < 10 ? mp->nact : 10;
     ActRange **top = arena_alloc(sizeof(ActRange *) * (size_t)(mp->nact + 1));
     for (int i = 0; i < mp->nact; i++)
@@ -659,22 +580,30 @@ void memplan_dump(FILE *out, MemPlan *mp)
         fprintf(out, "  %15s %15s %5d-%-5d  %-24s %s\n", fmt_count(tensor_bytes(l->t, mp->batch)),
                 fmt_count(l->offset), l->first, l->last, tensor_type(l->t), l->t->name);
     }
+}
 
+/* How each figure above is computed. */
+static void dump_formulas(const DumpCtx *x)
+{
+    FILE *out = x->out;
+    const MemPlan *mp = x->mp;
+    Model *m = x->m;
+    ShardConfig *c = x->c;
     fputs("\nformulas\n", out);
     fprintf(out, "  sharded parameters = sum of shards x 4 = %s x 4\n", fmt_count(mp->shard_numel));
     fputs("  sharded gradients  = the same\n", out);
-    fprintf(out, "  optimizer state    = %d x sharded parameters\n", nstates);
+    fprintf(out, "  optimizer state    = %d x sharded parameters\n", x->nstates);
     fprintf(out, "  unsharded parameters of a group = padded x %d (%s), from its all_gather "
                  "to its reshard\n",
-            dtype_bytes(c->param_dtype), pdt);
+            dtype_bytes(c->param_dtype), x->pdt);
     fprintf(out, "  unsharded gradients of a group  = padded x %d (%s), from its alloc_grads "
                  "to its free_grads\n",
-            dtype_bytes(grad_dtype(m)), gdt);
-    if (widen)
+            dtype_bytes(grad_dtype(m)), x->gdt);
+    if (x->widen)
         fprintf(out, "    + padded x %d (%s), the %s gradients widened for the reduce-scatter, "
                      "from its\n"
                      "    reduce_scatter to its wait_reduce\n",
-                dtype_bytes(c->reduce_dtype), rdt, gdt);
+                dtype_bytes(c->reduce_dtype), x->rdt, x->gdt);
     fputs("  activations after an event = bytes of the activations and their gradients live "
           "at the\n    last compute op so far in its micro-batch (first write <= op <= last "
           "use); 0 before\n    a micro-batch's first op\n",
@@ -685,4 +614,21 @@ void memplan_dump(FILE *out, MemPlan *mp)
     fprintf(out, "  live after an event = %sunsharded parameters\n"
                  "    + unsharded gradients + activations + workspace\n",
             mp->offload ? "" : "sharded parameters + gradients + optimizer state + ");
+}
+
+void memplan_dump(FILE *out, MemPlan *mp)
+{
+    Plan *p = mp->sched->plan;
+    Model *m = p->m;
+    ShardConfig *c = &m->shard;
+    DumpCtx x = {out, mp, p, m, c, dtype_name(c->param_dtype), dtype_name(c->reduce_dtype),
+                 dtype_name(compute_dtype(m)), dtype_name(grad_dtype(m)),
+                 dtype_bytes(c->reduce_dtype) > dtype_bytes(grad_dtype(m)),
+                 optim_states(&m->train)};
+    dump_settings(&x);
+    dump_peak(&x);
+    dump_whole_step(&x);
+    dump_groups(&x);
+    dump_largest_tensors(&x);
+    dump_formulas(&x);
 }

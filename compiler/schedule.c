@@ -205,14 +205,14 @@ static void micro_batch(Builder *b, int micro)
     finish_reduce(b, micro);
 }
 
-Schedule *schedule_build(Plan *p)
+Schedule *schedule_build(Plan *p, int micro_batches)
 {
     Schedule *s = arena_alloc(sizeof *s);
     s->plan = p;
     int G = p->m->ngroups;
     Builder b = {s, p, G, arena_alloc((size_t)G), arena_alloc((size_t)G), arena_alloc((size_t)G),
                  arena_alloc((size_t)G), -1};
-    s->micro_batches = p->micro_batches;
+    s->micro_batches = micro_batches;
     for (int micro = 0; micro < s->micro_batches; micro++)
         micro_batch(&b, micro);
     emit(s, EV_GRAD_NORM, PH_OPTIMIZER, -1, -1, NULL);

@@ -580,10 +580,10 @@ Sim *sim_run(Schedule *s, const SimCluster *c)
      * trainer logs (design section 5). The optimizer and recomputation
      * count nothing; there is no recomputation yet. */
     Graph *g = p->g;
-    sim->model_flops = graph_flops(g, 0, g->nops, p->micro_batch) * p->micro_batches;
+    sim->model_flops = graph_flops(g, 0, g->nops, p->micro_batch) * s->micro_batches;
     sim->peak_flops = matmul_peak(sim);
     sim->mfu = sim->step_s > 0 ? sim->model_flops / (sim->step_s * sim->peak_flops) : 0;
-    sim->tokens_per_step = (double)p->micro_batch * (double)m->seq * p->micro_batches;
+    sim->tokens_per_step = (double)p->micro_batch * (double)m->seq * s->micro_batches;
     sim->tokens_per_s_gpu = sim->step_s > 0 ? sim->tokens_per_step / sim->step_s : 0;
     sim->tokens_per_s = sim->tokens_per_s_gpu * (double)W;
     return sim;
@@ -637,7 +637,8 @@ void sim_dump(FILE *out, const Sim *sim, const MemPlan *mp)
             MATMUL_EFFICIENCY * 100, ATTENTION_EFFICIENCY * 100, HBM_EFFICIENCY * 100,
             multi ? "InfiniBand" : "NVLink", (multi ? IB_EFFICIENCY : NVLINK_EFFICIENCY) * 100);
     fprintf(out, "  %-16s %s  (%d micro-batch%s of %" PRId64 " x %" PRId64 " tokens)\n", "step",
-            ms(sim->step_s), p->micro_batches, p->micro_batches == 1 ? "" : "es", p->micro_batch,
+            ms(sim->step_s), sim->sched->micro_batches, sim->sched->micro_batches == 1 ? "" : "es",
+            p->micro_batch,
             m->seq);
     fprintf(out, "  %-16s %s  (matmul %.3f, attention %.3f, memory-bound ops %.3f, "
                  "optimizer %.3f ms)\n",
@@ -759,38 +760,4 @@ void sim_trace(FILE *out, const Sim *sim)
     fprintf(out, ", \"world\": %" PRId64 ", \"step_ms\": %.6f, \"exposed_comm_ms\": %.6f, "
                  "\"mfu\": %.6f}\n}\n",
             c->world, sim->step_s * 1e3, sim->exposed_s * 1e3, sim->mfu);
-}
-
-/* ── fully_shard auto: the cost model picks the bucket size ──
- * Smaller buckets start computing sooner and overlap better; larger ones
- * pay the per-collective latency fewer times. The user's size is the upper
- * bound (it bounds the unsharded memory); the simulator decides below it. */
-Plan *sim_choose_buckets(Model *m, Graph *g, const SimCluster *c)
-{
-    int64_t target = m->shard.auto_bucket_bytes;
-    if (!target)
-        return plan_build(m, g);
-    int64_t best = target, bucket = target;
-    double best_s = 0;
-    int64_t tried[8];
-    int groups[8], n = 0;
-    double step[8];
-    for (; n < 8 && (n == 0 || bucket >= ((int64_t)1 << 20)); bucket /= 2) {
-        Plan *p = plan_build_auto(m, g, bucket);
-        Sim *sim = sim_run(schedule_build(p), c);
-        tried[n] = bucket;
-        groups[n] = m->ngroups;
-        step[n] = sim->step_s;
-        if (n == 0 || sim->step_s < best_s) {
-            best = bucket;
-            best_s = sim->step_s;
-        }
-        n++;
-    }
-    Plan *p = plan_build_auto(m, g, best);
-    p->ntried = n;
-    memcpy(p->tried_bucket, tried, sizeof tried);
-    memcpy(p->tried_groups, groups, sizeof groups);
-    memcpy(p->tried_step_s, step, sizeof step);
-    return p;
 }

@@ -307,6 +307,17 @@ const char *diag_suggest(const char *name, const char *const *names)
     return best ? arena_printf("; did you mean `%s`?", best) : "";
 }
 
+const char *fmt_size(int64_t bytes)
+{
+    if (bytes >= (int64_t)1 << 30)
+        return arena_printf("%.2f GiB", (double)bytes / (1 << 30));
+    if (bytes >= 1 << 20)
+        return arena_printf("%.2f MiB", (double)bytes / (1 << 20));
+    if (bytes >= 1 << 10)
+        return arena_printf("%.2f KiB", (double)bytes / (1 << 10));
+    return arena_printf("%" PRId64 " B", bytes);
+}
+
 const char *fmt_count(int64_t v)
 {
     char digits[32], out[48];

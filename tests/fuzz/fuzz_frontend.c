@@ -34,19 +34,14 @@ static void back_end(Model *m, Diag *diag, FILE *devnull)
     must_verify(ir_verify(g, NULL), "ir verify after lowering");
     autodiff(g);
     must_verify(ir_verify(g, NULL), "ir verify after autodiff");
-    Plan *plan = plan_build(m, g);
-    MemPlan *mem = memplan_fit(plan, 3, diag);
-    if (!mem)
+    SimCluster cluster = sim_default_cluster(3);
+    Plan *plan = plan_choose(m, g, &cluster, diag);
+    if (!plan)
         return;   /* memory_budget cannot be met: a user error */
-    must_verify(schedule_verify(mem->sched, stderr), "schedule verify");
-    must_verify(memplan_verify(mem, NULL), "memory plan verify");
-    schedule_dump(devnull, mem->sched, 3, mem);
-    plan->micro_batches = 1;
-    Schedule *one = schedule_build(plan);
-    plan->micro_batches = 3;
-    Schedule *three = schedule_build(plan);
-    must_verify(schedule_verify(one, stderr) + schedule_verify(three, stderr), "schedule verify");
-    emit_program(devnull, one, three);
+    must_verify(schedule_verify(plan->sched, stderr), "schedule verify");
+    must_verify(memplan_verify(plan->mem, NULL), "memory plan verify");
+    schedule_dump(devnull, plan->sched, 3, plan->mem);
+    must_verify(emit_program(devnull, plan, stderr), "schedule verify");
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -55,7 +55,12 @@ static Schedule *build(Model *m)
     autodiff(g);
     if (ir_verify(g, stderr))
         return NULL;
-    return schedule_build(plan_build(m, g));
+    /* the step main plans for --world 8 */
+    SimCluster cluster = sim_default_cluster(8);
+    Diag d;
+    diag_init(&d, m->prog->src, stderr);
+    Plan *p = plan_choose(m, g, &cluster, &d);
+    return p ? p->sched : NULL;
 }
 
 static Schedule *copy_without(Schedule *s, int drop)

@@ -1,0 +1,354 @@
+/*
+ * planner.c — every choice fsdpc makes about how a program is sharded, in
+ * one place: plan_choose. The front end has already applied what the user
+ * decided (the groups of explicit `fully_shard` lines, the shard section's
+ * policies); what is left to choose is chosen here, in this order:
+ *
+ *   1. groups: `fully_shard auto(bucket = N)` packs leaf layers into
+ *      buckets; the bucket size is searched through the simulator (sim.c)
+ *      from N down, and the fastest predicted step wins;
+ *   2. policy: under `memory_budget`, the reshard policy and prefetch depth
+ *      are searched through the memory planner (memplan.c), fastest first,
+ *      and the first whose peak fits wins;
+ *   3. the step's schedule (schedule.c) and its memory plan for the world
+ *      the dumps and the simulator are asked about.
+ *
+ * Every alternative weighed is recorded in Plan.tries, with what it was
+ * predicted to cost and whether it was chosen: --dump-plan lists the bucket
+ * sizes, --dump-memory the policies. The passes it calls stay free of
+ * choices: plan.c lays groups out, schedule.c orders events, memplan.c
+ * counts bytes, sim.c predicts time.
+ */
+#include "fsdpc.h"
+
+#include <inttypes.h>
+#include <string.h>
+
+static PlanTry *add_try(Plan *p, PlanTry t)
+{
+    if (p->ntries == p->cap_tries) {
+        int cap = p->cap_tries ? 2 * p->cap_tries : 16;
+        PlanTry *n = arena_alloc(sizeof *n * (size_t)cap);
+        if (p->ntries)
+            memcpy(n, p->tries, sizeof *n * (size_t)p->ntries);
+        p->tries = n;
+        p->cap_tries = cap;
+    }
+    p->tries[p->ntries] = t;
+    return &p->tries[p->ntries++];
+}
+
+/* ── fully_shard auto: which layers share a group ──
+ * In the spirit of SimpleFSDP's auto-bucketing. Leaf layers are taken in the
+ * order the forward first reads them and packed into consecutive buckets of
+ * at most N bytes in the all-gather dtype (a layer larger than N gets a
+ * bucket of its own): consecutive layers in one bucket are gathered once,
+ * just before they run. A parameter read by two layers (a tied weight) never
+ * straddles groups: it goes to the root group, with parameters forward never
+ * reads and those an op reads together with it (a tied Linear's bias). */
+
+typedef struct Readers {
+    Layer **reader;     /* by parameter index: the layer that reads it first */
+    bool *pinned;       /* by parameter index: kept in the root group */
+    Param **order;      /* parameters in the order forward first reads them */
+    int norder;
+} Readers;
+
+static Readers find_readers(Model *m, Graph *g)
+{
+    int np = m->nparams;
+    Readers r = {arena_alloc(sizeof(Layer *) * (size_t)np), arena_alloc((size_t)np),
+                 arena_alloc(sizeof(Param *) * (size_t)np), 0};
+    for (int i = 0; i < g->nfwd; i++) {
+        OpNode *op = g->ops[i];
+        for (int k = 0; k < op->nin; k++) {
+            if (op->in[k]->kind != TK_PARAM)
+                continue;
+            Param *p = op->in[k]->param;
+            if (!r.reader[p->index]) {
+                r.reader[p->index] = op->layer;
+                r.order[r.norder++] = p;
+            } else if (r.reader[p->index] != op->layer) {
+                r.pinned[p->index] = true;
+            }
+        }
+    }
+    /* one op reads its parameters from one group (the schedule gathers
+     * op->group alone): a tied Linear's bias, read by matmul_bias with the
+     * pinned weight, follows the weight to the root */
+    for (bool more = true; more;) {
+        more = false;
+        for (int i = 0; i < g->nfwd; i++) {
+            OpNode *op = g->ops[i];
+            bool any = false;
+            for (int k = 0; k < op->nin; k++)
+                any |= op->in[k]->kind == TK_PARAM && r.pinned[op->in[k]->param->index];
+            for (int k = 0; k < op->nin && any; k++)
+                if (op->in[k]->kind == TK_PARAM && !r.pinned[op->in[k]->param->index]) {
+                    r.pinned[op->in[k]->param->index] = true;
+                    more = true;
+                }
+        }
+    }
+    return r;
+}
+
+static ShardGroup *new_group(Model *m, int index, const char *name)
+{
+    ShardGroup *sg = arena_alloc(sizeof *sg);
+    sg->index = index;
+    sg->name = name;
+    sg->loc = m->loc;
+    sg->params = arena_alloc(sizeof(Param *) * (size_t)m->nparams);
+    return sg;
+}
+
+/* Packs the unpinned parameters, a whole leaf layer at a time, into
+ * buckets of at most `bucket` bytes; marks each placed parameter's group
+ * -2. Returns the number of groups made in groups[]. */
+static int pack_buckets(Model *m, const Readers *r, int64_t bucket, ShardGroup **groups)
+{
+    int64_t bytes_per = dtype_bytes(m->shard.param_dtype);
+    int ng = 0;
+    ShardGroup *cur = NULL;
+    int64_t cur_bytes = 0;
+    for (int i = 0; i < r->norder; i++) {
+        Param *p = r->order[i];
+        if (r->pinned[p->index] || p->group == -2)
+            continue;
+        /* the whole leaf layer: its parameters read by it alone */
+        Layer *leaf = r->reader[p->index];
+        int64_t lbytes = 0;
+        for (int j = i; j < r->norder; j++)
+            if (r->reader[r->order[j]->index] == leaf && !r->pinned[r->order[j]->index])
+                lbytes += r->order[j]->numel * bytes_per;
+        if (!cur || (cur_bytes > 0 && cur_bytes + lbytes > bucket)) {
+            cur = new_group(m, ng, arena_printf("auto.%d", ng));
+            groups[ng++] = cur;
+            cur_bytes = 0;
+        }
+        for (int j = i; j < r->norder; j++) {
+            Param *q = r->order[j];
+            if (r->reader[q->index] == leaf && !r->pinned[q->index] && q->group != -2) {
+                cur->params[cur->nparams++] = q;
+                cur->numel += q->numel;
+                cur_bytes += q->numel * bytes_per;
+                q->group = -2;   /* placed */
+            }
+        }
+    }
+    return ng;
+}
+
+/* Replaces the model's groups with auto groups for this bucket size, and
+ * points every op at the group of the parameters it reads or writes. */
+static void auto_groups(Model *m, Graph *g, int64_t bucket)
+{
+    Readers r = find_readers(m, g);
+    ShardGroup **groups = arena_alloc(sizeof(ShardGroup *) * (size_t)(m->nparams + 1));
+    int ng = pack_buckets(m, &r, bucket, groups);
+    ShardGroup *root = new_group(m, ng, "root");
+    root->is_root = true;
+    groups[ng++] = root;
+    for (int i = 0; i < m->nparams; i++) {
+        Param *p = m->params[i];
+        if (p->group != -2) {
+            root->params[root->nparams++] = p;
+            root->numel += p->numel;
+        }
+    }
+    /* parameters in declaration order within each group */
+    for (int gi = 0; gi < ng; gi++) {
+        ShardGroup *sg = groups[gi];
+        for (int a = 1; a < sg->nparams; a++)
+            for (int b = a; b > 0 && sg->params[b - 1]->index > sg->params[b]->index; b--) {
+                Param *t = sg->params[b];
+                sg->params[b] = sg->params[b - 1];
+                sg->params[b - 1] = t;
+            }
+        for (int k = 0; k < sg->nparams; k++)
+            sg->params[k]->group = gi;
+    }
+    m->groups = groups;
+    m->ngroups = ng;
+    m->groups_auto = true;
+    /* ops follow their parameters */
+    for (int i = 0; i < g->nops; i++) {
+        OpNode *op = g->ops[i];
+        op->group = -1;
+        for (int k = 0; k < op->nin; k++)
+            if (op->in[k]->kind == TK_PARAM)
+                op->group = op->in[k]->param->group;
+        for (int k = 0; k < op->nout; k++)
+            if (op->out[k]->kind == TK_PGRAD)
+                op->group = op->out[k]->param->group;
+    }
+}
+
+/* ── the bucket size, through the simulator ──
+ * Smaller buckets start computing sooner and overlap better; larger ones pay
+ * the per-collective latency fewer times. The user's size is the upper bound
+ * (it bounds the unsharded memory); sizes N, N/2, N/4, ... down to 1 MiB, at
+ * most 8 of them, are each planned and simulated on the cluster, and the
+ * fastest is kept (the larger on a tie: fewer collectives). */
+enum { MAX_BUCKET_TRIES = 8 };
+
+static Plan *choose_buckets(Model *m, Graph *g, const SimCluster *c)
+{
+    int64_t target = m->shard.auto_bucket_bytes;
+    PlanTry tried[MAX_BUCKET_TRIES];
+    int n = 0, best = 0;
+    for (int64_t bucket = target;
+         n < MAX_BUCKET_TRIES && (n == 0 || bucket >= ((int64_t)1 << 20)); bucket /= 2) {
+        auto_groups(m, g, bucket);
+        Plan *p = plan_build(m, g);
+        Sim *sim = sim_run(schedule_build(p, p->micro_batches), c);
+        tried[n] = (PlanTry){.kind = TRY_BUCKET, .bucket = bucket, .ngroups = m->ngroups,
+                             .step_s = sim->step_s};
+        if (sim->step_s < tried[best].step_s)
+            best = n;
+        n++;
+    }
+    tried[best].chosen = true;
+    auto_groups(m, g, tried[best].bucket);
+    Plan *p = plan_build(m, g);
+    for (int i = 0; i < n; i++)
+        add_try(p, tried[i]);
+    return p;
+}
+
+/* ── memory_budget: the fastest policy that fits ── */
+
+static void apply_policy(Plan *p, const PlanTry *t)
+{
+    Model *m = p->m;
+    p->prefetch_fwd = t->prefetch_fwd;
+    p->prefetch_bwd = t->prefetch_bwd;
+    for (int i = 0; i < m->ngroups; i++)
+        m->groups[i]->reshard = t->reshard && !m->groups[i]->is_root;
+}
+
+/* "reshard after forward, prefetch 1", for the dump's table */
+static const char *policy_str(const PlanTry *t)
+{
+    const char *what = t->reshard ? "reshard after forward" : "keep parameters after forward";
+    if (t->prefetch_fwd == t->prefetch_bwd)
+        return arena_printf("%s, prefetch %d", what, t->prefetch_fwd);
+    return arena_printf("%s, prefetch forward %d, backward %d", what, t->prefetch_fwd,
+                        t->prefetch_bwd);
+}
+
+/* "resharding after forward and prefetching 0 groups ahead", for messages */
+static const char *policy_phrase(const PlanTry *t)
+{
+    const char *what = t->reshard ? "resharding" : "keeping parameters";
+    if (t->prefetch_fwd == t->prefetch_bwd)
+        return arena_printf("%s after forward and prefetching %d group%s ahead", what,
+                            t->prefetch_fwd, t->prefetch_fwd == 1 ? "" : "s");
+    return arena_printf("%s after forward and prefetching %d groups ahead in forward and %d "
+                        "in backward",
+                        what, t->prefetch_fwd, t->prefetch_bwd);
+}
+
+static void report_no_fit(Diag *d, const ShardConfig *c, const PlanTry *lean,
+                          const MemPlan *mp)
+{
+    diag_error(d, c->memory_budget_loc,
+               "memory_budget %s is less than the leanest plan needs on %" PRId64
+               " ranks: %s, each rank peaks at %s (sharded parameters %s, "
+               "gradients %s, optimizer state %s%s, unsharded parameters %s, unsharded "
+               "gradients %s, activations %s, workspace %s); raise the budget, shard "
+               "over more ranks (--world), or lower micro_batch",
+               fmt_size(c->memory_budget_bytes), mp->world, policy_phrase(lean),
+               fmt_size(mp->peak), fmt_size(mp->param_shards), fmt_size(mp->grad_shards),
+               fmt_size(mp->optim_state), mp->offload ? " (on the host)" : "",
+               fmt_size(mp->peak_unsharded_params), fmt_size(mp->peak_unsharded_grads),
+               fmt_size(mp->peak_activations), fmt_size(mp->peak_workspace));
+}
+
+/* Without a budget, the shard section's policy. With one, the candidates
+ * from fastest to leanest, and the first whose peak fits:
+ *   1. keep every group's parameters after forward (reshard false), with the
+ *      configured prefetch: backward gathers nothing again, so one
+ *      all-gather per group and micro-batch instead of two; it holds every
+ *      group unsharded at the end of forward.
+ *   2-4. reshard after forward (FSDP2's default), prefetching 2, 1, then 0
+ *      groups ahead: each prefetched group is one more unsharded buffer in
+ *      flight, and each one less exposes more of the all-gathers' latency.
+ * The root keeps its parameters in all of them, as FSDP2 does: backward
+ * starts with the root's head. Every candidate is planned (a schedule and a
+ * memory plan are cheap) so --dump-memory can show what each would need.
+ * "Fits" means the peak of live bytes is within the budget: what an
+ * allocator that frees as it goes needs. The arena "as placed" figure,
+ * which the runtime needs if it allocates the arena once, is at least that;
+ * the dump prints it beside the peak. Returns false, with the error
+ * reported at the memory_budget setting, when none fits. */
+static bool choose_policy(Plan *p, int64_t world, Diag *d)
+{
+    ShardConfig *c = &p->m->shard;
+    int64_t budget = c->memory_budget_bytes;
+    if (!budget) {
+        p->sched = schedule_build(p, p->micro_batches);
+        p->mem = memplan_build(p->sched, world);
+        return true;
+    }
+    enum { NPOLICIES = 4 };
+    const PlanTry policies[NPOLICIES] = {
+        {.kind = TRY_POLICY, .reshard = false, .prefetch_fwd = c->prefetch_forward,
+         .prefetch_bwd = c->prefetch_backward},
+        {.kind = TRY_POLICY, .reshard = true, .prefetch_fwd = 2, .prefetch_bwd = 2},
+        {.kind = TRY_POLICY, .reshard = true, .prefetch_fwd = 1, .prefetch_bwd = 1},
+        {.kind = TRY_POLICY, .reshard = true, .prefetch_fwd = 0, .prefetch_bwd = 0},
+    };
+    MemPlan *plans[NPOLICIES];
+    PlanTry *tries[NPOLICIES], *chosen = NULL;
+    for (int k = 0; k < NPOLICIES; k++) {
+        apply_policy(p, &policies[k]);
+        plans[k] = memplan_build(schedule_build(p, p->micro_batches), world);
+        tries[k] = add_try(p, policies[k]);
+        tries[k]->peak = plans[k]->peak;
+        if (!chosen && plans[k]->peak <= budget) {
+            chosen = tries[k];
+            p->mem = plans[k];
+        }
+    }
+    if (!chosen) {
+        report_no_fit(d, c, &policies[NPOLICIES - 1], plans[NPOLICIES - 1]);
+        return false;
+    }
+    chosen->chosen = true;
+    apply_policy(p, chosen);
+    p->sched = p->mem->sched;
+    return true;
+}
+
+Plan *plan_choose(Model *m, Graph *g, const SimCluster *c, Diag *d)
+{
+    Plan *p = m->shard.auto_bucket_bytes ? choose_buckets(m, g, c) : plan_build(m, g);
+    return choose_policy(p, c->world, d) ? p : NULL;
+}
+
+/* ── the alternatives, for the dumps ── */
+
+void plan_dump_buckets(FILE *out, const Plan *p)
+{
+    for (int i = 0; i < p->ntries; i++) {
+        const PlanTry *t = &p->tries[i];
+        if (t->kind == TRY_BUCKET)
+            fprintf(out, "    bucket %10s: %3d groups, predicted step %.3f ms%s\n",
+                    fmt_size(t->bucket), t->ngroups, t->step_s * 1e3,
+                    t->chosen ? "  <- chosen" : "");
+    }
+}
+
+void plan_dump_policies(FILE *out, const Plan *p)
+{
+    int64_t budget = p->m->shard.memory_budget_bytes;
+    for (int i = 0, k = 0; i < p->ntries; i++) {
+        const PlanTry *t = &p->tries[i];
+        if (t->kind == TRY_POLICY)
+            fprintf(out, "    %d. %-44s peak %20s  %s%s\n", ++k, policy_str(t),
+                    fmt_count(t->peak), t->peak <= budget ? "fits" : "too big",
+                    t->chosen ? "  <- chosen" : "");
+    }
+}
