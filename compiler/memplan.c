@@ -2,7 +2,7 @@
  * memplan.c — each rank's memory over one training step: what stays
  * resident, which unsharded buffers every schedule event leaves live, where
  * each activation sits in one arena placed by liveness, and the peak with
- * its breakdown (design section 4, "Memory plan"). It also chooses the
+ * its breakdown (docs/design.md#memory-plan). It also chooses the
  * reshard policy and prefetch depth that fit the shard section's
  * `memory_budget`.
  *
