@@ -314,7 +314,7 @@ def table(thr, torch_default, blas, comp, sims, load=None):
         "",
         f"[1] This machine: {CORES} cores, {cpu_model()}; OpenBLAS {blas_note(blas)}; "
         f"PyTorch {torch_version()} eager (bench/torch_gpt.py, the same GPT written from "
-        "design.md section 9), float32 throughout. Global batch G sequences per step on both "
+        "docs/design.md#semantics-the-tests-rely-on), float32 throughout. Global batch G sequences per step on both "
         "sides (fsdpc: --micro-batch G/ranks --grad-accum 1); median step time over "
         f"{ROUNDS} alternating round(s) after warm-up steps; tokens/s = G x seq / step time. "
         "Both start from the same weights (fsdpc --steps 0 --export) on the same tokens; the "

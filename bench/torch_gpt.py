@@ -4,7 +4,7 @@ model file, trained in PyTorch eager mode on the same data, from the same
 initial weights, with the same optimizer, so the two trainers' tokens/s
 compare like for like.
 
-The architecture is written from design.md section 9 (GPT-2's: pre-norm
+The architecture is written from docs/design.md#semantics-the-tests-rely-on (GPT-2's: pre-norm
 blocks, learned positions, tanh GELU, tied head, Linear layers with biases,
 causal attention with scale 1/sqrt(head_dim)); the parameter names are
 fsdpc's, so the initial weights come from the fsdpc trainer's

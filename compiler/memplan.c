@@ -2,7 +2,7 @@
  * memplan.c — each rank's memory over one training step: what stays
  * resident, which unsharded buffers every schedule event leaves live, where
  * each activation sits in one arena placed by liveness, and the peak with
- * its breakdown (design section 4, "Memory plan"). It chooses nothing: the
+ * its breakdown (docs/design.md#memory-plan). It chooses nothing: the
  * planner (planner.c) calls memplan_build for the step it settled on, and
  * under `memory_budget` for each candidate policy it weighs; --dump-memory
  * and the "live" column of --dump-schedule read the result. Memory depends

@@ -1,6 +1,6 @@
 /*
  * model.c — the typed model's second half: the layer tree with every
- * parameter (PyTorch names and layouts, design section 9), shard groups
+ * parameter (PyTorch names and layouts, docs/design.md#parameter-names-and-layouts), shard groups
  * applied bottom-up as FSDP2 applies fully_shard (deeper targets first; the
  * root takes every parameter left), the shard and train settings with their
  * defaults, and the `--dump-model` printer. sema.c calls model_build once

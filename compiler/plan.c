@@ -2,7 +2,7 @@
  * plan.c — the sharding plan: each group's flat layout, the order groups are
  * used in, and the policies that decide when they are gathered and freed.
  *
- * Layout (design section 4): a group's parameters lie end to end in one flat
+ * Layout (docs/design.md#flat-layout): a group's parameters lie end to end in one flat
  * buffer, each starting at a multiple of PARAM_ALIGN_ELEMS; the buffer is
  * padded to a multiple of the world size so that rank r owns the contiguous
  * slice [r·S, (r+1)·S). The all-gather then writes every rank's slice

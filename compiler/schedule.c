@@ -6,7 +6,7 @@
  * order on the compute stream; all-gathers on their own stream, issued
  * ahead of use by `prefetch` groups; reduce-scatters on a third stream,
  * issued as soon as a group's last gradient is written. Waits are the only
- * points where compute depends on communication (design section 4).
+ * points where compute depends on communication (docs/design.md#schedule-rules).
  *
  * Per micro-batch:
  *   forward   before the first op reading group g: issue the all-gather of g

@@ -9,7 +9,7 @@
  *   3. forward bodies: every value gets a shape and dtype, from the model's
  *      forward(idx, targets) down through each block type it calls;
  *   4. instantiation: the layer tree with every parameter (PyTorch names and
- *      layouts, design section 9);
+ *      layouts, docs/design.md#parameter-names-and-layouts);
  *   5. the shard section: fully_shard targets become shard groups, applied
  *      bottom-up as FSDP2 does (deeper targets first, the root takes the
  *      rest), and the shard and train settings, with their defaults.

@@ -577,7 +577,7 @@ Sim *sim_run(Schedule *s, const SimCluster *c)
     /* MFU counts the planner's FLOPs (ops.def: matmuls 2 per multiply-add,
      * causal attention only its unmasked half) for every op of every
      * micro-batch, over the peak matmuls run at: the same convention the
-     * trainer logs (design section 5). The optimizer and recomputation
+     * trainer logs (docs/design.md#flops-and-mfu). The optimizer and recomputation
      * count nothing; there is no recomputation yet. */
     Graph *g = p->g;
     sim->model_flops = graph_flops(g, 0, g->nops, p->micro_batch) * s->micro_batches;

@@ -1,5 +1,5 @@
 /*
- * ckpt.c — sharded checkpoints (design section 7; docs/checkpoint.md is
+ * ckpt.c — sharded checkpoints (docs/design.md#checkpoints; docs/checkpoint.md is
  * the format's reference and tests/ckpt/read_ckpt.py reads it in Python):
  * saving every --ckpt-every steps, on the main thread or a background one,
  * the protocol that makes a checkpoint appear whole or not at all, and
@@ -10,7 +10,7 @@
  * optimizer state) and meta.json, which rank 0 writes last: the model and
  * its hash, the step, the world, each group's flat range per rank, each
  * file's size and CRC32C. Saving after step k − 1 (the checkpoint holds
- * step k, design section 9):
+ * step k, docs/design.md#step-numbering):
  *
  *   1. rank 0 makes DIR/.tmp-step_k; the ranks agree that it exists;
  *   2. every rank writes its own file there and fsyncs it — sync: straight

@@ -1110,7 +1110,7 @@ static void json_number(char *buf, size_t n, double x)
         snprintf(buf, n, "null");
 }
 
-/* Design section 9's schedules, for step s of S. */
+/* The learning-rate schedules (docs/design.md#learning-rate-schedule), for step s of S. */
 static double lr_at(const FsdTrainConfig *c, int64_t s)
 {
     if (c->schedule == FSD_LR_CONSTANT)

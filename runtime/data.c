@@ -7,7 +7,7 @@
  * tokens; version 2 is fsdpc's extension for vocabularies over 65,535:
  * the same header, uint32 tokens. `fsdata` (tools/fsdata.c) writes both.
  *
- * The data order (design section 9), which makes a run's data independent
+ * The data order (docs/design.md#data-order), which makes a run's data independent
  * of its world size:
  *
  *   sequence j     tokens [j·T, j·T + T]: T + 1 tokens, the first T the

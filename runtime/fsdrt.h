@@ -67,7 +67,7 @@ typedef enum { FSD_ADAMW, FSD_SGD } FsdOptimizer;
 typedef enum { FSD_LR_CONSTANT, FSD_LR_COSINE } FsdSchedule;
 
 typedef struct FsdParamInfo {
-    const char *name;        /* blocks.3.attn.q.weight (design section 9) */
+    const char *name;        /* blocks.3.attn.q.weight (docs/design.md#parameter-names-and-layouts) */
     int group;               /* shard group */
     int64_t offset;          /* elements into the group's flat buffer */
     int rank;                /* 1 or 2 */
@@ -172,7 +172,7 @@ int fsdrt_train(FsdRun *r, FsdStepFn step);
  * having then written --export. */
 bool fsdrt_begin_step(FsdRun *r);
 /* Loads micro-batch `micro` of the current step into the input buffers
- * (design section 9's data order). */
+ * (docs/design.md#data-order). */
 void fsdrt_load_micro_batch(FsdRun *r, int micro);
 const int32_t *fsdrt_idx(const FsdRun *r);        /* [B, T] */
 const int32_t *fsdrt_targets(const FsdRun *r);    /* [B, T] */

@@ -8,7 +8,7 @@
  * each parameter lies.
  *
  * The parameter tables carry names and shapes only, in declaration order
- * (design section 9: `<path>.<tensor>`, array elements by index), so the
+ * (docs/design.md#parameter-names-and-layouts: `<path>.<tensor>`, array elements by index), so the
  * mapping goes by layer kind and position, recognised from the names:
  *
  *   - a parameter `A.N.rest` (N a number) belongs to block N of the model's
@@ -46,7 +46,7 @@
  *   q_proj and k_proj are NOT permuted: Meta's original checkpoints
  *   interleave rotary pairs and HF's conversion script permutes them into
  *   rotate-half order, but fsdpc's rope already is HF's rotate-half
- *   (design section 9), so its q and k are HF's as they stand.
+ *   (docs/design.md#layer-semantics), so its q and k are HF's as they stand.
  */
 #include "internal.h"
 

@@ -4,7 +4,7 @@
  * --export), so they move between fsdpc and the Python ecosystem.
  *
  * Initialisation is a function of (seed, parameter name, element index)
- * alone (design section 9), so it does not depend on the world size or the
+ * alone (docs/design.md#initialisation), so it does not depend on the world size or the
  * shard layout and each rank computes its own shard's elements only:
  *
  *   key  = FNV-1a-64(name) XOR (seed × 0x9E3779B97F4A7C15)        (mod 2^64)

@@ -1,6 +1,6 @@
 /*
  * attention.h — scaled dot-product attention, causal or not, with
- * grouped-query heads (design section 9). Needs portable.h.
+ * grouped-query heads (docs/design.md#layer-semantics). Needs portable.h.
  *
  * Layouts (the outputs of the q, k, v Linears, heads side by side):
  *   q, out [B, T, H·hd]     k, v [B, T, KV·hd]     lse [B, H, T]

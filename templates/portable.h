@@ -5,7 +5,7 @@
  * `#include "fsdrt.h"` and this file; the same text then builds with nvcc
  * (CUDA) and with a C compiler (CPU backend, OpenMP). Every kernel is
  * written once, as a DEVICE body that does one unit of work, in one of
- * four shapes (design section 5):
+ * four shapes (docs/design.md#kernels):
  *
  *   row     NAME_row(row, lane, lanes, ...): one row, with loops strided by
  *           lane over its columns and fsd_warp_sum / fsd_warp_max to

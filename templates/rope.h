@@ -1,6 +1,6 @@
 /*
  * rope.h — rotary position embeddings with the "rotate half" convention
- * of Hugging Face's Llama (design section 9). Needs portable.h.
+ * of Hugging Face's Llama (docs/design.md#layer-semantics). Needs portable.h.
  *
  * x is [B, T, H·hd]: row r = (b·T + t)·H + h holds head h at position t.
  * Within a row, element i pairs with i + hd/2 for i < hd/2, and the pair

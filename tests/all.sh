@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # all.sh — everything `make test` runs, with one total at the end:
 #
+#   0. tools/check_doc_refs.sh: every docs/<file>.md#<anchor> reference
+#      names an existing heading, and nothing cites an outside design
+#      page by section number;
 #   1. tests/run.sh against build/fsdpc (the ordinary build);
 #   2. tests/run.sh again against build/san/fsdpc (ASan + UBSan), where any
 #      sanitizer report fails the run;
@@ -24,6 +27,9 @@ FUZZ_SMOKE_SECONDS=${FUZZ_SMOKE_SECONDS:-20}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 . tests/lib.sh
+
+# ── 0. the documentation's references resolve ──
+suite "docs: " tools/check_doc_refs.sh
 
 # ── 1. the ordinary build ──
 suite "" env FSDPC=build/fsdpc tests/run.sh

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # run.sh — end-to-end tests of the emitted trainer: examples compiled by
 # fsdpc, built with `make trainer` against the CPU runtime and run on 1-4
-# MPI ranks (design section 8):
+# MPI ranks (docs/design.md#how-it-is-tested):
 #
 #   1. gradient check: the float64 build's --grad-check on tiny, tiny_llama
 #      and mlp, on 1 and 2 ranks, and cases where it must fail;

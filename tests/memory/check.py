@@ -11,7 +11,7 @@ line is "N passed, N failed", and the exit status is 1 when any failed. With
 (tests/golden/*.memory, tests/memory/*.expected).
 
 The hand computation starts from the parameter shapes of each model, written
-out below from its .fsd file and PyTorch's layouts (design section 9), and
+out below from its .fsd file and PyTorch's layouts (docs/design.md#parameter-names-and-layouts), and
 never from fsdpc's own layout dump: a group's flat buffer lays its parameters
 end to end, each starting at a multiple of 16 elements; it is padded to a
 multiple of the world size W; each rank holds padded / W elements of it.

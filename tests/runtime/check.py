@@ -133,7 +133,7 @@ def cmd_logs(a, b, tol):
 
 
 def cmd_lr(path, lr, warmup, min_lr, steps):
-    """design section 9's cosine schedule, step by step"""
+    """the cosine schedule of docs/design.md#learning-rate-schedule, step by step"""
     lr, warmup, min_lr, steps = float(lr), int(warmup), float(min_lr), int(steps)
     for x in read_log(path):
         s = x["step"]
