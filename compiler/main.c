@@ -305,6 +305,8 @@ int main(int argc, char **argv)
     }
 
     Model *model = sema_check(prog, &diag);
+    if (model)
+        model = model_build(model, &diag);
     if (!model) {
         if (out)
             close_output(&o, out, tmp, false);
