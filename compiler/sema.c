@@ -151,10 +151,165 @@ static int64_t positive_arg(Sema *s, Scope *sc, Arg *a, const Signature *sig, in
     return v;
 }
 
-/* A built-in layer declaration: NAME = Linear(...) etc. */
-static void check_builtin_layer(Sema *s, Scope *sc, Decl *d, LayerKind kind, Expr *call)
+/* tie = NAME: the Embedding declared beside this Linear whose weight it
+ * shares; its kind and shape are checked once every layer is (check_ties). */
+static bool check_tie_arg(Sema *s, Scope *sc, DeclInfo *di, Expr *t)
 {
     Diag *D = s->d;
+    bool outer;
+    Decl *td = t->kind == EX_IDENT ? eval_lookup(sc, t->str, &outer) : NULL;
+    if (t->kind != EX_IDENT) {
+        diag_error(D, t->loc, "`tie` names an Embedding layer declared beside this one");
+        return false;
+    }
+    if (!td || (td->kind == DECL_LAYER && outer)) {
+        diag_error(D, t->loc, "`tie = %s`: no layer `%s` in this %s%s", t->str, t->str,
+                   sc->mt->decl ? "block" : "model",
+                   diag_suggest(t->str, eval_scope_names(sc)));
+        return false;
+    }
+    if (td->kind != DECL_LAYER) {
+        diag_error(D, t->loc, "`tie = %s`: `%s` is %s (declared at %s), not an "
+                              "Embedding layer",
+                   t->str, t->str, eval_decl_what(td), diag_where(D, td->name_loc));
+        return false;
+    }
+    di->tie_decl = td;
+    di->tie_loc = t->loc;
+    return true;
+}
+
+/* NAME = Linear(in, out, bias = true, tie = EMBEDDING) */
+static bool check_linear(Sema *s, Scope *sc, DeclInfo *di, const Signature *sig, Arg **b)
+{
+    Layer *L = &di->tpl;
+    bool ok = true;
+    L->in = positive_arg(s, sc, b[0], sig, 0, &ok);
+    L->out = positive_arg(s, sc, b[1], sig, 1, &ok);
+    if (b[2])
+        ok &= eval_bool(s->d, sc, b[2]->value, "`Linear` argument `bias`", &L->bias);
+    if (b[3])
+        ok &= check_tie_arg(s, sc, di, b[3]->value);
+    return ok;
+}
+
+/* NAME = Embedding(n, dim) */
+static bool check_embedding(Sema *s, Scope *sc, Layer *L, const Signature *sig, Arg **b)
+{
+    bool ok = true;
+    L->n = positive_arg(s, sc, b[0], sig, 0, &ok);
+    L->dim = positive_arg(s, sc, b[1], sig, 1, &ok);
+    return ok;
+}
+
+/* NAME = LayerNorm(dim, eps = 1e-5) | RMSNorm(dim, eps = 1e-6) */
+static bool check_norm(Sema *s, Scope *sc, Layer *L, const Signature *sig, Arg **b)
+{
+    bool ok = true;
+    L->dim = positive_arg(s, sc, b[0], sig, 0, &ok);
+    L->eps = L->kind == LK_LAYERNORM ? 1e-5 : 1e-6;
+    if (b[1]) {
+        ok &= eval_float(s->d, sc, b[1]->value, arena_printf("`%s` argument `eps`", sig->name),
+                         &L->eps);
+        if (ok && !(L->eps > 0)) {
+            diag_error(s->d, b[1]->value->loc, "`%s` argument `eps` must be positive, got %g",
+                       sig->name, L->eps);
+            ok = false;
+        }
+    }
+    return ok;
+}
+
+/* rope = none | rope(theta = 10000). Like positive_arg, it clears *ok on
+ * an error, and checks theta's sign only while *ok holds. */
+static void check_rope_arg(Sema *s, Scope *sc, Layer *L, Expr *r, bool *ok)
+{
+    if (r->kind == EX_IDENT && strcmp(r->str, "none") == 0) {
+        L->rope_theta = 0;
+    } else if (r->kind == EX_CALL && r->lhs->kind == EX_IDENT &&
+               strcmp(r->lhs->str, "rope") == 0) {
+        Arg *rb[MAX_ARGS];
+        L->rope_theta = 10000;
+        if (!eval_bind_args(s->d, &sig_rope, r->loc, r->args, rb))
+            *ok = false;
+        else if (rb[0]) {
+            *ok &= eval_float(s->d, sc, rb[0]->value, "`rope` argument `theta`",
+                              &L->rope_theta);
+            if (*ok && !(L->rope_theta > 0)) {
+                diag_error(s->d, rb[0]->value->loc, "rope `theta` must be positive");
+                *ok = false;
+            }
+        }
+    } else {
+        diag_error(s->d, r->loc, "`rope` must be `none` or `rope(theta = ...)`");
+        *ok = false;
+    }
+}
+
+/* Heads split dim evenly, kv_heads split heads, and rope turns pairs of a
+ * head's dimensions. */
+static bool check_heads(Sema *s, Layer *L, Expr *call, Arg *rope)
+{
+    Diag *D = s->d;
+    if (L->dim % L->heads) {
+        diag_error(D, call->loc, "dim %" PRId64 " is not divisible by heads %" PRId64,
+                   L->dim, L->heads);
+        return false;
+    }
+    if (L->heads % L->kv_heads) {
+        diag_error(D, call->loc, "heads %" PRId64 " is not divisible by kv_heads %" PRId64,
+                   L->heads, L->kv_heads);
+        return false;
+    }
+    if (L->rope_theta > 0 && (L->dim / L->heads) % 2) {
+        diag_error(D, rope->value->loc,
+                   "rope needs an even head dim; dim %" PRId64 " / heads %" PRId64
+                   " = %" PRId64,
+                   L->dim, L->heads, L->dim / L->heads);
+        return false;
+    }
+    return true;
+}
+
+/* NAME = Attention(dim, heads, kv_heads = heads, causal = true,
+ *                  rope = none | rope(theta = ...), bias = true) */
+static bool check_attention(Sema *s, Scope *sc, Layer *L, const Signature *sig, Arg **b,
+                            Expr *call)
+{
+    bool ok = true;
+    L->dim = positive_arg(s, sc, b[0], sig, 0, &ok);
+    L->heads = positive_arg(s, sc, b[1], sig, 1, &ok);
+    L->kv_heads = b[2] ? positive_arg(s, sc, b[2], sig, 2, &ok) : L->heads;
+    if (b[3])
+        ok &= eval_bool(s->d, sc, b[3]->value, "`Attention` argument `causal`", &L->causal);
+    if (b[4])
+        check_rope_arg(s, sc, L, b[4]->value, &ok);
+    if (b[5])
+        ok &= eval_bool(s->d, sc, b[5]->value, "`Attention` argument `bias`", &L->bias);
+    return ok && check_heads(s, L, call, b[4]);
+}
+
+/* NAME = MLP(dim, hidden, act = gelu | relu | swiglu, bias = true) */
+static bool check_mlp(Sema *s, Scope *sc, Layer *L, const Signature *sig, Arg **b)
+{
+    bool ok = true;
+    L->dim = positive_arg(s, sc, b[0], sig, 0, &ok);
+    L->hidden = positive_arg(s, sc, b[1], sig, 1, &ok);
+    int act = ACT_GELU;
+    if (b[2])
+        ok &= eval_enum(s->d, b[2]->value, "`MLP` argument `act`", act_choices, &act);
+    L->act = (Activation)act;
+    if (b[3])
+        ok &= eval_bool(s->d, sc, b[3]->value, "`MLP` argument `bias`", &L->bias);
+    return ok;
+}
+
+/* A built-in layer declaration:
+ *   NAME = Linear(...) | Embedding(...) | LayerNorm(...) | RMSNorm(...)
+ *        | Attention(...) | MLP(...)
+ * The arguments are bound to the layer's signature, then checked by kind. */
+static void check_builtin_layer(Sema *s, Scope *sc, Decl *d, LayerKind kind, Expr *call)
+{
     DeclInfo *di = eval_info(d);
     const Signature *sig = &layer_sigs[kind];
     Arg *b[MAX_ARGS];
@@ -164,116 +319,15 @@ static void check_builtin_layer(Sema *s, Scope *sc, Decl *d, LayerKind kind, Exp
     L->causal = true;
     if (!eval_bind_args(s->d, sig, call->loc, call->args, b))
         return;
-    bool ok = true;
+    bool ok;
     switch (kind) {
-    case LK_LINEAR:
-        L->in = positive_arg(s, sc, b[0], sig, 0, &ok);
-        L->out = positive_arg(s, sc, b[1], sig, 1, &ok);
-        if (b[2])
-            ok &= eval_bool(s->d, sc, b[2]->value, "`Linear` argument `bias`", &L->bias);
-        if (b[3]) {
-            Expr *t = b[3]->value;
-            bool outer;
-            Decl *td = t->kind == EX_IDENT ? eval_lookup(sc, t->str, &outer) : NULL;
-            if (t->kind != EX_IDENT) {
-                diag_error(D, t->loc, "`tie` names an Embedding layer declared beside this one");
-                ok = false;
-            } else if (!td || (td->kind == DECL_LAYER && outer)) {
-                diag_error(D, t->loc, "`tie = %s`: no layer `%s` in this %s%s", t->str, t->str,
-                           sc->mt->decl ? "block" : "model",
-                           diag_suggest(t->str, eval_scope_names(sc)));
-                ok = false;
-            } else if (td->kind != DECL_LAYER) {
-                diag_error(D, t->loc, "`tie = %s`: `%s` is %s (declared at %s), not an "
-                                      "Embedding layer",
-                           t->str, t->str, eval_decl_what(td), diag_where(D, td->name_loc));
-                ok = false;
-            } else {
-                di->tie_decl = td;
-                di->tie_loc = t->loc;
-            }
-        }
-        break;
-    case LK_EMBEDDING:
-        L->n = positive_arg(s, sc, b[0], sig, 0, &ok);
-        L->dim = positive_arg(s, sc, b[1], sig, 1, &ok);
-        break;
+    case LK_LINEAR: ok = check_linear(s, sc, di, sig, b); break;
+    case LK_EMBEDDING: ok = check_embedding(s, sc, L, sig, b); break;
     case LK_LAYERNORM:
-    case LK_RMSNORM:
-        L->dim = positive_arg(s, sc, b[0], sig, 0, &ok);
-        L->eps = kind == LK_LAYERNORM ? 1e-5 : 1e-6;
-        if (b[1]) {
-            ok &= eval_float(s->d, sc, b[1]->value, arena_printf("`%s` argument `eps`", sig->name),
-                             &L->eps);
-            if (ok && !(L->eps > 0)) {
-                diag_error(D, b[1]->value->loc, "`%s` argument `eps` must be positive, got %g",
-                           sig->name, L->eps);
-                ok = false;
-            }
-        }
-        break;
-    case LK_ATTENTION:
-        L->dim = positive_arg(s, sc, b[0], sig, 0, &ok);
-        L->heads = positive_arg(s, sc, b[1], sig, 1, &ok);
-        L->kv_heads = b[2] ? positive_arg(s, sc, b[2], sig, 2, &ok) : L->heads;
-        if (b[3])
-            ok &= eval_bool(s->d, sc, b[3]->value, "`Attention` argument `causal`", &L->causal);
-        if (b[4]) {
-            Expr *r = b[4]->value;
-            if (r->kind == EX_IDENT && strcmp(r->str, "none") == 0) {
-                L->rope_theta = 0;
-            } else if (r->kind == EX_CALL && r->lhs->kind == EX_IDENT &&
-                       strcmp(r->lhs->str, "rope") == 0) {
-                Arg *rb[MAX_ARGS];
-                L->rope_theta = 10000;
-                if (!eval_bind_args(s->d, &sig_rope, r->loc, r->args, rb))
-                    ok = false;
-                else if (rb[0]) {
-                    ok &= eval_float(s->d, sc, rb[0]->value, "`rope` argument `theta`",
-                                     &L->rope_theta);
-                    if (ok && !(L->rope_theta > 0)) {
-                        diag_error(D, rb[0]->value->loc, "rope `theta` must be positive");
-                        ok = false;
-                    }
-                }
-            } else {
-                diag_error(D, r->loc, "`rope` must be `none` or `rope(theta = ...)`");
-                ok = false;
-            }
-        }
-        if (b[5])
-            ok &= eval_bool(s->d, sc, b[5]->value, "`Attention` argument `bias`", &L->bias);
-        if (!ok)
-            break;
-        if (L->dim % L->heads) {
-            diag_error(D, call->loc, "dim %" PRId64 " is not divisible by heads %" PRId64,
-                       L->dim, L->heads);
-            ok = false;
-        } else if (L->heads % L->kv_heads) {
-            diag_error(D, call->loc, "heads %" PRId64 " is not divisible by kv_heads %" PRId64,
-                       L->heads, L->kv_heads);
-            ok = false;
-        } else if (L->rope_theta > 0 && (L->dim / L->heads) % 2) {
-            diag_error(D, b[4]->value->loc,
-                       "rope needs an even head dim; dim %" PRId64 " / heads %" PRId64
-                       " = %" PRId64,
-                       L->dim, L->heads, L->dim / L->heads);
-            ok = false;
-        }
-        break;
-    case LK_MLP: {
-        L->dim = positive_arg(s, sc, b[0], sig, 0, &ok);
-        L->hidden = positive_arg(s, sc, b[1], sig, 1, &ok);
-        int act = ACT_GELU;
-        if (b[2])
-            ok &= eval_enum(s->d, b[2]->value, "`MLP` argument `act`", act_choices, &act);
-        L->act = (Activation)act;
-        if (b[3])
-            ok &= eval_bool(s->d, sc, b[3]->value, "`MLP` argument `bias`", &L->bias);
-        break;
-    }
-    default:
-        fsd_unreachable();
+    case LK_RMSNORM: ok = check_norm(s, sc, L, sig, b); break;
+    case LK_ATTENTION: ok = check_attention(s, sc, L, sig, b, call); break;
+    case LK_MLP: ok = check_mlp(s, sc, L, sig, b); break;
+    default: fsd_unreachable();
     }
     di->ok = ok;
     di->instances = 1;
