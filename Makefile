@@ -29,8 +29,8 @@ else
   B       := build
 endif
 
-SRCS    := util.c ast.c parse.c sema.c model.c ir.c lower.c autodiff.c fuse.c plan.c schedule.c memplan.c sim.c \
-           planner.c emit.c verify.c
+SRCS    := util.c ast.c parse.c eval.c sema.c model.c ir.c lower.c autodiff.c fuse.c plan.c schedule.c \
+           memplan.c sim.c planner.c emit.c verify.c
 OBJS    := $(addprefix $(B)/obj/,$(SRCS:.c=.o)) $(B)/obj/parser.o $(B)/obj/lexer.o \
            $(B)/obj/templates.o $(B)/obj/jsonout.o
 GEN     := $(B)/gen

@@ -1,7 +1,8 @@
 /*
  * fsdpc.h — the compiler's one internal header.
  *
- * The pipeline is  source ─parse─▶ AST ─sema─▶ typed model ─▶ (later passes).
+ * The pipeline is  source ─parse─▶ AST ─sema─▶ checked model ─model_build─▶
+ * typed model ─▶ (later passes).
  * This header is divided into one section per source file, in pipeline order,
  * so reading it top to bottom is reading the compiler's data flow.
  */
@@ -405,15 +406,105 @@ typedef struct Model {
     bool groups_auto;            /* planner.c replaced them: fully_shard auto(...) */
     ShardConfig shard;
     TrainConfig train;
+    /* sema: the sections model_build reads (shard and train may be NULL) */
+    Section *model_sec, *shard_sec, *train_sec;
 } Model;
 
-/* Checks the program and builds the typed model; NULL when there were
- * errors (all reported through d). */
+/* Checks the program: its sections, declarations and forward bodies (every
+ * value's shape). Returns the model with its name, sequence length,
+ * vocabulary, module types and sections, for model_build; NULL when there
+ * were errors (all reported through d). */
 Model *sema_check(Program *p, Diag *d);
-void model_dump(FILE *out, Model *m);
-void type_str(char *buf, size_t n, const Type *t);
 const char *layer_kind_name(LayerKind k);
 const char *builtin_fn_name(BuiltinFn f);
+
+/* ───────────────────────── eval.c: names, constants, arguments ────────── */
+
+/* A folded constant. */
+typedef enum { V_NONE, V_INT, V_FLOAT, V_BOOL, V_STRING } VKind;
+
+typedef struct Value {
+    VKind kind;
+    int64_t i;
+    double f;
+    const char *s;
+} Value;
+
+/* What sema learns about one declaration. */
+typedef struct DeclInfo {
+    int state;            /* constants: 0 unseen, 1 folding, 2 done */
+    bool ok;
+    Value value;          /* DECL_CONST */
+    Layer tpl;            /* DECL_LAYER: kind and configuration */
+    Decl *tie_decl;       /* Linear: the Embedding it is tied to */
+    Loc tie_loc;
+    ModuleType *owner;    /* the type this declaration is a member of */
+    int64_t instances;    /* layer instances one instance of this creates */
+    int child_index;      /* DECL_LAYER: position among its module's layers */
+} DeclInfo;
+
+/* The names in reach: decls (mt's members, when mt is set), then outer's. */
+typedef struct Scope {
+    Decl *decls;
+    struct Scope *outer;
+    ModuleType *mt;
+} Scope;
+
+/* The arguments a built-in layer or a settings function takes. */
+typedef enum { A_INT, A_FLOAT, A_BOOL, A_STRING, A_SIZE, A_ENUM, A_LAYER, A_ROPE, A_PAIR } ArgType;
+
+typedef struct ArgSpec {
+    const char *name;
+    ArgType type;
+    bool required;
+    const char *const *choices;   /* A_ENUM */
+} ArgSpec;
+
+enum { MAX_ARGS = 8 };
+
+typedef struct Signature {
+    const char *name;
+    ArgSpec args[MAX_ARGS];
+} Signature;
+
+/* What sema learned about d (made on first use). */
+DeclInfo *eval_info(Decl *d);
+/* Looks a name up through sc and its enclosing scopes; *outer is set when
+ * it was found in an enclosing one. NULL when it is not declared. */
+Decl *eval_lookup(Scope *sc, const char *name, bool *outer);
+/* The slot of name in t's member index: where it is, or the empty slot
+ * where it would go (sema.c fills the index). */
+Decl **eval_index_slot(ModuleType *t, const char *name);
+/* Every name sc sees, NULL-terminated, for diag_suggest. */
+const char **eval_scope_names(Scope *sc);
+/* "a constant", "a layer", "a block type", "a forward". */
+const char *eval_decl_what(Decl *d);
+/* A folded value as a message shows it: "12", "0.5", "true", "a string". */
+const char *eval_value_desc(const Value *v);
+/* "f32[B, 64, 768]". */
+const char *eval_type_name(const Type *t);
+/* Folds a constant expression; false (reported) when it is not one. */
+bool eval_fold(Diag *d, Scope *sc, Expr *e, Value *out);
+/* Folds a constant declaration once, in the scope it is declared in. */
+bool eval_fold_const(Diag *d, Scope *sc, Decl *decl);
+/* Matches call arguments to sig: positional first, then keywords; bound[i]
+ * receives argument i, or NULL. False (reported) on a mismatch. */
+bool eval_bind_args(Diag *d, const Signature *sig, Loc call_loc, Arg *args, Arg *bound[]);
+/* A bound argument evaluated as the type it must be, `what` naming it in
+ * messages; false (reported) when it is not. */
+bool eval_int(Diag *d, Scope *sc, Expr *e, const char *what, int64_t lo, int64_t *out);
+bool eval_float(Diag *d, Scope *sc, Expr *e, const char *what, double *out);
+bool eval_bool(Diag *d, Scope *sc, Expr *e, const char *what, bool *out);
+bool eval_string(Diag *d, Expr *e, const char *what, const char **out);
+bool eval_enum(Diag *d, Expr *e, const char *what, const char *const *choices, int *out);
+
+/* ───────────────────────── model.c: layer tree, groups, settings ──────── */
+
+/* Builds what sema_check checked: the layer tree with every parameter, the
+ * shard groups and the shard and train settings. Returns m, or NULL when
+ * there were errors (all reported through d). */
+Model *model_build(Model *m, Diag *d);
+void model_dump(FILE *out, Model *m);
 
 /* ───────────────────────── ir.c: the op graph ───────────────────────── */
 
@@ -780,82 +871,5 @@ const char *emit_template_of(OpKind k);
  * failed compiles, or -1 when NVRTC cannot be loaded or an architecture is
  * malformed (the report says why). */
 int verify_kernels(FILE *out, Model *m, Graph *g, const char *archs);
-
-/* ───────────── sema.c internals, shared with model.c ───────────── */
-
-typedef enum { V_NONE, V_INT, V_FLOAT, V_BOOL, V_STRING } VKind;
-
-typedef struct Value {
-    VKind kind;
-    int64_t i;
-    double f;
-    const char *s;
-} Value;
-
-/* What sema learns about one declaration. */
-typedef struct DeclInfo {
-    int state;            /* constants: 0 unseen, 1 folding, 2 done */
-    bool ok;
-    Value value;          /* DECL_CONST */
-    Layer tpl;            /* DECL_LAYER: kind and configuration */
-    Decl *tie_decl;       /* Linear: the Embedding it is tied to */
-    Loc tie_loc;
-    ModuleType *owner;    /* the type this declaration is a member of */
-    int64_t instances;    /* layer instances one instance of this creates */
-    int child_index;      /* DECL_LAYER: position among its module's layers */
-} DeclInfo;
-
-typedef struct Sema {
-    Diag *d;
-    Program *prog;
-    Model *m;
-    Section *model_sec, *shard_sec, *train_sec;
-    ModuleType *root_type;
-    Param **params;
-    int nparams, cap;
-    int64_t ninstances;
-    Loc vocab_loc;        /* the cross_entropy that set Model.vocab */
-} Sema;
-
-typedef struct Scope {
-    Decl *decls;
-    struct Scope *outer;
-    ModuleType *mt;
-} Scope;
-
-typedef enum { A_INT, A_FLOAT, A_BOOL, A_STRING, A_SIZE, A_ENUM, A_LAYER, A_ROPE, A_PAIR } ArgType;
-
-typedef struct ArgSpec {
-    const char *name;
-    ArgType type;
-    bool required;
-    const char *const *choices;   /* A_ENUM */
-} ArgSpec;
-
-enum { MAX_ARGS = 8 };
-
-typedef struct Signature {
-    const char *name;
-    ArgSpec args[MAX_ARGS];
-} Signature;
-
-
-DeclInfo *sema_info(Decl *d);
-Decl *sema_lookup(Scope *sc, const char *name, bool *outer);
-const char **sema_scope_names(Scope *sc);
-const char *sema_decl_what(Decl *d);
-const char *sema_value_desc(const Value *v);
-const char *type_name(const Type *t);
-bool sema_fold(Sema *s, Scope *sc, Expr *e, Value *out);
-bool sema_bind_args(Sema *s, const Signature *sig, Loc call_loc, Arg *args, Arg *bound[]);
-bool sema_eval_int(Sema *s, Scope *sc, Expr *e, const char *what, int64_t lo, int64_t *out);
-bool sema_eval_float(Sema *s, Scope *sc, Expr *e, const char *what, double *out);
-bool sema_eval_bool(Sema *s, Scope *sc, Expr *e, const char *what, bool *out);
-bool sema_eval_string(Sema *s, Expr *e, const char *what, const char **out);
-bool sema_eval_enum(Sema *s, Expr *e, const char *what, const char *const *choices, int *out);
-
-/* ───────────────────────── model.c: layer tree, groups, settings ──────── */
-
-void model_build(Sema *s);
 
 #endif

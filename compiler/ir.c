@@ -120,7 +120,7 @@ const char *tensor_type(const Tensor *t)
 {
     Type ty = {t->dtype, t->rank, {0}};
     memcpy(ty.dim, t->dim, sizeof ty.dim);
-    const char *s = type_name(&ty);   /* "f32[...]" or "i32[...]" */
+    const char *s = eval_type_name(&ty);   /* "f32[...]" or "i32[...]" */
     return t->dtype == DT_F32 && t->store != DTYPE_FP32
                ? arena_printf("%s%s", dtype_name(t->store), s + 3)
                : s;

@@ -1,17 +1,18 @@
 /*
  * main.c — the fsdpc command line, and the pipeline as one list of passes:
  *
- *   parse_program → sema_check → lower_model → autodiff → fuse (unless
- *   --no-fuse) → plan_choose → the dumps, --sim and --trace → emit_program
+ *   parse_program → sema_check → model_build → lower_model → autodiff
+ *   → fuse (unless --no-fuse) → plan_choose → the dumps, --sim and --trace
+ *   → emit_program
  *
  * with a verifier after every pass that builds or transforms the IR: a
  * failure there is a compiler bug and stops with an internal error. Every
  * choice the compiler makes (fully_shard auto's groups, the policy under
  * memory_budget) is made inside plan_choose (planner.c); the passes after
  * it only read the plan. The run stops after the last stage an output
- * needs: --dump-ast after parsing, --check and --dump-model after sema.
- * --verify stops after fusion: it compiles the graph's kernel templates with
- * NVRTC and prints its report instead of writing train.cu.
+ * needs: --dump-ast after parsing, --check and --dump-model after
+ * model_build. --verify stops after fusion: it compiles the graph's kernel
+ * templates with NVRTC and prints its report instead of writing train.cu.
  *
  * Output (train.cu, or the dumps asked for) goes to -o FILE or stdout. A file
  * named by -o is written under a temporary name and renamed only when the
@@ -363,6 +364,8 @@ int main(int argc, char **argv)
         return finish(&out, true);
 
     Model *model = sema_check(prog, &diag);
+    if (model)
+        model = model_build(model, &diag);
     if (!model)
         return finish(&out, false);
     if (o.dump_model && output(&out))

@@ -1,10 +1,16 @@
 /*
- * model.c — the typed model's second half: the layer tree with every
- * parameter (PyTorch names and layouts, docs/design.md#parameter-names-and-layouts), shard groups
- * applied bottom-up as FSDP2 applies fully_shard (deeper targets first; the
- * root takes every parameter left), the shard and train settings with their
- * defaults, and the `--dump-model` printer. sema.c calls model_build once
- * the declarations and forward bodies check out.
+ * model.c — the pass after sema: the checked model becomes the typed model.
+ *
+ *   source_read → parse_program → sema_check → model_build → lower_model ...
+ *
+ * main runs model_build on the Model sema_check returns, once the
+ * declarations and forward bodies check out. It makes the layer tree with
+ * every parameter (PyTorch names and layouts, docs/design.md#parameter-names-and-layouts), shard
+ * groups applied bottom-up as FSDP2 applies fully_shard (deeper targets
+ * first; the root takes every parameter left), and the shard and train
+ * settings with their defaults; it also holds the `--dump-model` printer.
+ * It reads what sema recorded per declaration (DeclInfo) and evaluates the
+ * settings with eval.c, as sema does; it calls nothing of sema.c's passes.
  */
 #include "fsdpc.h"
 
@@ -38,9 +44,20 @@ static const Signature sig_checkpoint = {"checkpoint", {{"every", A_INT, true},
                                                         {"async", A_BOOL},
                                                         {"keep", A_INT}}};
 
+/* The pass's state: the model being built, where messages go, the
+ * sections it reads (from sema_check), and the parameters made so far. */
+typedef struct Build {
+    Model *m;
+    Diag *d;
+    Section *model_sec, *shard_sec, *train_sec;
+    ModuleType *root_type;
+    Param **params;
+    int nparams, cap;
+} Build;
+
 /* ── instantiation: the layer tree and its parameters ── */
 
-static Param *new_param(Sema *s, Layer *owner, const char *local, int rank, int64_t d0,
+static Param *new_param(Build *mb, Layer *owner, const char *local, int rank, int64_t d0,
                         int64_t d1, InitKind init)
 {
     Param *p = arena_alloc(sizeof *p);
@@ -53,15 +70,15 @@ static Param *new_param(Sema *s, Layer *owner, const char *local, int rank, int6
     p->init = init;
     p->owner = owner;
     p->group = -1;
-    if (s->nparams == s->cap) {
-        s->cap = s->cap ? s->cap * 2 : 64;
-        Param **np = arena_alloc(sizeof(Param *) * (size_t)s->cap);
-        if (s->nparams)
-            memcpy(np, s->params, sizeof(Param *) * (size_t)s->nparams);
-        s->params = np;
+    if (mb->nparams == mb->cap) {
+        mb->cap = mb->cap ? mb->cap * 2 : 64;
+        Param **np = arena_alloc(sizeof(Param *) * (size_t)mb->cap);
+        if (mb->nparams)
+            memcpy(np, mb->params, sizeof(Param *) * (size_t)mb->nparams);
+        mb->params = np;
     }
-    p->index = s->nparams;
-    s->params[s->nparams++] = p;
+    p->index = mb->nparams;
+    mb->params[mb->nparams++] = p;
     return p;
 }
 
@@ -78,16 +95,16 @@ static Layer *new_layer(Layer *parent, const char *name, Decl *decl, LayerKind k
     return L;
 }
 
-static Layer *linear(Sema *s, Layer *parent, const char *name, Decl *decl, int64_t in,
+static Layer *linear(Build *mb, Layer *parent, const char *name, Decl *decl, int64_t in,
                      int64_t out, bool bias)
 {
     Layer *L = new_layer(parent, name, decl, LK_LINEAR);
     L->in = in;
     L->out = out;
     L->bias = bias;
-    L->weight = new_param(s, L, "weight", 2, out, in, INIT_NORMAL);
+    L->weight = new_param(mb, L, "weight", 2, out, in, INIT_NORMAL);
     if (bias)
-        L->bias_p = new_param(s, L, "bias", 1, out, 0, INIT_ZEROS);
+        L->bias_p = new_param(mb, L, "bias", 1, out, 0, INIT_ZEROS);
     return L;
 }
 
@@ -98,11 +115,11 @@ static void set_children(Layer *L, Layer **kids, int n)
     L->nchildren = n;
 }
 
-static void instantiate_members(Sema *s, Layer *L, ModuleType *mt);
+static void instantiate_members(Build *mb, Layer *L, ModuleType *mt);
 
-static Layer *instantiate(Sema *s, Layer *parent, const char *name, Decl *d)
+static Layer *instantiate(Build *mb, Layer *parent, const char *name, Decl *d)
 {
-    DeclInfo *di = sema_info(d);
+    DeclInfo *di = eval_info(d);
     Layer *t = &di->tpl;
     Layer *L = new_layer(parent, name, d, t->kind);
     L->in = t->in, L->out = t->out, L->n = t->n, L->dim = t->dim, L->heads = t->heads;
@@ -112,27 +129,27 @@ static Layer *instantiate(Sema *s, Layer *parent, const char *name, Decl *d)
     switch (t->kind) {
     case LK_LINEAR:
         if (!di->tie_decl)
-            L->weight = new_param(s, L, "weight", 2, t->out, t->in, INIT_NORMAL);
+            L->weight = new_param(mb, L, "weight", 2, t->out, t->in, INIT_NORMAL);
         if (t->bias)
-            L->bias_p = new_param(s, L, "bias", 1, t->out, 0, INIT_ZEROS);
+            L->bias_p = new_param(mb, L, "bias", 1, t->out, 0, INIT_ZEROS);
         break;
     case LK_EMBEDDING:
-        L->weight = new_param(s, L, "weight", 2, t->n, t->dim, INIT_NORMAL);
+        L->weight = new_param(mb, L, "weight", 2, t->n, t->dim, INIT_NORMAL);
         break;
     case LK_LAYERNORM:
-        L->weight = new_param(s, L, "weight", 1, t->dim, 0, INIT_ONES);
-        L->bias_p = new_param(s, L, "bias", 1, t->dim, 0, INIT_ZEROS);
+        L->weight = new_param(mb, L, "weight", 1, t->dim, 0, INIT_ONES);
+        L->bias_p = new_param(mb, L, "bias", 1, t->dim, 0, INIT_ZEROS);
         break;
     case LK_RMSNORM:
-        L->weight = new_param(s, L, "weight", 1, t->dim, 0, INIT_ONES);
+        L->weight = new_param(mb, L, "weight", 1, t->dim, 0, INIT_ONES);
         break;
     case LK_ATTENTION: {
         int64_t hd = t->dim / t->heads;
         Layer *kids[4] = {
-            linear(s, L, "q", d, t->dim, t->heads * hd, t->bias),
-            linear(s, L, "k", d, t->dim, t->kv_heads * hd, t->bias),
-            linear(s, L, "v", d, t->dim, t->kv_heads * hd, t->bias),
-            linear(s, L, "o", d, t->heads * hd, t->dim, t->bias),
+            linear(mb, L, "q", d, t->dim, t->heads * hd, t->bias),
+            linear(mb, L, "k", d, t->dim, t->kv_heads * hd, t->bias),
+            linear(mb, L, "v", d, t->dim, t->kv_heads * hd, t->bias),
+            linear(mb, L, "o", d, t->heads * hd, t->dim, t->bias),
         };
         set_children(L, kids, 4);
         break;
@@ -140,28 +157,28 @@ static Layer *instantiate(Sema *s, Layer *parent, const char *name, Decl *d)
     case LK_MLP:
         if (t->act == ACT_SWIGLU) {
             Layer *kids[3] = {
-                linear(s, L, "gate", d, t->dim, t->hidden, t->bias),
-                linear(s, L, "up", d, t->dim, t->hidden, t->bias),
-                linear(s, L, "down", d, t->hidden, t->dim, t->bias),
+                linear(mb, L, "gate", d, t->dim, t->hidden, t->bias),
+                linear(mb, L, "up", d, t->dim, t->hidden, t->bias),
+                linear(mb, L, "down", d, t->hidden, t->dim, t->bias),
             };
             set_children(L, kids, 3);
         } else {
             Layer *kids[2] = {
-                linear(s, L, "fc", d, t->dim, t->hidden, t->bias),
-                linear(s, L, "proj", d, t->hidden, t->dim, t->bias),
+                linear(mb, L, "fc", d, t->dim, t->hidden, t->bias),
+                linear(mb, L, "proj", d, t->hidden, t->dim, t->bias),
             };
             set_children(L, kids, 2);
         }
         break;
     case LK_BLOCK:
-        instantiate_members(s, L, t->mtype);
+        instantiate_members(mb, L, t->mtype);
         break;
     case LK_ARRAY: {
         Layer **kids = arena_alloc(sizeof(Layer *) * (size_t)t->count);
         for (int64_t i = 0; i < t->count; i++) {
             kids[i] = new_layer(L, arena_printf("%" PRId64, i), d, LK_BLOCK);
             kids[i]->mtype = t->mtype;
-            instantiate_members(s, kids[i], t->mtype);
+            instantiate_members(mb, kids[i], t->mtype);
         }
         L->children = kids;
         L->nchildren = (int)t->count;
@@ -171,7 +188,7 @@ static Layer *instantiate(Sema *s, Layer *parent, const char *name, Decl *d)
     return L;
 }
 
-static void instantiate_members(Sema *s, Layer *L, ModuleType *mt)
+static void instantiate_members(Build *mb, Layer *L, ModuleType *mt)
 {
     int n = 0;
     for (Decl *d = mt->members; d; d = d->next)
@@ -179,16 +196,16 @@ static void instantiate_members(Sema *s, Layer *L, ModuleType *mt)
     L->children = arena_alloc(sizeof(Layer *) * (size_t)(n ? n : 1));
     for (Decl *d = mt->members; d; d = d->next)
         if (d->kind == DECL_LAYER) {
-            sema_info(d)->child_index = L->nchildren;
-            L->children[L->nchildren++] = instantiate(s, L, d->name, d);
+            eval_info(d)->child_index = L->nchildren;
+            L->children[L->nchildren++] = instantiate(mb, L, d->name, d);
         }
     /* ties resolve among siblings, by index: a model may tie thousands */
     for (int i = 0; i < L->nchildren; i++) {
         Layer *c = L->children[i];
-        DeclInfo *di = sema_info(c->decl);
+        DeclInfo *di = eval_info(c->decl);
         if (c->kind != LK_LINEAR || !di->tie_decl)
             continue;
-        c->tie = L->children[sema_info(di->tie_decl)->child_index];
+        c->tie = L->children[eval_info(di->tie_decl)->child_index];
         if (c->tie->decl != di->tie_decl)
             fsd_unreachable();
     }
@@ -230,10 +247,10 @@ static const char **child_names(Layer *L)
 
 /* Resolves a fully_shard path to layers: tok, blocks, blocks[3],
  * blocks[*], blocks[*].mlp, root. Returns the count; -1 on error. */
-static int resolve_path(Sema *s, Expr *e, Layer **out, int cap)
+static int resolve_path(Build *mb, Expr *e, Layer **out, int cap)
 {
-    Diag *D = s->d;
-    Model *m = s->m;
+    Diag *D = mb->d;
+    Model *m = mb->m;
     if (e->kind == EX_IDENT) {
         if (strcmp(e->str, "root") == 0) {
             out[0] = NULL;
@@ -242,12 +259,12 @@ static int resolve_path(Sema *s, Expr *e, Layer **out, int cap)
         Layer *L = child_named(m->root, e->str);
         if (!L) {
             bool o;
-            Scope sc = {s->model_sec->decls, NULL, s->root_type};
-            Decl *d = sema_lookup(&sc, e->str, &o);
+            Scope sc = {mb->model_sec->decls, NULL, mb->root_type};
+            Decl *d = eval_lookup(&sc, e->str, &o);
             if (d)
                 diag_error(D, e->loc, "`fully_shard %s`: `%s` is %s (declared at %s), not a "
                                       "layer",
-                           e->str, e->str, sema_decl_what(d), diag_where(D, d->name_loc));
+                           e->str, e->str, eval_decl_what(d), diag_where(D, d->name_loc));
             else
                 diag_error(D, e->loc, "`fully_shard %s`: the model has no layer `%s`%s", e->str,
                            e->str, diag_suggest(e->str, child_names(m->root)));
@@ -260,7 +277,7 @@ static int resolve_path(Sema *s, Expr *e, Layer **out, int cap)
         /* The bases are resolved into out and replaced in place, so a long
          * path costs no buffer per step (a cap-sized one each was 1.6 MB
          * per `.`); only [*], which fans out, copies its bases first. */
-        int nb = resolve_path(s, e->lhs, out, cap);
+        int nb = resolve_path(mb, e->lhs, out, cap);
         if (nb < 0)
             return -1;
         Layer **base = out;
@@ -296,9 +313,9 @@ static int resolve_path(Sema *s, Expr *e, Layer **out, int cap)
                     out[n++] = b->children[j];
                 continue;
             }
-            Scope sc = {s->model_sec->decls, NULL, s->root_type};
+            Scope sc = {mb->model_sec->decls, NULL, mb->root_type};
             int64_t k;
-            if (!sema_eval_int(s, &sc, e->rhs, "an array index", 0, &k))
+            if (!eval_int(mb->d, &sc, e->rhs, "an array index", 0, &k))
                 return -1;
             if (k >= b->nchildren) {
                 diag_error(D, e->rhs->loc, "index %" PRId64 " is out of range: `%s` has %d "
@@ -336,50 +353,51 @@ static int cmp_target(const void *a, const void *b)
     return x->order - y->order;
 }
 
-static void check_tie_groups(Sema *s, Layer *L)
+static void check_tie_groups(Build *mb, Layer *L)
 {
     if (L->kind == LK_LINEAR && L->tie && L->group != L->tie->group) {
-        Model *m = s->m;
-        DeclInfo *di = sema_info(L->decl);
-        diag_error(s->d, di->tie_loc, "`%s` ties `%s.weight`, but `%s` is in shard group `%s` "
+        Model *m = mb->m;
+        DeclInfo *di = eval_info(L->decl);
+        diag_error(mb->d, di->tie_loc, "`%s` ties `%s.weight`, but `%s` is in shard group `%s` "
                                       "(%s) and `%s` in `%s` (%s); a tied weight must stay in "
                                       "one group",
                    L->path, L->tie->path, L->path, m->groups[L->group]->name,
-                   diag_where(s->d, m->groups[L->group]->loc), L->tie->path,
-                   m->groups[L->tie->group]->name, diag_where(s->d, m->groups[L->tie->group]->loc));
+                   diag_where(mb->d, m->groups[L->group]->loc), L->tie->path,
+                   m->groups[L->tie->group]->name,
+                   diag_where(mb->d, m->groups[L->tie->group]->loc));
     }
     for (int i = 0; i < L->nchildren; i++)
-        check_tie_groups(s, L->children[i]);
+        check_tie_groups(mb, L->children[i]);
 }
 
 static const Signature sig_auto = {"auto", {{"bucket", A_SIZE, true}}};
 
 /* fully_shard auto(bucket = 256MiB): the planner makes the groups (plan.c);
  * sema only checks the line and keeps the size. */
-static void auto_bucket(Sema *s, Setting *st)
+static void auto_bucket(Build *mb, Setting *st)
 {
     Arg *b[MAX_ARGS];
     Expr *call = st->value;
-    if (!sema_bind_args(s, &sig_auto, call->loc, call->args, b))
+    if (!eval_bind_args(mb->d, &sig_auto, call->loc, call->args, b))
         return;
-    Scope sc = {s->model_sec->decls, NULL, s->root_type};
+    Scope sc = {mb->model_sec->decls, NULL, mb->root_type};
     Value v;
-    if (!sema_fold(s, &sc, b[0]->value, &v))
+    if (!eval_fold(mb->d, &sc, b[0]->value, &v))
         return;
     if (v.kind != V_INT || !b[0]->value->is_size || v.i <= 0)
-        diag_error(s->d, b[0]->value->loc, "`bucket` is a positive size with a unit, like "
+        diag_error(mb->d, b[0]->value->loc, "`bucket` is a positive size with a unit, like "
                                            "256MiB");
     else
-        s->m->shard.auto_bucket_bytes = v.i;
+        mb->m->shard.auto_bucket_bytes = v.i;
 }
 
-static void plan_groups(Sema *s, Setting *settings)
+static void plan_groups(Build *mb, Setting *settings)
 {
-    Diag *D = s->d;
-    Model *m = s->m;
+    Diag *D = mb->d;
+    Model *m = mb->m;
     int cap = 16, n = 0;
     Target *targets = arena_alloc(sizeof(Target) * (size_t)cap);
-    Loc root_loc = s->shard_sec ? s->shard_sec->kw_loc : s->model_sec->kw_loc;
+    Loc root_loc = mb->shard_sec ? mb->shard_sec->kw_loc : mb->model_sec->kw_loc;
     int maxk = MAX_LAYER_INSTANCES + 1;
     Layer **found = arena_alloc(sizeof(Layer *) * (size_t)maxk);
     Setting *auto_line = NULL, *first_target = NULL;
@@ -388,14 +406,14 @@ static void plan_groups(Sema *s, Setting *settings)
             continue;
         Expr *v = st->value;
         if (v->kind == EX_CALL && v->lhs->kind == EX_IDENT && strcmp(v->lhs->str, "auto") == 0) {
-            auto_bucket(s, st);
+            auto_bucket(mb, st);
             if (!auto_line)
                 auto_line = st;
             continue;
         }
         if (!first_target)
             first_target = st;
-        int k = resolve_path(s, st->value, found, maxk);
+        int k = resolve_path(mb, st->value, found, maxk);
         for (int i = 0; i < k; i++) {
             if (!found[i]) {
                 root_loc = st->loc;
@@ -458,7 +476,7 @@ static void plan_groups(Sema *s, Setting *settings)
         ShardGroup *g = m->groups[m->params[i]->group];
         g->params[g->nparams++] = m->params[i];
     }
-    check_tie_groups(s, m->root);
+    check_tie_groups(mb, m->root);
 }
 
 /* ── shard and train settings ── */
@@ -496,9 +514,9 @@ static const SettingSpec train_settings[] = {
 
 /* Checks the form of each setting and that none repeats; returns the
  * settings indexed like specs. */
-static void collect_settings(Sema *s, Section *sec, const SettingSpec *specs, Setting **by)
+static void collect_settings(Build *mb, Section *sec, const SettingSpec *specs, Setting **by)
 {
-    Diag *D = s->d;
+    Diag *D = mb->d;
     const char *names[32] = {0};
     int n = 0;
     while (specs[n].name) {
@@ -536,29 +554,29 @@ static void collect_settings(Sema *s, Section *sec, const SettingSpec *specs, Se
     }
 }
 
-static void check_shard(Sema *s)
+static void check_shard(Build *mb)
 {
-    Model *m = s->m;
+    Model *m = mb->m;
     ShardConfig *c = &m->shard;
-    Scope sc = {s->model_sec->decls, NULL, s->root_type};
+    Scope sc = {mb->model_sec->decls, NULL, mb->root_type};
     int64_t auto_bucket = c->auto_bucket_bytes;   /* set by plan_groups */
     *c = (ShardConfig){.reshard_after_forward = -1, .prefetch_forward = 1,
                        .prefetch_backward = 1, .reshard_after_backward = true};
     c->auto_bucket_bytes = auto_bucket;
     Setting *by[8];
-    collect_settings(s, s->shard_sec, shard_settings, by);
+    collect_settings(mb, mb->shard_sec, shard_settings, by);
     if (by[0]) {
         bool v;
-        if (sema_eval_bool(s, &sc, by[0]->value, "`reshard_after_forward`", &v))
+        if (eval_bool(mb->d, &sc, by[0]->value, "`reshard_after_forward`", &v))
             c->reshard_after_forward = v;
     }
     if (by[1]) {
         Arg *b[MAX_ARGS];
-        if (sema_bind_args(s, &sig_mixed, by[1]->loc, by[1]->args, b)) {
+        if (eval_bind_args(mb->d, &sig_mixed, by[1]->loc, by[1]->args, b)) {
             int v;
             DType *dst[3] = {&c->param_dtype, &c->reduce_dtype, &c->output_dtype};
             for (int i = 0; i < 3; i++)
-                if (b[i] && sema_eval_enum(s, b[i]->value,
+                if (b[i] && eval_enum(mb->d, b[i]->value,
                                       arena_printf("`mixed_precision` argument `%s`",
                                                    sig_mixed.args[i].name),
                                       dtype_choices, &v))
@@ -567,23 +585,23 @@ static void check_shard(Sema *s)
              * which are reduced in bf16 or widened to fp32: fp16 would
              * narrow them to a dtype with less range */
             if (c->param_dtype == DTYPE_BF16 && c->reduce_dtype == DTYPE_FP16)
-                diag_error(s->d, b[1]->value->loc,
+                diag_error(mb->d, b[1]->value->loc,
                            "`reduce = fp16` with `param = bf16`: bf16 gradients are reduced in "
                            "bf16 or fp32");
         }
     }
     if (by[2]) {
         Arg *b[MAX_ARGS];
-        if (sema_bind_args(s, &sig_prefetch, by[2]->loc, by[2]->args, b)) {
+        if (eval_bind_args(mb->d, &sig_prefetch, by[2]->loc, by[2]->args, b)) {
             int64_t v;
             int *dst[2] = {&c->prefetch_forward, &c->prefetch_backward};
             for (int i = 0; i < 2; i++)
-                if (b[i] && sema_eval_int(s, &sc, b[i]->value,
+                if (b[i] && eval_int(mb->d, &sc, b[i]->value,
                                      arena_printf("`prefetch` argument `%s`",
                                                   sig_prefetch.args[i].name),
                                      0, &v)) {
                     if (v > MAX_PREFETCH)
-                        diag_error(s->d, b[i]->value->loc, "prefetch depth %" PRId64
+                        diag_error(mb->d, b[i]->value->loc, "prefetch depth %" PRId64
                                                            " is more than %d groups ahead",
                                    v, MAX_PREFETCH);
                     else
@@ -593,17 +611,17 @@ static void check_shard(Sema *s)
     }
     if (by[3]) {
         int v;
-        if (sema_eval_enum(s, by[3]->value, "`offload`", offload_choices, &v))
+        if (eval_enum(mb->d, by[3]->value, "`offload`", offload_choices, &v))
             c->offload_cpu = v == 1;
     }
     if (by[4]) {
         Value v;
-        if (sema_fold(s, &sc, by[4]->value, &v)) {
+        if (eval_fold(mb->d, &sc, by[4]->value, &v)) {
             if (v.kind != V_INT || !by[4]->value->is_size)
-                diag_error(s->d, by[4]->value->loc, "`memory_budget` is a size with a unit, "
+                diag_error(mb->d, by[4]->value->loc, "`memory_budget` is a size with a unit, "
                                                     "like 70GiB");
             else if (v.i <= 0)
-                diag_error(s->d, by[4]->value->loc, "`memory_budget` must be positive");
+                diag_error(mb->d, by[4]->value->loc, "`memory_budget` must be positive");
             else
                 c->memory_budget_bytes = v.i;
             c->memory_budget_loc = by[4]->loc;
@@ -615,7 +633,7 @@ static void check_shard(Sema *s)
      * set_requires_gradient_sync(False) on the others). */
     if (by[5]) {
         int v;
-        if (sema_eval_enum(s, by[5]->value, "`accumulate`", accumulate_choices, &v))
+        if (eval_enum(mb->d, by[5]->value, "`accumulate`", accumulate_choices, &v))
             c->accumulate_unsharded = v == 1;
     }
     /* FSDP2's set_reshard_after_backward(False): parameters gathered in a
@@ -623,36 +641,36 @@ static void check_shard(Sema *s)
      * memory for the all-gathers of the later micro-batches. */
     if (by[6]) {
         bool v;
-        if (sema_eval_bool(s, &sc, by[6]->value, "`reshard_after_backward`", &v))
+        if (eval_bool(mb->d, &sc, by[6]->value, "`reshard_after_backward`", &v))
             c->reshard_after_backward = v;
     }
 }
 
-static void check_lr_positive(Sema *s, Arg *a, double lr)
+static void check_lr_positive(Build *mb, Arg *a, double lr)
 {
     if (!(lr > 0))
-        diag_error(s->d, a->value->loc, "learning rate must be positive, got %g", lr);
+        diag_error(mb->d, a->value->loc, "learning rate must be positive, got %g", lr);
 }
 
-static void check_optimizer(Sema *s, Scope *sc, Expr *e)
+static void check_optimizer(Build *mb, Scope *sc, Expr *e)
 {
-    TrainConfig *t = &s->m->train;
-    Diag *D = s->d;
+    TrainConfig *t = &mb->m->train;
+    Diag *D = mb->d;
     const char *name = e->kind == EX_CALL && e->lhs->kind == EX_IDENT ? e->lhs->str : NULL;
     Arg *b[MAX_ARGS];
     if (name && strcmp(name, "adamw") == 0) {
         t->optimizer = OPT_ADAMW;
-        if (!sema_bind_args(s, &sig_adamw, e->loc, e->args, b))
+        if (!eval_bind_args(mb->d, &sig_adamw, e->loc, e->args, b))
             return;
-        if (sema_eval_float(s, sc, b[0]->value, "`adamw` argument `lr`", &t->lr))
-            check_lr_positive(s, b[0], t->lr);
+        if (eval_float(mb->d, sc, b[0]->value, "`adamw` argument `lr`", &t->lr))
+            check_lr_positive(mb, b[0], t->lr);
         if (b[1]) {
             Expr *p = b[1]->value;
             double v[2];
             if (p->kind != EX_TUPLE || !p->args->next || p->args->next->next) {
                 diag_error(D, p->loc, "`betas` is a pair: `betas = (0.9, 0.95)`");
-            } else if (sema_eval_float(s, sc, p->args->value, "beta1", &v[0]) &&
-                       sema_eval_float(s, sc, p->args->next->value, "beta2", &v[1])) {
+            } else if (eval_float(mb->d, sc, p->args->value, "beta1", &v[0]) &&
+                       eval_float(mb->d, sc, p->args->next->value, "beta2", &v[1])) {
                 for (int i = 0; i < 2; i++)
                     if (!(v[i] >= 0 && v[i] < 1))
                         diag_error(D, (i ? p->args->next : p->args)->value->loc,
@@ -661,10 +679,10 @@ static void check_optimizer(Sema *s, Scope *sc, Expr *e)
                 t->beta2 = v[1];
             }
         }
-        if (b[2] && sema_eval_float(s, sc, b[2]->value, "`adamw` argument `eps`", &t->eps) &&
+        if (b[2] && eval_float(mb->d, sc, b[2]->value, "`adamw` argument `eps`", &t->eps) &&
             !(t->eps > 0))
             diag_error(D, b[2]->value->loc, "`eps` must be positive, got %g", t->eps);
-        if (b[3] && sema_eval_float(s, sc, b[3]->value, "`adamw` argument `weight_decay`",
+        if (b[3] && eval_float(mb->d, sc, b[3]->value, "`adamw` argument `weight_decay`",
                                &t->weight_decay) &&
             !(t->weight_decay >= 0))
             diag_error(D, b[3]->value->loc, "`weight_decay` must be zero or more, got %g",
@@ -674,20 +692,20 @@ static void check_optimizer(Sema *s, Scope *sc, Expr *e)
     if (name && strcmp(name, "sgd") == 0) {
         t->optimizer = OPT_SGD;
         t->weight_decay = 0;
-        if (!sema_bind_args(s, &sig_sgd, e->loc, e->args, b))
+        if (!eval_bind_args(mb->d, &sig_sgd, e->loc, e->args, b))
             return;
-        if (sema_eval_float(s, sc, b[0]->value, "`sgd` argument `lr`", &t->lr))
-            check_lr_positive(s, b[0], t->lr);
-        if (b[1] && sema_eval_float(s, sc, b[1]->value, "`sgd` argument `momentum`", &t->momentum) &&
+        if (eval_float(mb->d, sc, b[0]->value, "`sgd` argument `lr`", &t->lr))
+            check_lr_positive(mb, b[0], t->lr);
+        if (b[1] && eval_float(mb->d, sc, b[1]->value, "`sgd` argument `momentum`", &t->momentum) &&
             !(t->momentum >= 0 && t->momentum < 1))
             diag_error(D, b[1]->value->loc, "`momentum` must be in [0, 1), got %g", t->momentum);
-        if (b[2] && sema_eval_float(s, sc, b[2]->value, "`sgd` argument `weight_decay`",
+        if (b[2] && eval_float(mb->d, sc, b[2]->value, "`sgd` argument `weight_decay`",
                                &t->weight_decay) &&
             !(t->weight_decay >= 0))
             diag_error(D, b[2]->value->loc, "`weight_decay` must be zero or more, got %g",
                        t->weight_decay);
         if (b[3])
-            sema_eval_bool(s, sc, b[3]->value, "`sgd` argument `nesterov`", &t->nesterov);
+            eval_bool(mb->d, sc, b[3]->value, "`sgd` argument `nesterov`", &t->nesterov);
         return;
     }
     static const char *const opts[] = {"adamw", "sgd", NULL};
@@ -697,26 +715,26 @@ static void check_optimizer(Sema *s, Scope *sc, Expr *e)
                                      : "");
 }
 
-static void check_train(Sema *s)
+static void check_train(Build *mb)
 {
-    Model *m = s->m;
-    Diag *D = s->d;
+    Model *m = mb->m;
+    Diag *D = mb->d;
     TrainConfig *t = &m->train;
-    Scope sc = {s->model_sec->decls, NULL, s->root_type};
+    Scope sc = {mb->model_sec->decls, NULL, mb->root_type};
     *t = (TrainConfig){.micro_batch = 1, .grad_accum = 1, .steps = 1000, .seed = 1337,
                        .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.01,
                        .schedule = SCHED_CONSTANT, .ckpt_dir = "ckpt"};
     Setting *by[16];
-    collect_settings(s, s->train_sec, train_settings, by);
+    collect_settings(mb, mb->train_sec, train_settings, by);
     /* Upper limits keep every size the planner multiplies (B·T·width) and
      * every step count well inside 64 bits. */
     int64_t *ints[4] = {&t->micro_batch, &t->grad_accum, &t->steps, &t->seed};
     static const int64_t most[4] = {1 << 20, 1 << 20, (int64_t)1 << 40, INT64_MAX};
     for (int i = 0; i < 4; i++) {
         int64_t v;
-        if (!by[i] || !sema_eval_int(s, &sc, by[i]->value,
-                                     arena_printf("`%s`", train_settings[i].name), i == 3 ? 0 : 1,
-                                     &v))
+        if (!by[i] || !eval_int(mb->d, &sc, by[i]->value,
+                                arena_printf("`%s`", train_settings[i].name), i == 3 ? 0 : 1,
+                                &v))
             continue;
         if (v > most[i])
             diag_error(D, by[i]->value->loc, "`%s` is %" PRId64 "; the limit is %" PRId64,
@@ -725,12 +743,12 @@ static void check_train(Sema *s)
             *ints[i] = v;
     }
     if (by[4])
-        check_optimizer(s, &sc, by[4]->value);
+        check_optimizer(mb, &sc, by[4]->value);
     else if (!D->errors)
-        diag_error(D, s->train_sec ? s->train_sec->kw_loc : s->model_sec->kw_loc,
+        diag_error(D, mb->train_sec ? mb->train_sec->kw_loc : mb->model_sec->kw_loc,
                    "%s: `optimizer` has no default; add `optimizer = adamw(lr = 3e-4)` to "
                    "the `train` section",
-                   s->train_sec ? "the train section sets no optimizer" : "no `train` section");
+                   mb->train_sec ? "the train section sets no optimizer" : "no `train` section");
     if (by[5]) {
         Expr *e = by[5]->value;
         if (e->kind == EX_IDENT && strcmp(e->str, "constant") == 0) {
@@ -739,10 +757,10 @@ static void check_train(Sema *s)
                    strcmp(e->lhs->str, "cosine") == 0) {
             Arg *b[MAX_ARGS];
             t->schedule = SCHED_COSINE;
-            if (sema_bind_args(s, &sig_cosine, e->loc, e->args, b)) {
+            if (eval_bind_args(mb->d, &sig_cosine, e->loc, e->args, b)) {
                 if (b[0])
-                    sema_eval_int(s, &sc, b[0]->value, "`cosine` argument `warmup`", 0, &t->warmup);
-                if (b[1] && sema_eval_float(s, &sc, b[1]->value, "`cosine` argument `min_lr`",
+                    eval_int(mb->d, &sc, b[0]->value, "`cosine` argument `warmup`", 0, &t->warmup);
+                if (b[1] && eval_float(mb->d, &sc, b[1]->value, "`cosine` argument `min_lr`",
                                        &t->min_lr)) {
                     if (!(t->min_lr >= 0))
                         diag_error(D, b[1]->value->loc, "`min_lr` must be zero or more");
@@ -757,25 +775,25 @@ static void check_train(Sema *s)
                                   "min_lr = ...)`");
         }
     }
-    if (by[6] && sema_eval_float(s, &sc, by[6]->value, "`grad_clip`", &t->grad_clip) &&
+    if (by[6] && eval_float(mb->d, &sc, by[6]->value, "`grad_clip`", &t->grad_clip) &&
         !(t->grad_clip > 0))
         diag_error(D, by[6]->value->loc, "`grad_clip` must be positive, got %g", t->grad_clip);
     if (by[7]) {
         Arg *b[MAX_ARGS];
-        if (sema_bind_args(s, &sig_checkpoint, by[7]->loc, by[7]->args, b)) {
-            sema_eval_int(s, &sc, b[0]->value, "`checkpoint` argument `every`", 1, &t->ckpt_every);
+        if (eval_bind_args(mb->d, &sig_checkpoint, by[7]->loc, by[7]->args, b)) {
+            eval_int(mb->d, &sc, b[0]->value, "`checkpoint` argument `every`", 1, &t->ckpt_every);
             if (b[1])
-                sema_eval_string(s, b[1]->value, "`checkpoint` argument `dir`", &t->ckpt_dir);
+                eval_string(mb->d, b[1]->value, "`checkpoint` argument `dir`", &t->ckpt_dir);
             if (b[2])
-                sema_eval_bool(s, &sc, b[2]->value, "`checkpoint` argument `async`", &t->ckpt_async);
+                eval_bool(mb->d, &sc, b[2]->value, "`checkpoint` argument `async`", &t->ckpt_async);
             if (b[3])
-                sema_eval_int(s, &sc, b[3]->value, "`checkpoint` argument `keep`", 0, &t->ckpt_keep);
+                eval_int(mb->d, &sc, b[3]->value, "`checkpoint` argument `keep`", 0, &t->ckpt_keep);
         }
     }
     if (by[8])
-        sema_eval_string(s, by[8]->value, "`data`", &t->data);
+        eval_string(mb->d, by[8]->value, "`data`", &t->data);
     if (by[9])
-        sema_eval_string(s, by[9]->value, "`val_data`", &t->val_data);
+        eval_string(mb->d, by[9]->value, "`val_data`", &t->val_data);
 }
 
 /* ── --dump-model ── */
@@ -839,8 +857,8 @@ static void dump_signature(FILE *out, ModuleType *t)
     fprintf(out, "  %s.forward(", t->name);
     int i = 0;
     for (Name *n = t->forward->params; n; n = n->next, i++)
-        fprintf(out, "%s%s: %s", i ? ", " : "", n->name, type_name(&t->in_ty[i]));
-    fprintf(out, ") -> %s\n", type_name(&t->out_ty));
+        fprintf(out, "%s%s: %s", i ? ", " : "", n->name, eval_type_name(&t->in_ty[i]));
+    fprintf(out, ") -> %s\n", eval_type_name(&t->out_ty));
 }
 
 void model_dump(FILE *out, Model *m)
@@ -921,27 +939,29 @@ void model_dump(FILE *out, Model *m)
 
 /* Builds the layer tree, its parameters and shard groups, and checks the
  * shard and train settings: everything after the forward bodies check. */
-void model_build(Sema *s)
+Model *model_build(Model *m, Diag *d)
 {
-    Model *m = s->m;
-    Diag *d = s->d;
+    Build B = {.m = m, .d = d, .model_sec = m->model_sec, .shard_sec = m->shard_sec,
+               .train_sec = m->train_sec, .root_type = m->root_type},
+          *mb = &B;
     /* the layer tree and its parameters */
     m->root = new_layer(NULL, "", NULL, LK_BLOCK);
-    m->root->mtype = s->root_type;
-    m->root->loc = s->model_sec->name_loc;
-    instantiate_members(s, m->root, s->root_type);
-    m->params = s->params;
-    m->nparams = s->nparams;
+    m->root->mtype = mb->root_type;
+    m->root->loc = mb->model_sec->name_loc;
+    instantiate_members(mb, m->root, mb->root_type);
+    m->params = mb->params;
+    m->nparams = mb->nparams;
     for (int i = 0; i < m->nparams; i++) {
         if (__builtin_add_overflow(m->numel, m->params[i]->numel, &m->numel) ||
             m->numel > MAX_NUMEL) {
-            diag_error(d, s->model_sec->name_loc, "model `%s` has more than 2^53 parameters",
+            diag_error(d, mb->model_sec->name_loc, "model `%s` has more than 2^53 parameters",
                        m->name);
-            return;
+            return NULL;
         }
     }
 
-    plan_groups(s, s->shard_sec ? s->shard_sec->settings : NULL);
-    check_shard(s);
-    check_train(s);
+    plan_groups(mb, mb->shard_sec ? mb->shard_sec->settings : NULL);
+    check_shard(mb);
+    check_train(mb);
+    return d->errors ? NULL : m;
 }

@@ -1,5 +1,5 @@
 /*
- * sema.c — semantic analysis: the AST becomes a typed model.
+ * sema.c — semantic analysis: the AST becomes a checked model.
  *
  * In order:
  *   1. sections: one model, at most one shard and one train section;
@@ -7,33 +7,33 @@
  *      the model's constants and the block types), constants folded,
  *      layer arguments bound and checked, block types checked for cycles;
  *   3. forward bodies: every value gets a shape and dtype, from the model's
- *      forward(idx, targets) down through each block type it calls;
- *   4. instantiation: the layer tree with every parameter (PyTorch names and
- *      layouts, docs/design.md#parameter-names-and-layouts);
- *   5. the shard section: fully_shard targets become shard groups, applied
- *      bottom-up as FSDP2 does (deeper targets first, the root takes the
- *      rest), and the shard and train settings, with their defaults.
+ *      forward(idx, targets) down through each block type it calls.
+ * Names, constants and arguments are evaluated by eval.c. The layer tree,
+ * the shard groups and the settings are the next pass's (model_build in
+ * model.c), which main runs on the Model this returns.
  * Errors are collected; sema goes on after each one where it can, so a run
  * reports several, and returns NULL if there were any.
  */
 #include "fsdpc.h"
 
 #include <inttypes.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 /* Limits that keep a hostile input from exhausting memory. */
-enum { MAX_LAYER_INSTANCES = 200000, MAX_ARRAY = 100000, MAX_PREFETCH = 16 };
+enum { MAX_LAYER_INSTANCES = 200000, MAX_ARRAY = 100000 };
 #define MAX_NUMEL ((int64_t)1 << 53)
 
-
-DeclInfo *sema_info(Decl *d)
-{
-    if (!d->info)
-        d->info = arena_alloc(sizeof(DeclInfo));
-    return d->info;
-}
+/* The checker's state: the sections found, the module types made, and the
+ * cross_entropy that fixed the vocabulary. */
+typedef struct Sema {
+    Diag *d;
+    Program *prog;
+    Model *m;
+    Section *model_sec, *shard_sec, *train_sec;
+    ModuleType *root_type;
+    Loc vocab_loc;        /* the cross_entropy that set Model.vocab */
+} Sema;
 
 /* ── small helpers ── */
 
@@ -69,286 +69,9 @@ static const int dtype_sizes[] = {
 const char *dtype_name(DType t) { return dtype_names[t]; }
 int dtype_bytes(DType t) { return dtype_sizes[t]; }
 
-void type_str(char *buf, size_t n, const Type *t)
-{
-    size_t k = (size_t)snprintf(buf, n, "%s[", t->dtype == DT_I32 ? "i32" : "f32");
-    for (int i = 0; i < t->rank && k < n; i++) {
-        if (t->dim[i] == DIM_BATCH)
-            k += (size_t)snprintf(buf + k, n - k, "%sB", i ? ", " : "");
-        else
-            k += (size_t)snprintf(buf + k, n - k, "%s%" PRId64, i ? ", " : "", t->dim[i]);
-    }
-    if (k < n)
-        snprintf(buf + k, n - k, "]");
-}
-
-const char *type_name(const Type *t)
-{
-    char buf[128];
-    type_str(buf, sizeof buf, t);
-    return arena_strdup(buf);
-}
-
-const char *sema_value_desc(const Value *v)
-{
-    switch (v->kind) {
-    case V_INT: return arena_printf("%" PRId64, v->i);
-    case V_FLOAT: return arena_printf("%g", v->f);
-    case V_BOOL: return v->i ? "true" : "false";
-    case V_STRING: return "a string";
-    case V_NONE: return "nothing";
-    }
-    fsd_unreachable();
-}
-
-/* ── scopes ──
- * The model's scope holds its members; a block's scope holds the block's
- * members and sees the model's constants and block types. */
-
-static Decl *find_local(Decl *decls, const char *name)
-{
-    for (Decl *d = decls; d; d = d->next)
-        if (d->name && strcmp(d->name, name) == 0)
-            return d;
-    return NULL;
-}
-
-static uint32_t name_hash(const char *s)
-{
-    uint32_t h = 2166136261u;   /* FNV-1a */
-    for (; *s; s++)
-        h = (h ^ (unsigned char)*s) * 16777619u;
-    return h;
-}
-
-/* The slot of name in a module type's member index: where it is, or the
- * empty slot where it would go. */
-static Decl **index_slot(ModuleType *t, const char *name)
-{
-    uint32_t i = name_hash(name) & t->index_mask;
-    while (t->index[i] && strcmp(t->index[i]->name, name) != 0)
-        i = (i + 1) & t->index_mask;
-    return &t->index[i];
-}
-
-/* Looks a name up; *outer is set when it was found in an enclosing scope.
- * A scope over a module type's members uses the type's index (a file may
- * declare half a million constants); others are searched in order. */
-Decl *sema_lookup(Scope *sc, const char *name, bool *outer)
-{
-    *outer = false;
-    for (; sc; sc = sc->outer) {
-        Decl *d = sc->mt && sc->mt->index && sc->decls == sc->mt->members
-                      ? *index_slot(sc->mt, name)
-                      : find_local(sc->decls, name);
-        if (d)
-            return d;
-        *outer = true;
-    }
-    return NULL;
-}
-
-const char **sema_scope_names(Scope *sc)
-{
-    int n = 0;
-    for (Scope *s = sc; s; s = s->outer)
-        for (Decl *d = s->decls; d; d = d->next)
-            n++;
-    const char **names = arena_alloc(sizeof(char *) * (size_t)(n + 1));
-    n = 0;
-    for (Scope *s = sc; s; s = s->outer)
-        for (Decl *d = s->decls; d; d = d->next)
-            if (d->name)
-                names[n++] = d->name;
-    return names;
-}
-
-const char *sema_decl_what(Decl *d)
-{
-    switch (d->kind) {
-    case DECL_CONST: return "a constant";
-    case DECL_LAYER: return "a layer";
-    case DECL_BLOCK: return "a block type";
-    case DECL_FORWARD: return "a forward";
-    }
-    fsd_unreachable();
-}
-
-/* ── constant folding ── */
-
-static bool fold_const_decl(Sema *s, Scope *sc, Decl *d);
-
-/* A divisor that folded to zero; a constant's name says where it is set. */
-static void zero_divisor(Sema *s, Scope *sc, Expr *rhs)
-{
-    bool outer;
-    Decl *d = rhs->kind == EX_IDENT ? sema_lookup(sc, rhs->str, &outer) : NULL;
-    if (d)
-        diag_error(s->d, rhs->loc, "division by zero in constant expression: `%s` is 0 (at %s)",
-                   rhs->str, diag_where(s->d, d->value->loc));
-    else
-        diag_error(s->d, rhs->loc, "division by zero in constant expression");
-}
-
-bool sema_fold(Sema *s, Scope *sc, Expr *e, Value *out)
-{
-    Diag *D = s->d;
-    memset(out, 0, sizeof *out);
-    switch (e->kind) {
-    case EX_INT:
-        out->kind = V_INT;
-        out->i = e->ival;
-        return true;
-    case EX_FLOAT:
-        out->kind = V_FLOAT;
-        out->f = e->fval;
-        return true;
-    case EX_BOOL:
-        out->kind = V_BOOL;
-        out->i = e->ival;
-        return true;
-    case EX_STRING:
-        out->kind = V_STRING;
-        out->s = e->str;
-        return true;
-    case EX_IDENT: {
-        bool outer;
-        Decl *d = sema_lookup(sc, e->str, &outer);
-        if (!d) {
-            diag_error(D, e->loc, "undefined name `%s`%s", e->str,
-                       diag_suggest(e->str, sema_scope_names(sc)));
-            return false;
-        }
-        if (d->kind != DECL_CONST) {
-            diag_error(D, e->loc, "`%s` is %s (declared at %s), not a constant", e->str,
-                       sema_decl_what(d), diag_where(D, d->name_loc));
-            return false;
-        }
-        DeclInfo *di = sema_info(d);
-        if (di->state == 0 && !outer) {
-            diag_error(D, e->loc, "constant `%s` is used before its definition at %s", e->str,
-                       diag_where(D, d->name_loc));
-            return false;
-        }
-        if (di->state == 0 && !fold_const_decl(s, sc->outer, d))
-            return false;
-        if (di->state == 1) {
-            diag_error(D, e->loc, "constant `%s` is defined in terms of itself", e->str);
-            return false;
-        }
-        if (!di->ok)
-            return false;
-        *out = di->value;
-        return true;
-    }
-    case EX_NEG: {
-        if (!sema_fold(s, sc, e->lhs, out))
-            return false;
-        if (out->kind == V_INT) {
-            if (out->i == INT64_MIN) {
-                diag_error(D, e->loc, "integer overflow in constant expression");
-                return false;
-            }
-            out->i = -out->i;
-            return true;
-        }
-        if (out->kind == V_FLOAT) {
-            out->f = -out->f;
-            return true;
-        }
-        diag_error(D, e->loc, "`-` needs a number, not %s", sema_value_desc(out));
-        return false;
-    }
-    case EX_BINOP: {
-        Value a, b;
-        if (!sema_fold(s, sc, e->lhs, &a) | !sema_fold(s, sc, e->rhs, &b))
-            return false;
-        if ((a.kind != V_INT && a.kind != V_FLOAT) || (b.kind != V_INT && b.kind != V_FLOAT)) {
-            diag_error(D, e->loc, "`%s` needs two numbers, got %s and %s", ast_op_name(e->op),
-                       sema_value_desc(&a), sema_value_desc(&b));
-            return false;
-        }
-        if (a.kind == V_INT && b.kind == V_INT) {
-            int64_t r = 0;
-            bool ovf = false;
-            switch (e->op) {
-            case '+': ovf = __builtin_add_overflow(a.i, b.i, &r); break;
-            case '-': ovf = __builtin_sub_overflow(a.i, b.i, &r); break;
-            case '*': ovf = __builtin_mul_overflow(a.i, b.i, &r); break;
-            case '/':
-            case '%':
-                if (b.i == 0) {
-                    zero_divisor(s, sc, e->rhs);
-                    return false;
-                }
-                if (a.i == INT64_MIN && b.i == -1)
-                    ovf = true;
-                else
-                    r = e->op == '/' ? a.i / b.i : a.i % b.i;
-                break;
-            }
-            if (ovf) {
-                diag_error(D, e->loc, "integer overflow in constant expression");
-                return false;
-            }
-            out->kind = V_INT;
-            out->i = r;
-            return true;
-        }
-        double x = a.kind == V_INT ? (double)a.i : a.f, y = b.kind == V_INT ? (double)b.i : b.f;
-        double r = 0;
-        switch (e->op) {
-        case '+': r = x + y; break;
-        case '-': r = x - y; break;
-        case '*': r = x * y; break;
-        case '/':
-            if (y == 0) {
-                zero_divisor(s, sc, e->rhs);
-                return false;
-            }
-            r = x / y;
-            break;
-        case '%':
-            diag_error(D, e->loc, "`%%` needs integers");
-            return false;
-        }
-        if (!isfinite(r)) {
-            diag_error(D, e->loc, "constant expression is out of range");
-            return false;
-        }
-        out->kind = V_FLOAT;
-        out->f = r;
-        return true;
-    }
-    case EX_CALL:
-    case EX_INDEX:
-    case EX_MEMBER:
-    case EX_TUPLE:
-    case EX_STAR:
-        diag_error(D, e->loc, "expected a constant expression");
-        return false;
-    }
-    fsd_unreachable();
-}
-
-static bool fold_const_decl(Sema *s, Scope *sc, Decl *d)
-{
-    DeclInfo *di = sema_info(d);
-    if (di->state == 2)
-        return di->ok;
-    di->state = 1;
-    di->ok = sema_fold(s, sc, d->value, &di->value);
-    if (di->ok && di->value.kind == V_STRING) {
-        diag_error(s->d, d->value->loc, "constant `%s` must be a number or a boolean", d->name);
-        di->ok = false;
-    }
-    di->state = 2;
-    return di->ok;
-}
-
-/* ── argument binding ──
- * Built-in layers, functions of the settings (adamw, cosine, ...) and
- * their arguments, with types, defaults and required ones. */
+/* ── built-in layer signatures ──
+ * Each built-in layer's arguments, with their types and which are required;
+ * eval_bind_args matches a declaration's call against them. */
 
 static const char *const act_choices[] = {"gelu", "relu", "swiglu", NULL};
 
@@ -366,162 +89,6 @@ static const Signature layer_sigs[] = {
 };
 
 static const Signature sig_rope = {"rope", {{"theta", A_FLOAT}}};
-
-static int sig_nargs(const Signature *sig)
-{
-    int n = 0;
-    while (n < MAX_ARGS && sig->args[n].name)
-        n++;
-    return n;
-}
-
-static const char *sig_arg_list(const Signature *sig)
-{
-    const char *s = "";
-    for (int i = 0; i < sig_nargs(sig); i++)
-        s = arena_printf("%s%s%s", s, i ? ", " : "", sig->args[i].name);
-    return s;
-}
-
-/* Matches call arguments to a signature: positional first, then keywords.
- * bound[i] receives the expression for argument i, or NULL. */
-bool sema_bind_args(Sema *s, const Signature *sig, Loc call_loc, Arg *args, Arg *bound[])
-{
-    Diag *D = s->d;
-    int n = sig_nargs(sig), pos = 0;
-    bool ok = true, seen_kw = false;
-    memset(bound, 0, sizeof(Arg *) * MAX_ARGS);
-    for (Arg *a = args; a; a = a->next) {
-        int slot = -1;
-        if (!a->name) {
-            if (seen_kw) {
-                diag_error(D, a->loc, "positional argument after a keyword argument");
-                ok = false;
-                continue;
-            }
-            if (pos >= n) {
-                int given = 0;
-                for (Arg *b = args; b; b = b->next)
-                    given += !b->name;
-                diag_error(D, a->loc, "`%s` takes at most %d argument%s (%s); %d given",
-                           sig->name, n, n == 1 ? "" : "s", sig_arg_list(sig), given);
-                ok = false;
-                break;
-            }
-            slot = pos++;
-        } else {
-            seen_kw = true;
-            for (int i = 0; i < n; i++)
-                if (strcmp(sig->args[i].name, a->name) == 0)
-                    slot = i;
-            if (slot < 0) {
-                const char *names[MAX_ARGS + 1] = {0};
-                for (int i = 0; i < n; i++)
-                    names[i] = sig->args[i].name;
-                diag_error(D, a->name_loc, "`%s` has no argument `%s` (its arguments are %s)%s",
-                           sig->name, a->name, sig_arg_list(sig), diag_suggest(a->name, names));
-                ok = false;
-                continue;
-            }
-        }
-        if (bound[slot]) {
-            diag_error(D, a->loc, "argument `%s` of `%s` is given twice; first at %s",
-                       sig->args[slot].name, sig->name, diag_where(D, bound[slot]->loc));
-            ok = false;
-            continue;
-        }
-        bound[slot] = a;
-    }
-    for (int i = 0; i < n; i++)
-        if (sig->args[i].required && !bound[i] && ok) {
-            diag_error(D, call_loc, "`%s` needs argument `%s`", sig->name, sig->args[i].name);
-            ok = false;
-        }
-    return ok;
-}
-
-/* Evaluates a bound argument of a known type. */
-bool sema_eval_int(Sema *s, Scope *sc, Expr *e, const char *what, int64_t lo, int64_t *out)
-{
-    Value v;
-    if (!sema_fold(s, sc, e, &v))
-        return false;
-    if (v.kind != V_INT) {
-        diag_error(s->d, e->loc, "%s must be an integer, got %s", what, sema_value_desc(&v));
-        return false;
-    }
-    if (v.i < lo) {
-        diag_error(s->d, e->loc, "%s must be %s, got %" PRId64, what,
-                   lo == 1 ? "positive" : lo == 0 ? "zero or more" : "larger", v.i);
-        return false;
-    }
-    *out = v.i;
-    return true;
-}
-
-bool sema_eval_float(Sema *s, Scope *sc, Expr *e, const char *what, double *out)
-{
-    Value v;
-    if (!sema_fold(s, sc, e, &v))
-        return false;
-    if (v.kind != V_INT && v.kind != V_FLOAT) {
-        diag_error(s->d, e->loc, "%s must be a number, got %s", what, sema_value_desc(&v));
-        return false;
-    }
-    *out = v.kind == V_INT ? (double)v.i : v.f;
-    return true;
-}
-
-bool sema_eval_bool(Sema *s, Scope *sc, Expr *e, const char *what, bool *out)
-{
-    Value v;
-    if (!sema_fold(s, sc, e, &v))
-        return false;
-    if (v.kind != V_BOOL) {
-        diag_error(s->d, e->loc, "%s must be `true` or `false`, got %s", what, sema_value_desc(&v));
-        return false;
-    }
-    *out = v.i != 0;
-    return true;
-}
-
-bool sema_eval_string(Sema *s, Expr *e, const char *what, const char **out)
-{
-    if (e->kind != EX_STRING) {
-        diag_error(s->d, e->loc, "%s must be a string in double quotes", what);
-        return false;
-    }
-    if (!e->str[0]) {
-        diag_error(s->d, e->loc, "%s must not be empty", what);
-        return false;
-    }
-    *out = e->str;
-    return true;
-}
-
-static const char *choice_list(const char *const *choices)
-{
-    const char *s = "";
-    for (int i = 0; choices[i]; i++)
-        s = arena_printf("%s%s`%s`", s, i ? (choices[i + 1] ? ", " : " or ") : "", choices[i]);
-    return s;
-}
-
-bool sema_eval_enum(Sema *s, Expr *e, const char *what, const char *const *choices, int *out)
-{
-    if (e->kind == EX_IDENT)
-        for (int i = 0; choices[i]; i++)
-            if (strcmp(choices[i], e->str) == 0) {
-                *out = i;
-                return true;
-            }
-    if (e->kind == EX_IDENT)
-        diag_error(s->d, e->loc, "%s must be %s, not `%s`%s", what, choice_list(choices), e->str,
-                   diag_suggest(e->str, choices));
-    else
-        diag_error(s->d, e->loc, "%s must be %s", what, choice_list(choices));
-    return false;
-}
 
 /* ── declarations ── */
 
@@ -561,7 +128,7 @@ static void check_duplicates(Sema *s, Decl *decls, ModuleType *t)
                 t->forward = d;
             continue;
         }
-        Decl **slot = index_slot(t, d->name);
+        Decl **slot = eval_index_slot(t, d->name);
         if (*slot)
             diag_error(s->d, d->name_loc, "`%s` is already defined at %s", d->name,
                        diag_where(s->d, (*slot)->name_loc));
@@ -573,8 +140,8 @@ static void check_duplicates(Sema *s, Decl *decls, ModuleType *t)
 static int64_t positive_arg(Sema *s, Scope *sc, Arg *a, const Signature *sig, int i, bool *ok)
 {
     int64_t v = 0;
-    if (a && !sema_eval_int(s, sc, a->value, arena_printf("`%s` argument `%s`", sig->name,
-                                                      sig->args[i].name), 1, &v))
+    if (a && !eval_int(s->d, sc, a->value, arena_printf("`%s` argument `%s`", sig->name,
+                                                        sig->args[i].name), 1, &v))
         *ok = false;
     if (v > MAX_NUMEL) {
         diag_error(s->d, a->value->loc, "`%s` argument `%s` is too large (%" PRId64 ")",
@@ -584,128 +151,183 @@ static int64_t positive_arg(Sema *s, Scope *sc, Arg *a, const Signature *sig, in
     return v;
 }
 
-/* A built-in layer declaration: NAME = Linear(...) etc. */
-static void check_builtin_layer(Sema *s, Scope *sc, Decl *d, LayerKind kind, Expr *call)
+/* tie = NAME: the Embedding declared beside this Linear whose weight it
+ * shares; its kind and shape are checked once every layer is (check_ties). */
+static bool check_tie_arg(Sema *s, Scope *sc, DeclInfo *di, Expr *t)
 {
     Diag *D = s->d;
-    DeclInfo *di = sema_info(d);
+    bool outer;
+    Decl *td = t->kind == EX_IDENT ? eval_lookup(sc, t->str, &outer) : NULL;
+    if (t->kind != EX_IDENT) {
+        diag_error(D, t->loc, "`tie` names an Embedding layer declared beside this one");
+        return false;
+    }
+    if (!td || (td->kind == DECL_LAYER && outer)) {
+        diag_error(D, t->loc, "`tie = %s`: no layer `%s` in this %s%s", t->str, t->str,
+                   sc->mt->decl ? "block" : "model",
+                   diag_suggest(t->str, eval_scope_names(sc)));
+        return false;
+    }
+    if (td->kind != DECL_LAYER) {
+        diag_error(D, t->loc, "`tie = %s`: `%s` is %s (declared at %s), not an "
+                              "Embedding layer",
+                   t->str, t->str, eval_decl_what(td), diag_where(D, td->name_loc));
+        return false;
+    }
+    di->tie_decl = td;
+    di->tie_loc = t->loc;
+    return true;
+}
+
+/* NAME = Linear(in, out, bias = true, tie = EMBEDDING) */
+static bool check_linear(Sema *s, Scope *sc, DeclInfo *di, const Signature *sig, Arg **b)
+{
+    Layer *L = &di->tpl;
+    bool ok = true;
+    L->in = positive_arg(s, sc, b[0], sig, 0, &ok);
+    L->out = positive_arg(s, sc, b[1], sig, 1, &ok);
+    if (b[2])
+        ok &= eval_bool(s->d, sc, b[2]->value, "`Linear` argument `bias`", &L->bias);
+    if (b[3])
+        ok &= check_tie_arg(s, sc, di, b[3]->value);
+    return ok;
+}
+
+/* NAME = Embedding(n, dim) */
+static bool check_embedding(Sema *s, Scope *sc, Layer *L, const Signature *sig, Arg **b)
+{
+    bool ok = true;
+    L->n = positive_arg(s, sc, b[0], sig, 0, &ok);
+    L->dim = positive_arg(s, sc, b[1], sig, 1, &ok);
+    return ok;
+}
+
+/* NAME = LayerNorm(dim, eps = 1e-5) | RMSNorm(dim, eps = 1e-6) */
+static bool check_norm(Sema *s, Scope *sc, Layer *L, const Signature *sig, Arg **b)
+{
+    bool ok = true;
+    L->dim = positive_arg(s, sc, b[0], sig, 0, &ok);
+    L->eps = L->kind == LK_LAYERNORM ? 1e-5 : 1e-6;
+    if (b[1]) {
+        ok &= eval_float(s->d, sc, b[1]->value, arena_printf("`%s` argument `eps`", sig->name),
+                         &L->eps);
+        if (ok && !(L->eps > 0)) {
+            diag_error(s->d, b[1]->value->loc, "`%s` argument `eps` must be positive, got %g",
+                       sig->name, L->eps);
+            ok = false;
+        }
+    }
+    return ok;
+}
+
+/* rope = none | rope(theta = 10000). Like positive_arg, it clears *ok on
+ * an error, and checks theta's sign only while *ok holds. */
+static void check_rope_arg(Sema *s, Scope *sc, Layer *L, Expr *r, bool *ok)
+{
+    if (r->kind == EX_IDENT && strcmp(r->str, "none") == 0) {
+        L->rope_theta = 0;
+    } else if (r->kind == EX_CALL && r->lhs->kind == EX_IDENT &&
+               strcmp(r->lhs->str, "rope") == 0) {
+        Arg *rb[MAX_ARGS];
+        L->rope_theta = 10000;
+        if (!eval_bind_args(s->d, &sig_rope, r->loc, r->args, rb))
+            *ok = false;
+        else if (rb[0]) {
+            *ok &= eval_float(s->d, sc, rb[0]->value, "`rope` argument `theta`",
+                              &L->rope_theta);
+            if (*ok && !(L->rope_theta > 0)) {
+                diag_error(s->d, rb[0]->value->loc, "rope `theta` must be positive");
+                *ok = false;
+            }
+        }
+    } else {
+        diag_error(s->d, r->loc, "`rope` must be `none` or `rope(theta = ...)`");
+        *ok = false;
+    }
+}
+
+/* Heads split dim evenly, kv_heads split heads, and rope turns pairs of a
+ * head's dimensions. */
+static bool check_heads(Sema *s, Layer *L, Expr *call, Arg *rope)
+{
+    Diag *D = s->d;
+    if (L->dim % L->heads) {
+        diag_error(D, call->loc, "dim %" PRId64 " is not divisible by heads %" PRId64,
+                   L->dim, L->heads);
+        return false;
+    }
+    if (L->heads % L->kv_heads) {
+        diag_error(D, call->loc, "heads %" PRId64 " is not divisible by kv_heads %" PRId64,
+                   L->heads, L->kv_heads);
+        return false;
+    }
+    if (L->rope_theta > 0 && (L->dim / L->heads) % 2) {
+        diag_error(D, rope->value->loc,
+                   "rope needs an even head dim; dim %" PRId64 " / heads %" PRId64
+                   " = %" PRId64,
+                   L->dim, L->heads, L->dim / L->heads);
+        return false;
+    }
+    return true;
+}
+
+/* NAME = Attention(dim, heads, kv_heads = heads, causal = true,
+ *                  rope = none | rope(theta = ...), bias = true) */
+static bool check_attention(Sema *s, Scope *sc, Layer *L, const Signature *sig, Arg **b,
+                            Expr *call)
+{
+    bool ok = true;
+    L->dim = positive_arg(s, sc, b[0], sig, 0, &ok);
+    L->heads = positive_arg(s, sc, b[1], sig, 1, &ok);
+    L->kv_heads = b[2] ? positive_arg(s, sc, b[2], sig, 2, &ok) : L->heads;
+    if (b[3])
+        ok &= eval_bool(s->d, sc, b[3]->value, "`Attention` argument `causal`", &L->causal);
+    if (b[4])
+        check_rope_arg(s, sc, L, b[4]->value, &ok);
+    if (b[5])
+        ok &= eval_bool(s->d, sc, b[5]->value, "`Attention` argument `bias`", &L->bias);
+    return ok && check_heads(s, L, call, b[4]);
+}
+
+/* NAME = MLP(dim, hidden, act = gelu | relu | swiglu, bias = true) */
+static bool check_mlp(Sema *s, Scope *sc, Layer *L, const Signature *sig, Arg **b)
+{
+    bool ok = true;
+    L->dim = positive_arg(s, sc, b[0], sig, 0, &ok);
+    L->hidden = positive_arg(s, sc, b[1], sig, 1, &ok);
+    int act = ACT_GELU;
+    if (b[2])
+        ok &= eval_enum(s->d, b[2]->value, "`MLP` argument `act`", act_choices, &act);
+    L->act = (Activation)act;
+    if (b[3])
+        ok &= eval_bool(s->d, sc, b[3]->value, "`MLP` argument `bias`", &L->bias);
+    return ok;
+}
+
+/* A built-in layer declaration:
+ *   NAME = Linear(...) | Embedding(...) | LayerNorm(...) | RMSNorm(...)
+ *        | Attention(...) | MLP(...)
+ * The arguments are bound to the layer's signature, then checked by kind. */
+static void check_builtin_layer(Sema *s, Scope *sc, Decl *d, LayerKind kind, Expr *call)
+{
+    DeclInfo *di = eval_info(d);
     const Signature *sig = &layer_sigs[kind];
     Arg *b[MAX_ARGS];
     Layer *L = &di->tpl;
     L->kind = kind;
     L->bias = true;
     L->causal = true;
-    if (!sema_bind_args(s, sig, call->loc, call->args, b))
+    if (!eval_bind_args(s->d, sig, call->loc, call->args, b))
         return;
-    bool ok = true;
+    bool ok;
     switch (kind) {
-    case LK_LINEAR:
-        L->in = positive_arg(s, sc, b[0], sig, 0, &ok);
-        L->out = positive_arg(s, sc, b[1], sig, 1, &ok);
-        if (b[2])
-            ok &= sema_eval_bool(s, sc, b[2]->value, "`Linear` argument `bias`", &L->bias);
-        if (b[3]) {
-            Expr *t = b[3]->value;
-            bool outer;
-            Decl *td = t->kind == EX_IDENT ? sema_lookup(sc, t->str, &outer) : NULL;
-            if (t->kind != EX_IDENT) {
-                diag_error(D, t->loc, "`tie` names an Embedding layer declared beside this one");
-                ok = false;
-            } else if (!td || (td->kind == DECL_LAYER && outer)) {
-                diag_error(D, t->loc, "`tie = %s`: no layer `%s` in this %s%s", t->str, t->str,
-                           sc->mt->decl ? "block" : "model", diag_suggest(t->str, sema_scope_names(sc)));
-                ok = false;
-            } else if (td->kind != DECL_LAYER) {
-                diag_error(D, t->loc, "`tie = %s`: `%s` is %s (declared at %s), not an "
-                                      "Embedding layer",
-                           t->str, t->str, sema_decl_what(td), diag_where(D, td->name_loc));
-                ok = false;
-            } else {
-                di->tie_decl = td;
-                di->tie_loc = t->loc;
-            }
-        }
-        break;
-    case LK_EMBEDDING:
-        L->n = positive_arg(s, sc, b[0], sig, 0, &ok);
-        L->dim = positive_arg(s, sc, b[1], sig, 1, &ok);
-        break;
+    case LK_LINEAR: ok = check_linear(s, sc, di, sig, b); break;
+    case LK_EMBEDDING: ok = check_embedding(s, sc, L, sig, b); break;
     case LK_LAYERNORM:
-    case LK_RMSNORM:
-        L->dim = positive_arg(s, sc, b[0], sig, 0, &ok);
-        L->eps = kind == LK_LAYERNORM ? 1e-5 : 1e-6;
-        if (b[1]) {
-            ok &= sema_eval_float(s, sc, b[1]->value, arena_printf("`%s` argument `eps`", sig->name),
-                             &L->eps);
-            if (ok && !(L->eps > 0)) {
-                diag_error(D, b[1]->value->loc, "`%s` argument `eps` must be positive, got %g",
-                           sig->name, L->eps);
-                ok = false;
-            }
-        }
-        break;
-    case LK_ATTENTION:
-        L->dim = positive_arg(s, sc, b[0], sig, 0, &ok);
-        L->heads = positive_arg(s, sc, b[1], sig, 1, &ok);
-        L->kv_heads = b[2] ? positive_arg(s, sc, b[2], sig, 2, &ok) : L->heads;
-        if (b[3])
-            ok &= sema_eval_bool(s, sc, b[3]->value, "`Attention` argument `causal`", &L->causal);
-        if (b[4]) {
-            Expr *r = b[4]->value;
-            if (r->kind == EX_IDENT && strcmp(r->str, "none") == 0) {
-                L->rope_theta = 0;
-            } else if (r->kind == EX_CALL && r->lhs->kind == EX_IDENT &&
-                       strcmp(r->lhs->str, "rope") == 0) {
-                Arg *rb[MAX_ARGS];
-                L->rope_theta = 10000;
-                if (!sema_bind_args(s, &sig_rope, r->loc, r->args, rb))
-                    ok = false;
-                else if (rb[0]) {
-                    ok &= sema_eval_float(s, sc, rb[0]->value, "`rope` argument `theta`",
-                                     &L->rope_theta);
-                    if (ok && !(L->rope_theta > 0)) {
-                        diag_error(D, rb[0]->value->loc, "rope `theta` must be positive");
-                        ok = false;
-                    }
-                }
-            } else {
-                diag_error(D, r->loc, "`rope` must be `none` or `rope(theta = ...)`");
-                ok = false;
-            }
-        }
-        if (b[5])
-            ok &= sema_eval_bool(s, sc, b[5]->value, "`Attention` argument `bias`", &L->bias);
-        if (!ok)
-            break;
-        if (L->dim % L->heads) {
-            diag_error(D, call->loc, "dim %" PRId64 " is not divisible by heads %" PRId64,
-                       L->dim, L->heads);
-            ok = false;
-        } else if (L->heads % L->kv_heads) {
-            diag_error(D, call->loc, "heads %" PRId64 " is not divisible by kv_heads %" PRId64,
-                       L->heads, L->kv_heads);
-            ok = false;
-        } else if (L->rope_theta > 0 && (L->dim / L->heads) % 2) {
-            diag_error(D, b[4]->value->loc,
-                       "rope needs an even head dim; dim %" PRId64 " / heads %" PRId64
-                       " = %" PRId64,
-                       L->dim, L->heads, L->dim / L->heads);
-            ok = false;
-        }
-        break;
-    case LK_MLP: {
-        L->dim = positive_arg(s, sc, b[0], sig, 0, &ok);
-        L->hidden = positive_arg(s, sc, b[1], sig, 1, &ok);
-        int act = ACT_GELU;
-        if (b[2])
-            ok &= sema_eval_enum(s, b[2]->value, "`MLP` argument `act`", act_choices, &act);
-        L->act = (Activation)act;
-        if (b[3])
-            ok &= sema_eval_bool(s, sc, b[3]->value, "`MLP` argument `bias`", &L->bias);
-        break;
-    }
-    default:
-        fsd_unreachable();
+    case LK_RMSNORM: ok = check_norm(s, sc, L, sig, b); break;
+    case LK_ATTENTION: ok = check_attention(s, sc, L, sig, b, call); break;
+    case LK_MLP: ok = check_mlp(s, sc, L, sig, b); break;
+    default: fsd_unreachable();
     }
     di->ok = ok;
     di->instances = 1;
@@ -735,7 +357,7 @@ static const char **layer_type_names(Sema *s)
 static void check_layer_decl(Sema *s, Scope *sc, Decl *d)
 {
     Diag *D = s->d;
-    DeclInfo *di = sema_info(d);
+    DeclInfo *di = eval_info(d);
     di->owner = sc->mt;
     Expr *v = d->value;
     Expr *callee = v->kind == EX_CALL || v->kind == EX_INDEX ? v->lhs : v;
@@ -746,14 +368,14 @@ static void check_layer_decl(Sema *s, Scope *sc, Decl *d)
     }
     LayerKind k = builtin_layer_kind(callee->str);
     bool outer;
-    Decl *bt = k == LK_BLOCK ? sema_lookup(sc, callee->str, &outer) : NULL;
+    Decl *bt = k == LK_BLOCK ? eval_lookup(sc, callee->str, &outer) : NULL;
     if (k == LK_BLOCK && (!bt || bt->kind != DECL_BLOCK)) {
         if (bt && bt->kind == DECL_CONST && v->kind != EX_CALL && v->kind != EX_INDEX)
             diag_error(D, d->name_loc, "`%s` is a layer name; constants are declared with "
                                        "`const %s = ...`", d->name, d->name);
         else if (bt)
             diag_error(D, callee->loc, "`%s` is %s (declared at %s), not a layer type",
-                       callee->str, sema_decl_what(bt), diag_where(D, bt->name_loc));
+                       callee->str, eval_decl_what(bt), diag_where(D, bt->name_loc));
         else if (v->kind != EX_CALL && v->kind != EX_INDEX && callee->kind == EX_IDENT)
             diag_error(D, callee->loc, "undefined name `%s`; a layer is a built-in layer "
                                        "(`Linear(...)`) or a block type%s", callee->str,
@@ -790,7 +412,7 @@ static void check_layer_decl(Sema *s, Scope *sc, Decl *d)
             return;
         }
         int64_t n;
-        if (!sema_eval_int(s, sc, v->rhs, "the array size", 1, &n))
+        if (!eval_int(s->d, sc, v->rhs, "the array size", 1, &n))
             return;
         if (n > MAX_ARRAY) {
             diag_error(D, v->rhs->loc, "array of %" PRId64 " blocks; the limit is %d", n,
@@ -822,9 +444,9 @@ static int64_t type_instances(Sema *s, ModuleType *t, Decl *via, const char *cha
     int64_t total = 1;
     const char *here = chain[0] ? arena_printf("%s -> %s", chain, t->name) : t->name;
     for (Decl *d = t->members; d; d = d->next) {
-        if (d->kind != DECL_LAYER || !sema_info(d)->ok)
+        if (d->kind != DECL_LAYER || !eval_info(d)->ok)
             continue;
-        DeclInfo *di = sema_info(d);
+        DeclInfo *di = eval_info(d);
         int64_t n = 1;
         if (di->tpl.mtype) {
             int64_t per = type_instances(s, di->tpl.mtype, d, here);
@@ -911,7 +533,7 @@ static Type *expect_float(Fwd *f, Expr *arg, Type *t, const char *who)
 {
     if (t && t->dtype != DT_F32) {
         diag_error(f->s->d, arg->loc, "%s takes a float tensor; this is token ids %s", who,
-                   type_name(t));
+                   eval_type_name(t));
         return NULL;
     }
     if (t && t->rank == 0) {
@@ -925,7 +547,7 @@ static Type *check_last_dim(Fwd *f, Expr *arg, Type *t, int64_t want, const char
 {
     if (t && t->dim[t->rank - 1] != want) {
         diag_error(f->s->d, arg->loc, "%s expects last dimension %" PRId64 ", got %s", who, want,
-                   type_name(t));
+                   eval_type_name(t));
         return NULL;
     }
     return t;
@@ -936,7 +558,7 @@ static Type *apply_layer(Fwd *f, Expr *call, Decl *ld, Type **in, int nin)
 {
     Sema *s = f->s;
     Diag *D = s->d;
-    DeclInfo *di = sema_info(ld);
+    DeclInfo *di = eval_info(ld);
     Layer *L = &di->tpl;
     const char *who = arena_printf("`%s` (%s at %s)", ld->name,
                                    L->kind == LK_ARRAY ? "block array"
@@ -972,7 +594,7 @@ static Type *apply_layer(Fwd *f, Expr *call, Decl *ld, Type **in, int nin)
     case LK_EMBEDDING: {
         if (x->dtype != DT_I32) {
             diag_error(D, arg0->loc, "%s looks up token ids; this is a float tensor %s", who,
-                       type_name(x));
+                       eval_type_name(x));
             return NULL;
         }
         if (x->rank >= MAX_RANK) {
@@ -994,7 +616,7 @@ static Type *apply_layer(Fwd *f, Expr *call, Decl *ld, Type **in, int nin)
             return NULL;
         if (x->rank != 3 || x->dim[0] != DIM_BATCH) {
             diag_error(D, arg0->loc, "%s attends over a sequence: it takes [B, T, %" PRId64
-                                     "], got %s", who, L->dim, type_name(x));
+                                     "], got %s", who, L->dim, eval_type_name(x));
             return NULL;
         }
         return x;
@@ -1007,7 +629,7 @@ static Type *apply_layer(Fwd *f, Expr *call, Decl *ld, Type **in, int nin)
             diag_error(D, call->loc, "%s applies its blocks in sequence, so `%s`'s forward "
                                      "(at %s) must return what it takes; it takes %s and "
                                      "returns %s",
-                       who, mt->name, diag_where(D, fw->loc), type_name(x), type_name(y));
+                       who, mt->name, diag_where(D, fw->loc), eval_type_name(x), eval_type_name(y));
             return NULL;
         }
         return y;
@@ -1039,7 +661,8 @@ static Type *apply_builtin(Fwd *f, Expr *call, BuiltinFn fn, Type **in, int nin)
         if (!expect_float(f, a0, lg, "`cross_entropy` logits"))
             return NULL;
         if (tg->dtype != DT_I32) {
-            diag_error(D, a1->loc, "`cross_entropy` targets must be token ids; got %s", type_name(tg));
+            diag_error(D, a1->loc, "`cross_entropy` targets must be token ids; got %s",
+                       eval_type_name(tg));
             return NULL;
         }
         bool fit = lg->rank == tg->rank + 1;
@@ -1048,7 +671,7 @@ static Type *apply_builtin(Fwd *f, Expr *call, BuiltinFn fn, Type **in, int nin)
         if (!fit) {
             diag_error(D, call->loc, "`cross_entropy` logits %s do not fit targets %s: logits "
                                      "need the targets' shape plus a vocabulary dimension",
-                       type_name(lg), type_name(tg));
+                       eval_type_name(lg), eval_type_name(tg));
             return NULL;
         }
         Model *m = f->s->m;
@@ -1125,11 +748,11 @@ static Type *type_call(Fwd *f, Expr *e)
         return NULL;
     }
     bool outer;
-    Decl *d = sema_lookup(f->sc, name, &outer);
+    Decl *d = eval_lookup(f->sc, name, &outer);
     if (d && d->kind == DECL_LAYER && !outer) {
         d->used = true;
         e->ref_decl = d;
-        if (!ok || !sema_info(d)->ok)
+        if (!ok || !eval_info(d)->ok)
             return NULL;
         return apply_layer(f, e, d, in, nin);
     }
@@ -1148,7 +771,7 @@ static Type *type_call(Fwd *f, Expr *e)
                    name, name);
     else if (d)
         diag_error(D, callee->loc, "`%s` is %s (declared at %s), not a layer or function", name,
-                   sema_decl_what(d), diag_where(D, d->name_loc));
+                   eval_decl_what(d), diag_where(D, d->name_loc));
     else if (builtin_layer_kind(name) != LK_BLOCK)
         diag_error(D, callee->loc, "`%s` is a layer type; declare a layer (`l = %s(...)`) and "
                                    "call that",
@@ -1182,13 +805,13 @@ static Type *type_binop(Fwd *f, Expr *e)
         return NULL;
     if (a->dtype != DT_F32 || b->dtype != DT_F32) {
         diag_error(D, e->loc, "`%s` of token ids %s; embed them first",
-                   ast_op_name(e->op), type_name(a->dtype == DT_I32 ? a : b));
+                   ast_op_name(e->op), eval_type_name(a->dtype == DT_I32 ? a : b));
         return NULL;
     }
     if (a->rank == 0 || b->rank == 0) {
         diag_error(D, e->loc, "`%s` of %s and %s: a forward adds and multiplies tensors; a "
                               "scalar loss can only be returned",
-                   ast_op_name(e->op), type_name(a), type_name(b));
+                   ast_op_name(e->op), eval_type_name(a), eval_type_name(b));
         return NULL;
     }
     Type *big = a->rank >= b->rank ? a : b, *small = big == a ? b : a;
@@ -1196,8 +819,8 @@ static Type *type_binop(Fwd *f, Expr *e)
     for (int i = 0; fit && i < small->rank; i++)
         fit = small->dim[small->rank - 1 - i] == big->dim[big->rank - 1 - i];
     if (!fit) {
-        diag_error(D, e->loc, "shape mismatch in `%s`: %s and %s", ast_op_name(e->op), type_name(a),
-                   type_name(b));
+        diag_error(D, e->loc, "shape mismatch in `%s`: %s and %s", ast_op_name(e->op),
+                   eval_type_name(a), eval_type_name(b));
         return NULL;
     }
     return big;
@@ -1221,7 +844,7 @@ static Type *type_expr(Fwd *f, Expr *e)
             break;
         }
         bool outer;
-        Decl *d = sema_lookup(f->sc, e->str, &outer);
+        Decl *d = eval_lookup(f->sc, e->str, &outer);
         Stmt *later = assigned_later(f, e->str);
         if (later)
             diag_error(D, e->loc, "`%s` is used before it is assigned at %s", e->str,
@@ -1232,7 +855,7 @@ static Type *type_expr(Fwd *f, Expr *e)
         else if (d)
             diag_error(D, e->loc, "`%s` is %s (declared at %s); a forward computes with "
                                   "tensors",
-                       e->str, sema_decl_what(d), diag_where(D, d->name_loc));
+                       e->str, eval_decl_what(d), diag_where(D, d->name_loc));
         else if (builtin_fn(e->str) >= 0)
             diag_error(D, e->loc, "`%s` is a function; call it: `%s(x)`", e->str, e->str);
         else
@@ -1283,7 +906,7 @@ static Type *check_forward(Sema *s, ModuleType *mt, Type **args, int nargs, Loc 
             if (!ty_equal(&mt->in_ty[i], args[i])) {
                 diag_error(D, call_loc, "`%s` is called with %s here but with %s at %s; a block "
                                         "type has one signature",
-                           mt->name, type_name(args[i]), type_name(&mt->in_ty[i]),
+                           mt->name, eval_type_name(args[i]), eval_type_name(&mt->in_ty[i]),
                            diag_where(D, mt->first_call));
                 return NULL;
             }
@@ -1331,11 +954,11 @@ static Type *check_forward(Sema *s, ModuleType *mt, Type **args, int nargs, Loc 
         Local *l = find_value(&f, st->name);
         if (!l) {
             bool o;
-            Decl *d = sema_lookup(f.sc, st->name, &o);
+            Decl *d = eval_lookup(f.sc, st->name, &o);
             if (d && !o)
                 diag_error(D, st->name_loc, "`%s` is already %s of `%s` (at %s); pick another "
                                             "name for the value",
-                           st->name, sema_decl_what(d), mt->name, diag_where(D, d->name_loc));
+                           st->name, eval_decl_what(d), mt->name, diag_where(D, d->name_loc));
             l = arena_alloc(sizeof *l);
             *l = (Local){st->name, t, st->name_loc, f.locals};
             f.locals = l;
@@ -1359,11 +982,11 @@ static void check_ties(Sema *s, Decl *members)
 {
     Diag *D = s->d;
     for (Decl *d = members; d; d = d->next) {
-        if (d->kind != DECL_LAYER || !sema_info(d)->ok || !sema_info(d)->tie_decl)
+        if (d->kind != DECL_LAYER || !eval_info(d)->ok || !eval_info(d)->tie_decl)
             continue;
-        DeclInfo *di = sema_info(d);
+        DeclInfo *di = eval_info(d);
         Decl *e = di->tie_decl;
-        DeclInfo *ei = sema_info(e);
+        DeclInfo *ei = eval_info(e);
         if (!ei->ok) {
             di->ok = false;
             continue;
@@ -1391,7 +1014,7 @@ static void check_ties(Sema *s, Decl *members)
 static void warn_unused(Sema *s, ModuleType *mt)
 {
     for (Decl *d = mt->members; d; d = d->next)
-        if (d->kind == DECL_LAYER && !d->used && sema_info(d)->ok)
+        if (d->kind == DECL_LAYER && !d->used && eval_info(d)->ok)
             diag_warning(s->d, d->name_loc, "layer `%s` is never used in `%s`'s forward",
                          d->name, mt->name);
 }
@@ -1435,7 +1058,7 @@ static void check_decls(Sema *s, ModuleType *mt, Scope *sc)
     for (Decl *d = mt->members; d; d = d->next) {
         switch (d->kind) {
         case DECL_CONST:
-            fold_const_decl(s, sc, d);
+            eval_fold_const(s->d, sc, d);
             break;
         case DECL_LAYER:
             check_layer_decl(s, sc, d);
@@ -1476,16 +1099,17 @@ Model *sema_check(Program *p, Diag *d)
         Scope sc = {m->types[i]->members, &model_scope, m->types[i]};
         check_decls(s, m->types[i], &sc);
     }
-    Decl *seq = find_local(s->model_sec->decls, "seq");
+    bool outer;
+    Decl *seq = eval_lookup(&model_scope, "seq", &outer);
     if (!seq || seq->kind != DECL_CONST) {
         diag_error(d, s->model_sec->name_loc, "model `%s` has no `const seq = ...`: the "
                                                "sequence length of its token inputs",
                    m->name);
-    } else if (sema_info(seq)->ok) {
-        Value v = sema_info(seq)->value;
+    } else if (eval_info(seq)->ok) {
+        Value v = eval_info(seq)->value;
         if (v.kind != V_INT || v.i < 1 || v.i > (1 << 24))
             diag_error(d, seq->value->loc, "`seq` must be an integer from 1 to %d, got %s",
-                       1 << 24, sema_value_desc(&v));
+                       1 << 24, eval_value_desc(&v));
         else
             m->seq = v.i;
     }
@@ -1520,7 +1144,7 @@ Model *sema_check(Program *p, Diag *d)
         diag_error(d, ret ? ret->value->loc : fw->loc, "the model's forward must return a "
                                                        "scalar loss (from cross_entropy); "
                                                        "this returns %s",
-                   type_name(loss));
+                   eval_type_name(loss));
     }
     if (d->errors)
         return NULL;
@@ -1531,6 +1155,9 @@ Model *sema_check(Program *p, Diag *d)
             diag_warning(d, m->types[i]->loc, "block type `%s` is never used", m->types[i]->name);
     }
 
-    model_build(s);
-    return d->errors ? NULL : m;
+    /* what model_build reads next: the declarations and the settings */
+    m->model_sec = s->model_sec;
+    m->shard_sec = s->shard_sec;
+    m->train_sec = s->train_sec;
+    return m;
 }

@@ -367,25 +367,30 @@ static void print_message(FILE *out, const char *line, int len)
     fprintf(out, "    %.*s\n", len, line);
 }
 
-int verify_kernels(FILE *out, Model *m, Graph *g, const char *arch_list)
-{
-    Nvrtc nv = {0};
-    const char *err;
-    if (!nvrtc_load(&nv, &err)) {
-        fprintf(stderr, "fsdpc: %s\n", err);
-        return -1;
-    }
-    int major = 0, minor = 0;
-    nv.version(&major, &minor);
+/* What the report counts over every file and architecture. */
+typedef struct Tally {
+    int failures, kernels_used, spilling;
+} Tally;
 
-    /* the architectures asked for, checked against what this NVRTC knows */
+/* NVRTC's result for one template file on one architecture. */
+typedef struct Compiled {
+    NvrtcResult rc;
+    const char *log;         /* the program log: messages, then ptxas's figures */
+    size_t cubin;            /* bytes of code; 0: none */
+} Compiled;
+
+/* The architectures of arch_list ("sm_80,sm_90"), each checked against what
+ * this NVRTC compiles for. Returns how many; -1, said on stderr, when one
+ * is malformed or unknown, or none is given. */
+static int parse_archs(Nvrtc *nv, int major, int minor, const char *arch_list,
+                       const char **archs, int max)
+{
     int nsup = 0;
-    nv.num_archs(&nsup);
+    nv->num_archs(&nsup);
     int *sup = arena_alloc(sizeof(int) * (size_t)(nsup + 1));
-    nv.archs(sup);
-    const char *archs[64];
+    nv->archs(sup);
     int narch = 0;
-    for (const char *p = arch_list; *p && narch < 64;) {
+    for (const char *p = arch_list; *p && narch < max;) {
         const char *e = strchr(p, ',');
         size_t len = e ? (size_t)(e - p) : strlen(p);
         const char *a = arena_printf("%.*s", (int)len, p);
@@ -400,7 +405,7 @@ int verify_kernels(FILE *out, Model *m, Graph *g, const char *arch_list)
         if (!known) {
             fprintf(stderr, "fsdpc: --arch: NVRTC %d.%d (%s) does not compile for %s; it knows sm_%d "
                          "to sm_%d\n",
-                    major, minor, nv.path, a, nsup ? sup[0] : 0, nsup ? sup[nsup - 1] : 0);
+                    major, minor, nv->path, a, nsup ? sup[0] : 0, nsup ? sup[nsup - 1] : 0);
             return -1;
         }
         archs[narch++] = a;
@@ -410,18 +415,177 @@ int verify_kernels(FILE *out, Model *m, Graph *g, const char *arch_list)
         fprintf(stderr, "fsdpc: --arch: no architecture given\n");
         return -1;
     }
+    return narch;
+}
 
-    /* the template files the program uses, in the order emit pastes them */
-    const char *files[32];
+/* The template files g's ops use, in the order emit pastes them. */
+static int template_files(Graph *g, const char **files, int max)
+{
     int nfiles = 0;
     for (int i = 0; i < g->nops; i++) {
         const char *f = emit_template_of(g->ops[i]->kind);
         bool have = !f;
         for (int k = 0; k < nfiles && !have; k++)
             have = strcmp(files[k], f) == 0;
-        if (!have && nfiles < 32)
+        if (!have && nfiles < max)
             files[nfiles++] = f;
     }
+    return nfiles;
+}
+
+/* One NVRTC program: portable.h, then the file (attention.h after mma.h,
+ * as the emitter pastes them: emit.c), each under a #line directive. */
+static const char *program_source(const char *portable, const char *file, const char *text)
+{
+    const char *pre = "";
+    if (strcmp(file, "attention.h") == 0) {
+        const char *mma = template_text("mma.h");
+        if (!mma)
+            fsd_panic(__FILE__, __LINE__, "template mma.h is not built in");
+        pre = arena_printf("#line 1 \"templates/mma.h\"\n%s\n", mma);
+    }
+    return arena_printf("#line 1 \"templates/portable.h\"\n%s\n%s"
+                        "#line 1 \"templates/%s\"\n%s\n",
+                        portable, pre, file, text);
+}
+
+/* Compiles one program for arch, with the defines the emitter writes for
+ * this model. False when NVRTC could not create the program (c->rc says
+ * why); otherwise c holds the result, the log and the code's size. */
+static bool compile_program(Nvrtc *nv, Model *m, Graph *g, const char *arch, const char *file,
+                            const char *src, Compiled *c)
+{
+    NvrtcProgram prog;
+    c->rc = nv->create(&prog, src, arena_printf("templates/%s", file), 6, header_texts,
+                       header_names);
+    if (c->rc != 0)
+        return false;
+    const char *opts[] = {arena_printf("--gpu-architecture=%s", arch), "-default-device",
+                          "--ptxas-options=-v", "-diag-suppress=177", "--std=c++17",
+                          "-DFSD_ATTN_HD_MAX=64", "-DFSD_ACT_BF16"};
+    /* the last two only as the emitter writes them (emit.c) */
+    const int64_t hd = widest_head(g);
+    int nopts = (int)(sizeof opts / sizeof *opts) - 2;
+    if (hd > 0 && hd <= 64)
+        opts[nopts++] = "-DFSD_ATTN_HD_MAX=64";
+    if (compute_dtype(m) == DTYPE_BF16)
+        opts[nopts++] = "-DFSD_ACT_BF16";
+    c->rc = nv->compile(prog, nopts, opts);
+    size_t ln = 0;
+    nv->log_size(prog, &ln);
+    char *log = arena_alloc(ln + 1);
+    if (ln)
+        nv->log(prog, log);
+    c->log = log;
+    c->cubin = 0;
+    if (c->rc == 0)
+        nv->cubin_size(prog, &c->cubin);
+    nv->destroy(&prog);
+    return true;
+}
+
+/* The log's error lines (errors), or its compiler warnings but not ptxas's
+ * figures, each as a file:line message. */
+static void print_log(FILE *out, const char *log, bool errors)
+{
+    for (const char *line = log; *line;) {
+        const char *end = strchr(line, '\n');
+        int len = end ? (int)(end - line) : (int)strlen(line);
+        const char *one = arena_printf("%.*s", len, line);
+        bool show = errors ? strstr(one, "error") && !strstr(one, "detected in the compilation")
+                           : strstr(one, ": warning") && strncmp(one, "ptxas", 5) != 0;
+        if (show)
+            print_message(out, line, len);
+        line = end ? end + 1 : line + len;
+    }
+}
+
+/* A line for each kernel ptxas reported that an op of g uses: registers,
+ * shared memory, stack and spills, and the .fsd lines of those ops.
+ * Returns how many were used; *compiled is how many ptxas reported. */
+static int report_kernels(FILE *out, Model *m, Graph *g, const char *log, const Launcher *ls,
+                          int nl, Tally *t, int *compiled)
+{
+    Kernel ks[64];
+    int nk = parse_ptxas(log, ks, 64);
+    int used_here = 0;
+    for (int k = 0; k < nk; k++) {
+        bool *kinds = arena_alloc(sizeof(bool) * OP_COUNT);
+        for (int l = 0; l < nl; l++)
+            if (starts(ls, nl, l, ks[k].name, 0))
+                mark_kinds(ls[l].name, kinds);
+        bool used = false;
+        for (int i = 0; i < g->nops && !used; i++)
+            used = kinds[g->ops[i]->kind];
+        if (!used)
+            continue;
+        used_here++;
+        t->kernels_used++;
+        bool spills = ks[k].spill_st || ks[k].spill_ld;
+        t->spilling += spills;
+        fprintf(out, "  %-30s %3d registers, %5d B smem, %4d B stack, %s   %s\n",
+                ks[k].name, ks[k].regs, ks[k].smem, ks[k].stack,
+                spills ? arena_printf("spills %d B stored, %d B loaded", ks[k].spill_st,
+                                      ks[k].spill_ld)
+                       : "no spills",
+                users(m, g, kinds));
+    }
+    *compiled = nk;
+    return used_here;
+}
+
+/* One template file on one architecture: compiled, then its failure (the
+ * errors and the ops whose kernels it holds) or its kernels reported. */
+static void verify_file(FILE *out, Nvrtc *nv, Model *m, Graph *g, const char *arch,
+                        const char *portable, const char *file, Tally *t)
+{
+    const char *text = template_text(file);
+    if (!text)
+        fsd_panic(__FILE__, __LINE__, arena_printf("template %s is not built in", file));
+    Compiled c;
+    if (!compile_program(nv, m, g, arch, file, program_source(portable, file, text), &c)) {
+        fprintf(out, "  templates/%-16s NVRTC could not start: %s\n", file,
+                nv->error_string(c.rc));
+        t->failures++;
+        return;
+    }
+    /* this file's launchers, and the op kinds they stand for */
+    Launcher ls[64];
+    int nl = find_launchers(text, ls, 64);
+    if (c.rc != 0 || c.cubin == 0) {
+        bool *file_kinds = arena_alloc(sizeof(bool) * OP_COUNT);
+        for (int l = 0; l < nl; l++)
+            mark_kinds(ls[l].name, file_kinds);
+        t->failures++;
+        fprintf(out, "  templates/%-16s FAILED (%s)\n", file,
+                c.rc ? nv->error_string(c.rc) : "no code");
+        print_log(out, c.log, true);
+        fprintf(out, "      kernels of templates/%s are %s\n", file, users(m, g, file_kinds));
+        return;
+    }
+    print_log(out, c.log, false);   /* warnings are shown, not failed */
+    int nk;
+    int used_here = report_kernels(out, m, g, c.log, ls, nl, t, &nk);
+    fprintf(out, "  templates/%-16s ok: %d kernel%s used of %d compiled (%zu-byte cubin)\n",
+            file, used_here, used_here == 1 ? "" : "s", nk, c.cubin);
+}
+
+int verify_kernels(FILE *out, Model *m, Graph *g, const char *arch_list)
+{
+    Nvrtc nv = {0};
+    const char *err;
+    if (!nvrtc_load(&nv, &err)) {
+        fprintf(stderr, "fsdpc: %s\n", err);
+        return -1;
+    }
+    int major = 0, minor = 0;
+    nv.version(&major, &minor);
+    const char *archs[64];
+    int narch = parse_archs(&nv, major, minor, arch_list, archs, 64);
+    if (narch < 0)
+        return -1;
+    const char *files[32];
+    int nfiles = template_files(g, files, 32);
     const char *portable = template_text("portable.h");
     if (!portable)
         fsd_panic(__FILE__, __LINE__, "template portable.h is not built in");
@@ -433,115 +597,15 @@ int verify_kernels(FILE *out, Model *m, Graph *g, const char *arch_list)
     fprintf(out, "\n  registers, shared memory, stack and spills are ptxas's (--ptxas-options=-v, "
                  "in-process); no device is needed\n");
 
-    int failures = 0, kernels_used = 0, spilling = 0;
+    Tally t = {0};
     for (int a = 0; a < narch; a++) {
         fprintf(out, "%s\n", archs[a]);
-        for (int f = 0; f < nfiles; f++) {
-            const char *text = template_text(files[f]);
-            if (!text)
-                fsd_panic(__FILE__, __LINE__, arena_printf("template %s is not built in", files[f]));
-            /* attention.h after mma.h, as the emitter pastes them (emit.c) */
-            const char *pre = "";
-            if (strcmp(files[f], "attention.h") == 0) {
-                const char *mma = template_text("mma.h");
-                if (!mma)
-                    fsd_panic(__FILE__, __LINE__, "template mma.h is not built in");
-                pre = arena_printf("#line 1 \"templates/mma.h\"\n%s\n", mma);
-            }
-            const char *src = arena_printf("#line 1 \"templates/portable.h\"\n%s\n%s"
-                                           "#line 1 \"templates/%s\"\n%s\n",
-                                           portable, pre, files[f], text);
-            NvrtcProgram prog;
-            NvrtcResult rc = nv.create(&prog, src, arena_printf("templates/%s", files[f]), 6,
-                                       header_texts, header_names);
-            if (rc != 0) {
-                fprintf(out, "  templates/%-16s NVRTC could not start: %s\n", files[f],
-                        nv.error_string(rc));
-                failures++;
-                continue;
-            }
-            const char *opts[] = {arena_printf("--gpu-architecture=%s", archs[a]), "-default-device",
-                                  "--ptxas-options=-v", "-diag-suppress=177", "--std=c++17",
-                                  "-DFSD_ATTN_HD_MAX=64", "-DFSD_ACT_BF16"};
-            /* the last two only as the emitter writes them (emit.c) */
-            const int64_t hd = widest_head(g);
-            int nopts = (int)(sizeof opts / sizeof *opts) - 2;
-            if (hd > 0 && hd <= 64)
-                opts[nopts++] = "-DFSD_ATTN_HD_MAX=64";
-            if (compute_dtype(m) == DTYPE_BF16)
-                opts[nopts++] = "-DFSD_ACT_BF16";
-            rc = nv.compile(prog, nopts, opts);
-            size_t ln = 0;
-            nv.log_size(prog, &ln);
-            char *log = arena_alloc(ln + 1);
-            if (ln)
-                nv.log(prog, log);
-            size_t cubin = 0;
-            if (rc == 0)
-                nv.cubin_size(prog, &cubin);
-            nv.destroy(&prog);
-
-            /* this file's launchers, and the op kinds they stand for */
-            Launcher ls[64];
-            int nl = find_launchers(text, ls, 64);
-            bool *file_kinds = arena_alloc(sizeof(bool) * OP_COUNT);
-            for (int l = 0; l < nl; l++)
-                mark_kinds(ls[l].name, file_kinds);
-            if (rc != 0 || cubin == 0) {
-                failures++;
-                fprintf(out, "  templates/%-16s FAILED (%s)\n", files[f],
-                        rc ? nv.error_string(rc) : "no code");
-                for (const char *line = log; *line;) {
-                    const char *end = strchr(line, '\n');
-                    int len = end ? (int)(end - line) : (int)strlen(line);
-                    const char *one = arena_printf("%.*s", len, line);
-                    if (strstr(one, "error") && !strstr(one, "detected in the compilation"))
-                        print_message(out, line, len);
-                    line = end ? end + 1 : line + len;
-                }
-                fprintf(out, "      kernels of templates/%s are %s\n", files[f], users(m, g, file_kinds));
-                continue;
-            }
-            /* warnings are shown, not failed */
-            for (const char *line = log; *line;) {
-                const char *end = strchr(line, '\n');
-                int len = end ? (int)(end - line) : (int)strlen(line);
-                const char *one = arena_printf("%.*s", len, line);
-                if (strstr(one, ": warning") && strncmp(one, "ptxas", 5) != 0)
-                    print_message(out, line, len);
-                line = end ? end + 1 : line + len;
-            }
-            Kernel ks[64];
-            int nk = parse_ptxas(log, ks, 64);
-            int used_here = 0;
-            for (int k = 0; k < nk; k++) {
-                bool *kinds = arena_alloc(sizeof(bool) * OP_COUNT);
-                for (int l = 0; l < nl; l++)
-                    if (starts(ls, nl, l, ks[k].name, 0))
-                        mark_kinds(ls[l].name, kinds);
-                bool used = false;
-                for (int i = 0; i < g->nops && !used; i++)
-                    used = kinds[g->ops[i]->kind];
-                if (!used)
-                    continue;
-                used_here++;
-                kernels_used++;
-                bool spills = ks[k].spill_st || ks[k].spill_ld;
-                spilling += spills;
-                fprintf(out, "  %-30s %3d registers, %5d B smem, %4d B stack, %s   %s\n",
-                        ks[k].name, ks[k].regs, ks[k].smem, ks[k].stack,
-                        spills ? arena_printf("spills %d B stored, %d B loaded", ks[k].spill_st,
-                                              ks[k].spill_ld)
-                               : "no spills",
-                        users(m, g, kinds));
-            }
-            fprintf(out, "  templates/%-16s ok: %d kernel%s used of %d compiled (%zu-byte cubin)\n",
-                    files[f], used_here, used_here == 1 ? "" : "s", nk, cubin);
-        }
+        for (int f = 0; f < nfiles; f++)
+            verify_file(out, &nv, m, g, archs[a], portable, files[f], &t);
     }
     fprintf(out, "verify: %d template file%s x %d architecture%s: %d failed; %d kernel build%s "
                  "(kernel x architecture) used by the program, %d spilling\n",
-            nfiles, nfiles == 1 ? "" : "s", narch, narch == 1 ? "" : "s", failures, kernels_used,
-            kernels_used == 1 ? "" : "s", spilling);
-    return failures;
+            nfiles, nfiles == 1 ? "" : "s", narch, narch == 1 ? "" : "s", t.failures,
+            t.kernels_used, t.kernels_used == 1 ? "" : "s", t.spilling);
+    return t.failures;
 }

@@ -62,6 +62,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!diag.errors) {
         ast_dump(devnull, prog);
         Model *model = sema_check(prog, &diag);
+        if (model)
+            model = model_build(model, &diag);
         if (model) {
             model_dump(devnull, model);
             if (model->nparams <= MAX_PARAMS)

@@ -42,6 +42,8 @@ static Model *load(const char *path)
     diag_init(&d, src, stderr);
     Program *p = parse_program(src, &d);
     Model *m = d.errors ? NULL : sema_check(p, &d);
+    if (m)
+        m = model_build(m, &d);
     if (!m) {
         fprintf(stderr, "%s does not compile\n", path);
         exit(1);
