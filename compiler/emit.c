@@ -149,13 +149,14 @@ static bool is_reserved(const char *id)
 
 /* A model name as a C identifier: every character that cannot be in one
  * becomes '_' ("blocks.0.ln2.out" -> "blocks_0_ln2_out", a gradient
- * "d.x" -> "d_x"); one that would start with a digit gains "t_". */
+ * "d.x" -> "d_x"); one that would start with a digit, or with '_' (names
+ * C keeps for itself), gains "t_". */
 static char *c_ident(const char *prefix, const char *name)
 {
     size_t np = strlen(prefix), n = strlen(name);
     char *id = arena_alloc(np + n + 3);
     char *o = id;
-    if (!np && (!n || (name[0] >= '0' && name[0] <= '9'))) {
+    if (!np && (!n || (name[0] >= '0' && name[0] <= '9') || name[0] == '_')) {
         *o++ = 't';
         *o++ = '_';
     }
