@@ -8,10 +8,21 @@
  *      shard groups, arena tensors with their live ranges, the train
  *      section; fsdrt_init sizes everything from them at start-up, so the
  *      world size stays a run-time value;
- *   3. one function per distinct micro-batch of the schedule: every event
- *      in schedule order, each kernel call commented with the .fsd line and
- *      layer it comes from and the shape of what it writes;
+ *   3. one function per distinct micro-batch of the schedule: its tensors
+ *      declared by name with their shapes, then every event in schedule
+ *      order, one line per op with the .fsd line it comes from;
  *   4. main: the step loop the runtime drives.
+ *
+ * Names: an arena tensor is a local named after the model (blocks.0.ln2.out
+ * is `blocks_0_ln2_out`, its gradient `d_blocks_0_ln2_out`), a parameter an
+ * enumerator (`fsdrt_param(r, P_blocks_0_ln2_weight)`). Both come from one
+ * pass over the model, unique and deterministic (see c_names).
+ *
+ * Each pasted template opens with `#line 1 "templates/X.h"` so a compiler
+ * error in it names the template's own line, and the code after it goes
+ * back to train.cu's own numbering with `#line N "train.cu"` (the emitter
+ * counts the lines it writes; it never learns -o's name, so it uses the
+ * name the program calls itself in its first line).
  *
  * Micro-batches differ only when gradients accumulate unsharded (the first
  * allocates gradient buffers, the last reduce-scatters them) or parameters
@@ -24,6 +35,7 @@
 #include "fsdpc.h"
 
 #include <inttypes.h>
+#include <stdarg.h>
 #include <string.h>
 
 typedef struct Emit {
@@ -33,9 +45,34 @@ typedef struct Emit {
     int *act;          /* by tensor id: arena index, -1 for params, inputs */
     int nacts;
     int nbuf[2];       /* buffer events of the one- and three-micro-batch steps */
+    const char **var;  /* by tensor id: the C local of an arena tensor */
+    const char **pvar; /* by parameter index: its enumerator, P_... */
+    int lines;         /* newlines written so far: train.cu's line for #line */
 } Emit;
 
-#define P(...) fprintf(e->out, __VA_ARGS__)
+/* Everything goes out through put, which counts lines for #line. */
+static void put(Emit *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(Emit *e, const char *fmt, ...)
+{
+    char small[1024], *s = small;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(small, sizeof small, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        fsd_unreachable();
+    if ((size_t)n >= sizeof small) {
+        s = arena_alloc((size_t)n + 1);
+        va_start(ap, fmt);
+        vsnprintf(s, (size_t)n + 1, fmt, ap);
+        va_end(ap);
+    }
+    fputs(s, e->out);
+    for (; *s; s++)
+        e->lines += *s == '\n';
+}
+
+#define P(...) put(e, __VA_ARGS__)
 
 /* ── names and shapes ── */
 
@@ -70,12 +107,115 @@ static const char *rows_expr(const Tensor *t)
 static int64_t last_dim(const Tensor *t) { return t->dim[t->rank - 1]; }
 
 
+/* Names a micro-batch function already uses, or that C, C++ or CUDA keep:
+ * a tensor whose name is one of these gets a suffix instead. Global
+ * variables are here too, since the trainer builds with -Wshadow. */
+static const char *const reserved[] = {
+    /* the micro-batch function's own names, and train.cu's globals */
+    "r", "B", "k", "micro", "act", "real", "OP", "step", "main", "model", "params", "groups",
+    "acts", "buf_one", "buf_three",
+    /* C and C++ keywords and the like */
+    "auto", "bool", "break", "case", "catch", "char", "class", "const", "constexpr",
+    "continue", "default", "delete", "do", "double", "else", "enum", "explicit", "export",
+    "extern", "false", "float", "for", "friend", "goto", "if", "inline", "int", "long",
+    "mutable", "namespace", "new", "noexcept", "nullptr", "operator", "private", "protected",
+    "public", "register", "restrict", "return", "short", "signed", "sizeof", "static",
+    "struct", "switch", "template", "this", "throw", "true", "try", "typedef", "typeid",
+    "typename", "union", "unsigned", "using", "virtual", "void", "volatile", "while", "NULL",
+    /* CUDA's built-in variables */
+    "threadIdx", "blockIdx", "blockDim", "gridDim", "warpSize",
+};
+
+static bool is_reserved(const char *id)
+{
+    for (size_t i = 0; i < sizeof reserved / sizeof *reserved; i++)
+        if (strcmp(id, reserved[i]) == 0)
+            return true;
+    /* the launchers (templates/README.md): a forward op X is X_fwd, a
+     * backward op keeps its name (*_bwd, reduce_to, copy); a tensor may
+     * still be called after a forward op ("add", "relu") */
+    for (int k = 0; k < OP_COUNT; k++) {
+        const char *n = op_name((OpKind)k);
+        size_t len = strlen(n);
+        if (strncmp(id, n, len) == 0 && strcmp(id + len, "_fwd") == 0)
+            return true;
+    }
+    size_t len = strlen(id);
+    if ((len > 4 && strcmp(id + len - 4, "_bwd") == 0) || strcmp(id, "reduce_to") == 0 ||
+        strcmp(id, "copy") == 0)
+        return true;
+    /* the runtime's and the templates' prefixes */
+    return strncmp(id, "fsd", 3) == 0 || strncmp(id, "FSD", 3) == 0;
+}
+
+/* A model name as a C identifier: every character that cannot be in one
+ * becomes '_' ("blocks.0.ln2.out" -> "blocks_0_ln2_out", a gradient
+ * "d.x" -> "d_x"); one that would start with a digit, or with '_' (names
+ * C keeps for itself), gains "t_". */
+static char *c_ident(const char *prefix, const char *name)
+{
+    size_t np = strlen(prefix), n = strlen(name);
+    char *id = arena_alloc(np + n + 3);
+    char *o = id;
+    if (!np && (!n || (name[0] >= '0' && name[0] <= '9') || name[0] == '_')) {
+        *o++ = 't';
+        *o++ = '_';
+    }
+    memcpy(o, prefix, np);
+    o += np;
+    for (size_t i = 0; i < n; i++) {
+        char c = name[i];
+        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                  c == '_';
+        *o++ = ok ? c : '_';
+    }
+    return id;
+}
+
+/* The first of base, base_2, base_3, ... not yet taken; takes it. */
+static const char *unique(const char **taken, int *ntaken, const char *base)
+{
+    const char *id = base;
+    for (int suffix = 2;; suffix++) {
+        bool clash = is_reserved(id);
+        for (int i = 0; i < *ntaken && !clash; i++)
+            clash = strcmp(taken[i], id) == 0;
+        if (!clash)
+            break;
+        id = arena_printf("%s_%d", base, suffix);
+    }
+    taken[(*ntaken)++] = id;
+    return id;
+}
+
+/* C names for every parameter and arena tensor, from one set so that no
+ * enumerator and local can meet: parameters first, in index order, then
+ * tensors in id order; where two would share a name, the later one gets
+ * the first free suffix _2, _3, ... (the model's second residual sum in a
+ * block, both "blocks.0.add", becomes blocks_0_add_2). The same model
+ * gives the same names on every run. */
+static void c_names(Emit *e)
+{
+    Model *m = e->m;
+    Graph *g = e->g;
+    const char **taken = arena_alloc(sizeof(char *) * (size_t)(m->nparams + g->ntensors));
+    int ntaken = 0;
+    e->pvar = arena_alloc(sizeof(char *) * (size_t)(m->nparams ? m->nparams : 1));
+    e->var = arena_alloc(sizeof(char *) * (size_t)(g->ntensors ? g->ntensors : 1));
+    for (int i = 0; i < m->nparams; i++)
+        e->pvar[i] = unique(taken, &ntaken, c_ident("P_", m->params[i]->name));
+    /* autodiff names a gradient "d." and its tensor's name: d_blocks_0_add */
+    for (int t = 0; t < g->ntensors; t++)
+        if (e->act[t] >= 0)
+            e->var[t] = unique(taken, &ntaken, c_ident("", g->tensors[t]->name));
+}
+
 /* The C expression naming a tensor's memory. */
 static const char *ref(Emit *e, const Tensor *t)
 {
     switch (t->kind) {
-    case TK_PARAM: return arena_printf("fsdrt_param(r, %d)", t->param->index);
-    case TK_PGRAD: return arena_printf("fsdrt_grad(r, %d)", t->param->index);
+    case TK_PARAM: return arena_printf("fsdrt_param(r, %s)", e->pvar[t->param->index]);
+    case TK_PGRAD: return arena_printf("fsdrt_grad(r, %s)", e->pvar[t->param->index]);
     case TK_INPUT:
         if (t == e->g->idx)
             return "fsdrt_idx(r)";
@@ -83,12 +223,30 @@ static const char *ref(Emit *e, const Tensor *t)
             return "fsdrt_targets(r)";
         return "fsdrt_positions(r)";
     case TK_ACT:
-    case TK_AGRAD: return arena_printf("a%d", e->act[t->id]);
+    case TK_AGRAD: return e->var[t->id];
     }
     fsd_unreachable();
 }
 
 static const char *acc(const OpNode *op, int i) { return op->acc[i] ? "true" : "false"; }
+
+/* A C string literal. */
+static const char *cstr(const char *s)
+{
+    if (!s)
+        return "NULL";
+    const char *o = "\"";
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            o = arena_printf("%s\\%c", o, c);
+        else if (c < 32 || c > 126)
+            o = arena_printf("%s\\%03o", o, c);
+        else
+            o = arena_printf("%s%c", o, c);
+    }
+    return arena_printf("%s\"", o);
+}
 
 /* ── one op ── */
 
@@ -98,165 +256,169 @@ static void emit_op(Emit *e, const OpNode *op)
     int line, col;
     loc_line_col(m->prog->src, op->loc.begin, &line, &col);
     const char *where = op->layer && op->layer->path[0] ? op->layer->path : m->name;
-    P("    /* %s:%d  %s  %s", m->prog->src->name, line, where, op_name(op->kind));
-    if (op->nout)
-        P(" -> %s", tensor_type(op->out[0]));
-    P(" */\n");
-    P("    fsdrt_trace_begin(r, \"%s %s\");\n", op_name(op->kind), where);
+    const char *call = NULL;   /* the op's statement, without its ';' */
     const Tensor *x = op->nin ? op->in[0] : NULL;
     const Tensor *y = op->nout ? op->out[0] : NULL;
 #define R(t) ref(e, (t))
     switch (op->kind) {
     case OP_EMBED:
-        P("    embed_fwd(%s, %s, %s, %s, %" PRId64 ", %" PRId64 ");\n", R(y), R(op->in[0]),
-          R(op->in[1]), numel_expr(op->in[1]), last_dim(y), op->in[0]->dim[0]);
+        call = arena_printf("embed_fwd(%s, %s, %s, %s, %" PRId64 ", %" PRId64 ")", R(y),
+                            R(op->in[0]), R(op->in[1]), numel_expr(op->in[1]), last_dim(y),
+                            op->in[0]->dim[0]);
         break;
     case OP_EMBED_BWD:
-        P("    embed_bwd(%s, %s, %s, %s, %" PRId64 ", %" PRId64 ");\n", R(y), R(op->in[0]),
-          R(op->in[1]), numel_expr(op->in[1]), last_dim(op->in[0]), y->dim[0]);
+        call = arena_printf("embed_bwd(%s, %s, %s, %s, %" PRId64 ", %" PRId64 ")", R(y),
+                            R(op->in[0]), R(op->in[1]), numel_expr(op->in[1]), last_dim(op->in[0]),
+                            y->dim[0]);
         break;
     case OP_MATMUL: /* y[rows, N] = x[rows, K] · W[N, K]ᵀ */ {
         int64_t N = op->in[1]->dim[0], K = op->in[1]->dim[1];
-        P("    fsdrt_gemm(r, false, true, %s, %" PRId64 ", %" PRId64 ", 1, %s, %" PRId64
-          ", %s, %" PRId64 ", 0, %s, %" PRId64 ");\n",
-          rows_expr(x), N, K, R(x), K, R(op->in[1]), K, R(y), N);
+        call = arena_printf("fsdrt_gemm(r, false, true, %s, %" PRId64 ", %" PRId64 ", 1, %s, %"
+                            PRId64 ", %s, %" PRId64 ", 0, %s, %" PRId64 ")", rows_expr(x), N, K,
+                            R(x), K, R(op->in[1]), K, R(y), N);
         break;
     }
     case OP_MATMUL_BIAS: /* y[rows, N] = x[rows, K] · W[N, K]ᵀ + b[N] */ {
         int64_t N = op->in[1]->dim[0], K = op->in[1]->dim[1];
-        P("    fsdrt_gemm_bias(r, false, true, %s, %" PRId64 ", %" PRId64 ", %s, %" PRId64
-          ", %s, %" PRId64 ", %s, %s, %" PRId64 ");\n",
-          rows_expr(x), N, K, R(x), K, R(op->in[1]), K, R(op->in[2]), R(y), N);
+        call = arena_printf("fsdrt_gemm_bias(r, false, true, %s, %" PRId64 ", %" PRId64 ", %s, %"
+                            PRId64 ", %s, %" PRId64 ", %s, %s, %" PRId64 ")", rows_expr(x), N, K,
+                            R(x), K, R(op->in[1]), K, R(op->in[2]), R(y), N);
         break;
     }
     case OP_MATMUL_BIAS_GELU: /* p[rows, N] = x · Wᵀ + b, y = gelu(p) */ {
         /* the CUDA backend applies gelu in the product's epilogue; the CPU
          * backend writes p alone and the template's gelu follows */
         int64_t N = op->in[1]->dim[0], K = op->in[1]->dim[1];
-        P("    if (!fsdrt_gemm_bias_gelu(r, false, true, %s, %" PRId64 ", %" PRId64 ", %s, %" PRId64
-          ", %s, %" PRId64 ", %s, %s, %s, %" PRId64 "))\n",
-          rows_expr(x), N, K, R(x), K, R(op->in[1]), K, R(op->in[2]), R(y), R(op->out[1]), N);
-        P("        gelu_fwd(%s, %s, %s);\n", R(op->out[1]), R(y), numel_expr(y));
+        call = arena_printf("if (!fsdrt_gemm_bias_gelu(r, false, true, %s, %" PRId64 ", %" PRId64
+                            ", %s, %" PRId64 ", %s, %" PRId64 ", %s, %s, %s, %" PRId64
+                            ")) gelu_fwd(%s, %s, %s)", rows_expr(x), N, K, R(x), K, R(op->in[1]), K,
+                            R(op->in[2]), R(y), R(op->out[1]), N, R(op->out[1]), R(y),
+                            numel_expr(y));
         break;
     }
     case OP_MATMUL_DX: /* dx[rows, K] (+)= dy[rows, N] · W[N, K] */ {
         int64_t N = op->in[1]->dim[0], K = op->in[1]->dim[1];
-        P("    fsdrt_gemm(r, false, false, %s, %" PRId64 ", %" PRId64 ", 1, %s, %" PRId64
-          ", %s, %" PRId64 ", %d, %s, %" PRId64 ");\n",
-          rows_expr(x), K, N, R(x), N, R(op->in[1]), K, op->acc[0], R(y), K);
+        call = arena_printf("fsdrt_gemm(r, false, false, %s, %" PRId64 ", %" PRId64 ", 1, %s, %"
+                            PRId64 ", %s, %" PRId64 ", %d, %s, %" PRId64 ")", rows_expr(x), K, N,
+                            R(x), N, R(op->in[1]), K, op->acc[0], R(y), K);
         break;
     }
     case OP_MATMUL_DW: /* dW[N, K] += dy[rows, N]ᵀ · x[rows, K] */ {
         int64_t N = y->dim[0], K = y->dim[1];
-        P("    fsdrt_gemm(r, true, false, %" PRId64 ", %" PRId64 ", %s, 1, %s, %" PRId64
-          ", %s, %" PRId64 ", 1, %s, %" PRId64 ");\n",
-          N, K, rows_expr(x), R(x), N, R(op->in[1]), K, R(y), K);
+        call = arena_printf("fsdrt_gemm(r, true, false, %" PRId64 ", %" PRId64 ", %s, 1, %s, %"
+                            PRId64 ", %s, %" PRId64 ", 1, %s, %" PRId64 ")", N, K, rows_expr(x),
+                            R(x), N, R(op->in[1]), K, R(y), K);
         break;
     }
     case OP_BIAS_BWD:
-        P("    bias_bwd(%s, %s, %s, %" PRId64 ");\n", R(y), R(x), rows_expr(x), last_dim(x));
+        call = arena_printf("bias_bwd(%s, %s, %s, %" PRId64 ")", R(y), R(x), rows_expr(x),
+                            last_dim(x));
         break;
     case OP_LAYERNORM:
-        P("    layernorm_fwd(%s, %s, %s, %s, %s, %s, %s, %" PRId64 ", %.9g);\n", R(y),
-          R(op->out[1]), R(op->out[2]), R(x), R(op->in[1]), R(op->in[2]), rows_expr(x),
-          last_dim(x), op->eps);
+        call = arena_printf("layernorm_fwd(%s, %s, %s, %s, %s, %s, %s, %" PRId64 ", %.9g)", R(y),
+                            R(op->out[1]), R(op->out[2]), R(x), R(op->in[1]), R(op->in[2]),
+                            rows_expr(x), last_dim(x), op->eps);
         break;
     case OP_LAYERNORM_BWD: /* in: dy, x, w, mean, rstd; out: dx, dw, db */
-        P("    layernorm_bwd(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %" PRId64 ");\n", R(y),
-          acc(op, 0), R(op->out[1]), R(op->out[2]), R(x), R(op->in[1]), R(op->in[2]),
-          R(op->in[3]), R(op->in[4]), rows_expr(x), last_dim(x));
+        call = arena_printf("layernorm_bwd(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %" PRId64 ")",
+                            R(y), acc(op, 0), R(op->out[1]), R(op->out[2]), R(x), R(op->in[1]),
+                            R(op->in[2]), R(op->in[3]), R(op->in[4]), rows_expr(x), last_dim(x));
         break;
     case OP_ADD_LAYERNORM: /* in: a, b, w, bias; out: sum, y, mean, rstd */
-        P("    add_layernorm_fwd(%s, %s, %s, %s, %s, %s, %s, %s, %s, %" PRId64 ", %.9g);\n", R(y),
-          R(op->out[1]), R(op->out[2]), R(op->out[3]), R(x), R(op->in[1]), R(op->in[2]),
-          R(op->in[3]), rows_expr(x), last_dim(x), op->eps);
+        call = arena_printf("add_layernorm_fwd(%s, %s, %s, %s, %s, %s, %s, %s, %s, %" PRId64
+                            ", %.9g)", R(y), R(op->out[1]), R(op->out[2]), R(op->out[3]), R(x),
+                            R(op->in[1]), R(op->in[2]), R(op->in[3]), rows_expr(x), last_dim(x),
+                            op->eps);
         break;
     case OP_ADD_RMSNORM: /* in: a, b, w; out: sum, y, rstd */
-        P("    add_rmsnorm_fwd(%s, %s, %s, %s, %s, %s, %s, %" PRId64 ", %.9g);\n", R(y),
-          R(op->out[1]), R(op->out[2]), R(x), R(op->in[1]), R(op->in[2]), rows_expr(x),
-          last_dim(x), op->eps);
+        call = arena_printf("add_rmsnorm_fwd(%s, %s, %s, %s, %s, %s, %s, %" PRId64 ", %.9g)", R(y),
+                            R(op->out[1]), R(op->out[2]), R(x), R(op->in[1]), R(op->in[2]),
+                            rows_expr(x), last_dim(x), op->eps);
         break;
     case OP_RMSNORM:
-        P("    rmsnorm_fwd(%s, %s, %s, %s, %s, %" PRId64 ", %.9g);\n", R(y), R(op->out[1]), R(x),
-          R(op->in[1]), rows_expr(x), last_dim(x), op->eps);
+        call = arena_printf("rmsnorm_fwd(%s, %s, %s, %s, %s, %" PRId64 ", %.9g)", R(y),
+                            R(op->out[1]), R(x), R(op->in[1]), rows_expr(x), last_dim(x), op->eps);
         break;
     case OP_RMSNORM_BWD: /* in: dy, x, w, rstd; out: dx, dw */
-        P("    rmsnorm_bwd(%s, %s, %s, %s, %s, %s, %s, %s, %" PRId64 ");\n", R(y), acc(op, 0),
-          R(op->out[1]), R(x), R(op->in[1]), R(op->in[2]), R(op->in[3]), rows_expr(x),
-          last_dim(x));
+        call = arena_printf("rmsnorm_bwd(%s, %s, %s, %s, %s, %s, %s, %s, %" PRId64 ")", R(y),
+                            acc(op, 0), R(op->out[1]), R(x), R(op->in[1]), R(op->in[2]),
+                            R(op->in[3]), rows_expr(x), last_dim(x));
         break;
     case OP_ROPE:
-        P("    rope_fwd(%s, %s, B, %" PRId64 ", %" PRId64 ", %" PRId64 ", %.17g);\n", R(y), R(x),
-          x->dim[1], op->heads, op->head_dim, op->theta);
+        call = arena_printf("rope_fwd(%s, %s, B, %" PRId64 ", %" PRId64 ", %" PRId64 ", %.17g)",
+                            R(y), R(x), x->dim[1], op->heads, op->head_dim, op->theta);
         break;
     case OP_ROPE_BWD:
-        P("    rope_bwd(%s, %s, %s, B, %" PRId64 ", %" PRId64 ", %" PRId64 ", %.17g);\n", R(y),
-          acc(op, 0), R(x), x->dim[1], op->heads, op->head_dim, op->theta);
+        call = arena_printf("rope_bwd(%s, %s, %s, B, %" PRId64 ", %" PRId64 ", %" PRId64 ", %.17g)",
+                            R(y), acc(op, 0), R(x), x->dim[1], op->heads, op->head_dim, op->theta);
         break;
     case OP_ATTENTION:
-        P("    attention_fwd(%s, %s, %s, %s, %s, B, %" PRId64 ", %" PRId64 ", %" PRId64
-          ", %" PRId64 ", %s);\n",
-          R(y), R(op->out[1]), R(op->in[0]), R(op->in[1]), R(op->in[2]), x->dim[1], op->heads,
-          op->kv_heads, op->head_dim, op->causal ? "true" : "false");
+        call = arena_printf("attention_fwd(%s, %s, %s, %s, %s, B, %" PRId64 ", %" PRId64 ", %"
+                            PRId64 ", %" PRId64 ", %s)", R(y), R(op->out[1]), R(op->in[0]),
+                            R(op->in[1]), R(op->in[2]), x->dim[1], op->heads, op->kv_heads,
+                            op->head_dim, op->causal ? "true" : "false");
         break;
     case OP_ATTENTION_BWD: /* in: do, q, k, v, out, lse; out: dq, dk, dv */
-        P("    attention_bwd(%s, %s, %s, %s, %s, %s,\n"
-          "                  %s, %s, %s, %s, %s, %s, B, %" PRId64 ", %" PRId64 ", %" PRId64
-          ", %" PRId64 ", %s);\n",
-          R(op->out[0]), acc(op, 0), R(op->out[1]), acc(op, 1), R(op->out[2]), acc(op, 2), R(x),
-          R(op->in[1]), R(op->in[2]), R(op->in[3]), R(op->in[4]), R(op->in[5]),
-          op->in[1]->dim[1], op->heads, op->kv_heads, op->head_dim,
-          op->causal ? "true" : "false");
+        call = arena_printf("attention_bwd(%s, %s, %s, %s, %s, %s, " "%s, %s, %s, %s, %s, %s, B, %"
+                            PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %s)", R(op->out[0]),
+                            acc(op, 0), R(op->out[1]), acc(op, 1), R(op->out[2]), acc(op, 2), R(x),
+                            R(op->in[1]), R(op->in[2]), R(op->in[3]), R(op->in[4]), R(op->in[5]),
+                            op->in[1]->dim[1], op->heads, op->kv_heads, op->head_dim,
+                            op->causal ? "true" : "false");
         break;
     case OP_GELU:
     case OP_RELU:
     case OP_SILU:
-        P("    %s_fwd(%s, %s, %s);\n", op_name(op->kind), R(y), R(x), numel_expr(x));
+        call = arena_printf("%s_fwd(%s, %s, %s)", op_name(op->kind), R(y), R(x), numel_expr(x));
         break;
     case OP_GELU_BWD:
     case OP_RELU_BWD:
     case OP_SILU_BWD: /* in: dy, x */
-        P("    %s(%s, %s, %s, %s, %s);\n", op_name(op->kind), R(y), acc(op, 0), R(x),
-          R(op->in[1]), numel_expr(x));
+        call = arena_printf("%s(%s, %s, %s, %s, %s)", op_name(op->kind), R(y), acc(op, 0), R(x),
+                            R(op->in[1]), numel_expr(x));
         break;
     case OP_SWIGLU:
-        P("    swiglu_fwd(%s, %s, %s, %s);\n", R(y), R(x), R(op->in[1]), numel_expr(y));
+        call = arena_printf("swiglu_fwd(%s, %s, %s, %s)", R(y), R(x), R(op->in[1]), numel_expr(y));
         break;
     case OP_SWIGLU_BWD: /* in: dy, g, u; out: dg, du */
-        P("    swiglu_bwd(%s, %s, %s, %s, %s, %s, %s, %s);\n", R(op->out[0]), acc(op, 0),
-          R(op->out[1]), acc(op, 1), R(x), R(op->in[1]), R(op->in[2]), numel_expr(x));
+        call = arena_printf("swiglu_bwd(%s, %s, %s, %s, %s, %s, %s, %s)", R(op->out[0]), acc(op, 0),
+                            R(op->out[1]), acc(op, 1), R(x), R(op->in[1]), R(op->in[2]),
+                            numel_expr(x));
         break;
     case OP_ADD:
     case OP_MUL:
-        P("    %s_fwd(%s, %s, %s, %s, %s);\n", op_name(op->kind), R(y), R(x), R(op->in[1]),
-          numel_expr(x), numel_expr(op->in[1]));
+        call = arena_printf("%s_fwd(%s, %s, %s, %s, %s)", op_name(op->kind), R(y), R(x),
+                            R(op->in[1]), numel_expr(x), numel_expr(op->in[1]));
         break;
     case OP_MUL_BWD: /* in: dy, a, b; out: da, db */
-        P("    mul_bwd(%s, %s, %s, %s, %s, %s, %s, %s, %s);\n", R(op->out[0]), acc(op, 0),
-          R(op->out[1]), acc(op, 1), R(x), R(op->in[1]), R(op->in[2]), numel_expr(op->in[1]),
-          numel_expr(op->in[2]));
+        call = arena_printf("mul_bwd(%s, %s, %s, %s, %s, %s, %s, %s, %s)", R(op->out[0]),
+                            acc(op, 0), R(op->out[1]), acc(op, 1), R(x), R(op->in[1]), R(op->in[2]),
+                            numel_expr(op->in[1]), numel_expr(op->in[2]));
         break;
     case OP_REDUCE_TO:
-        P("    reduce_to(%s, %s, %s, %s, %s);\n", R(y), acc(op, 0), R(x), numel_expr(x),
-          numel_expr(y));
+        call = arena_printf("reduce_to(%s, %s, %s, %s, %s)", R(y), acc(op, 0), R(x), numel_expr(x),
+                            numel_expr(y));
         break;
     case OP_COPY:
-        P("    copy(%s, %s, %s, %s);\n", R(y), acc(op, 0), R(x), numel_expr(x));
+        call = arena_printf("copy(%s, %s, %s, %s)", R(y), acc(op, 0), R(x), numel_expr(x));
         break;
     case OP_CROSS_ENTROPY:
-        P("    cross_entropy_fwd(%s, %s, %s, %s, %s, %" PRId64 ");\n", R(y), R(op->out[1]), R(x),
-          R(op->in[1]), rows_expr(x), last_dim(x));
-        P("    fsdrt_add_loss_tensor(r, %s);\n", R(y));
+        call = arena_printf("cross_entropy_fwd(%s, %s, %s, %s, %s, %" PRId64
+                            "); fsdrt_add_loss_tensor(r, %s)", R(y), R(op->out[1]), R(x),
+                            R(op->in[1]), rows_expr(x), last_dim(x), R(y));
         break;
     case OP_CROSS_ENTROPY_BWD: /* in: logits, targets, lse; out: dlogits */
-        P("    cross_entropy_bwd(%s, %s, %s, %s, %s, %s, %" PRId64 ", fsdrt_loss_scale(r));\n",
-          R(y), acc(op, 0), R(x), R(op->in[1]), R(op->in[2]), rows_expr(x), last_dim(x));
+        call = arena_printf("cross_entropy_bwd(%s, %s, %s, %s, %s, %s, %" PRId64
+                            ", fsdrt_loss_scale(r))", R(y), acc(op, 0), R(x), R(op->in[1]),
+                            R(op->in[2]), rows_expr(x), last_dim(x));
         break;
     case OP_COUNT:
         fsd_unreachable();
     }
 #undef R
-    P("    fsdrt_trace_end(r);\n");
+    /* one line: OP (defined above micro_*) wraps the call in its trace span */
+    P("    OP(%s, %s);  /* %s:%d */\n", cstr(arena_printf("%s %s", op_name(op->kind), where)),
+      call, m->prog->src->name, line);
 }
 
 /* ── schedules ── */
@@ -311,12 +473,19 @@ static void emit_micro(Emit *e, const Schedule *s, int micro, const char *name, 
         for (int k = 0; k < ev->op->nout; k++)
             used[ev->op->out[k]->id] = true;
     }
+    const char **decl = arena_alloc(sizeof(char *) * (size_t)e->g->ntensors);
+    int width = 0;
     for (int t = 0; t < e->g->ntensors; t++)
         if (used[t] && e->act[t] >= 0) {
-            Tensor *tt = e->g->tensors[t];
-            P("    %s *a%d = fsdrt_%s(r, %d);  /* %-26s %s */\n", tt->stat ? "real" : "act",
-              e->act[t], tt->stat ? "stat" : "act", e->act[t], tensor_type(tt), tt->name);
+            const Tensor *tt = e->g->tensors[t];
+            decl[t] = arena_printf("%s *%s = fsdrt_%s(r, %d);", tt->stat ? "real" : "act",
+                                   e->var[t], tt->stat ? "stat" : "act", e->act[t]);
+            int n = (int)strlen(decl[t]);
+            width = n > width ? n : width;
         }
+    for (int t = 0; t < e->g->ntensors; t++)
+        if (decl[t])
+            P("    %-*s  /* %s */\n", width, decl[t], tensor_type(e->g->tensors[t]));
     P("    (void)B;\n\n");
     for (int i = 0; i < s->nev; i++)
         if (s->ev[i].micro == micro)
@@ -330,6 +499,13 @@ static void emit_tables(Emit *e)
 {
     Model *m = e->m;
     Graph *g = e->g;
+    if (m->nparams) {
+        P("/* parameters by index into params[]: fsdrt_param(r, P_...), fsdrt_grad */\n");
+        P("enum {\n");
+        for (int i = 0; i < m->nparams; i++)
+            P("    %s,\n", e->pvar[i]);
+        P("};\n\n");
+    }
     P("static const FsdParamInfo params[%d] = {\n", m->nparams);
     for (int i = 0; i < m->nparams; i++) {
         Param *p = m->params[i];
@@ -380,23 +556,6 @@ static void emit_tables(Emit *e)
     if (!e->nacts)
         P("    {\"none\", 0, 0, 0, 0, false},\n");
     P("};\n\n");
-}
-
-static const char *cstr(const char *s)
-{
-    if (!s)
-        return "NULL";
-    const char *o = "\"";
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\')
-            o = arena_printf("%s\\%c", o, c);
-        else if (c < 32 || c > 126)
-            o = arena_printf("%s\\%03o", o, c);
-        else
-            o = arena_printf("%s%c", o, c);
-    }
-    return arena_printf("%s\"", o);
 }
 
 /* The FsdModel initializer is positional, in FsdModel's field order, with
@@ -514,7 +673,12 @@ static void paste_template(Emit *e, const char *file)
     const char *text = template_text(file);
     if (!text)
         fsd_panic(__FILE__, __LINE__, arena_printf("template %s is not built in", file));
-    P("/* ──── templates/%s ──── */\n%s\n", file, text);
+    /* a compiler error in the template names its own file and line; the
+     * code after it is train.cu's again */
+    P("/* ──── templates/%s ──── */\n#line 1 \"templates/%s\"\n%s", file, file, text);
+    if (text[0] && text[strlen(text) - 1] != '\n')
+        P("\n");
+    P("#line %d \"train.cu\"\n\n", e->lines + 2);
 }
 
 static void emit_templates(Emit *e)
@@ -572,6 +736,7 @@ static void write_program(FILE *out, Schedule *one, Schedule *three)
     for (int t = 0; t < g->ntensors; t++)
         e->act[t] = g->tensors[t]->kind == TK_ACT || g->tensors[t]->kind == TK_AGRAD ? e->nacts++
                                                                                      : -1;
+    c_names(e);
     uint64_t hash = model_hash(m);
 
     P("/*\n * train.cu — generated by fsdpc %s from %s; do not edit.\n *\n", FSDPC_VERSION,
@@ -609,6 +774,10 @@ static void write_program(FILE *out, Schedule *one, Schedule *three)
     bool uniform = same_micro(three, 0, three, 1) && same_micro(three, 1, three, 2) &&
                    same_micro(three, 0, one, 0);
     P("/* ──── the schedule ──── */\n\n");
+    P("/* One op of a micro-batch: its kernel call(s) inside the op's trace span\n"
+      " * (fsdrt_trace_begin/end; --trace-out writes them). */\n"
+      "#define OP(label, ...) \\\n"
+      "    do { fsdrt_trace_begin(r, label); __VA_ARGS__; fsdrt_trace_end(r); } while (0)\n\n");
     if (uniform) {
         emit_micro(e, one, 0, "any", "every micro-batch of a step runs the same events");
     } else {

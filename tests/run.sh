@@ -41,6 +41,45 @@ for f in examples/*.fsd; do
     done
 done
 
+# ── the emitted program: tiny's train.cu, tensors by name, one line per op.
+# The pasted templates are left out of the golden file (their text is
+# templates/*.h's own, and their length moves every #line after them), so
+# kernel edits do not touch it; the #line check below holds the numbers. ──
+strip_templates() {
+    awk '/^#line 1 "templates\// { print; print "/* (the template text, left out of the golden file) */"; skip = 1; next }
+         skip && /^#line [0-9]+ "train.cu"$/ { skip = 0; sub(/[0-9]+/, "N"); print; next }
+         !skip'
+}
+if "$FSDPC" examples/tiny.fsd -o "$TMP/train.cu" 2>"$TMP/err"; then
+    strip_templates <"$TMP/train.cu" >"$TMP/out"
+    compare "golden tiny.train.cu" tests/golden/tiny.train.cu "$TMP/out"
+else
+    bad "golden tiny.train.cu: fsdpc failed" "$TMP/err"
+fi
+
+# ── #line: an error planted in a pasted template is reported at the
+# template's own line, one planted after it at train.cu's ──
+if [ $REGEN = 0 ] && [ -s "$TMP/train.cu" ]; then
+    tl=$(grep -n '^LAUNCHER void gelu_fwd' templates/act.h | cut -d: -f1)
+    pl=$(grep -n '^LAUNCHER void gelu_fwd' "$TMP/train.cu" | cut -d: -f1)
+    ol=$(grep -n '^    OP("embed pos"' "$TMP/train.cu" | cut -d: -f1)
+    if [ -z "$tl" ] || [ -z "$pl" ] || [ -z "$ol" ]; then
+        bad "#line: gelu_fwd in templates/act.h or the embed pos op in tiny's train.cu not found"
+    else
+        # each planted line replaces one, so no line moves
+        sed "$((pl + 2))s/.*/    planted_in_template = 1;/; ${ol}s/.*/    planted_in_train = 1;/" \
+            "$TMP/train.cu" >"$TMP/planted.cu"
+        ${CC:-cc} -std=c11 -fsyntax-only -Iruntime $(pkg-config --cflags openblas 2>/dev/null) \
+            -x c "$TMP/planted.cu" >"$TMP/planted.log" 2>&1
+        if grep -q "^templates/act.h:$((tl + 2)):[0-9]*: error: .*planted_in_template" "$TMP/planted.log" &&
+                grep -q "^train.cu:$ol:[0-9]*: error: .*planted_in_train" "$TMP/planted.log"; then
+            ok "#line: errors point at templates/act.h:$((tl + 2)) and train.cu:$ol"
+        else
+            bad "#line: expected errors at templates/act.h:$((tl + 2)) and train.cu:$ol" "$TMP/planted.log"
+        fi
+    fi
+fi
+
 # ── golden plans: the plan, one step's schedule and the memory plan of every
 # example (and tests/plan/*.fsd) at world sizes 1, 2, 3 (uneven shards), 8
 # and 64. Only padding, bytes and memory change with the world size; the

@@ -160,9 +160,23 @@ def check_generated(path):
     steps = [n for n in fns if n == "step" or n.startswith("micro_")]
     if "step" not in steps:
         fail(f"{path}: no step function found")
+    # the program's function-like macros (OP, each op in its trace span):
+    # a step function's use of one calls what the macro's body calls
+    macros = {m.group(1): m.group(2) for m in
+              re.finditer(r"^#[ \t]*define[ \t]+(\w+)\([^)]*\)((?:.*\\\n)*.*)$", text, re.M)}
+
+    def expanded(body, seen=()):
+        out = set()
+        for c in calls(body):
+            if c in macros and c not in seen:
+                out |= expanded(macros[c], seen + (c,))
+            else:
+                out.add(c)
+        return out
+
     roots = set()
     for s in steps:
-        for c in calls(fns[s][0]):
+        for c in expanded(fns[s][0]):
             if c.startswith("fsdrt_"):
                 roots.add(c)
             elif c not in launchers and c not in fns:

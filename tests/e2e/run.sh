@@ -335,7 +335,9 @@ else bad "small_group on 4 ranks vs 1: status $st ${res:-}" "$TMP/out"; fi
 # train exactly as one built from fsdpc --no-fuse: 5 steps on 2 ranks, the
 # same losses and the same exported weights, in fp32 and in bf16.
 for v in tiny tiny_llama tiny_bf16; do
-    if ! grep -q "^    add_[a-z]*norm_fwd(" "$OUT/$v/train.cu" || grep -q "^    add_[a-z]*norm_fwd(" "$OUT/${v}_nofuse/train.cu"; then
+    # a call of the fused kernel: one op line, OP("label", add_..._fwd(...))
+    fused='^    OP("[^"]*", add_[a-z]*norm_fwd('
+    if ! grep -q "$fused" "$OUT/$v/train.cu" || grep -q "$fused" "$OUT/${v}_nofuse/train.cu"; then
         bad "fusion $v: the fused train.cu has no fused norm, or the --no-fuse one has"
         continue
     fi
