@@ -3,8 +3,8 @@
  * target architecture, without a GPU and without nvcc.
  *
  * Each template file the graph uses (emit_template_of) is compiled as one
- * NVRTC program: portable.h, then the family (attention.h after mma.h, as
- * emit.c pastes them), each under a #line directive so that NVRTC's
+ * NVRTC program: portable.h, then the family (attention.h after mma.h and
+ * its backends, emit_template_parts, as emit.c pastes them), each under a #line directive so that NVRTC's
  * messages name the template file and line. What emitted
  * code takes from the C library and the runtime header is supplied as tiny
  * in-memory headers (the prelude below); -default-device makes the host-side
@@ -440,13 +440,14 @@ int verify_kernels(FILE *out, Model *m, Graph *g, const char *arch_list)
             const char *text = template_text(files[f]);
             if (!text)
                 fsd_panic(__FILE__, __LINE__, arena_printf("template %s is not built in", files[f]));
-            /* attention.h after mma.h, as the emitter pastes them (emit.c) */
+            /* the family's parts first, as the emitter pastes them (emit.c):
+             * attention.h after mma.h and its backends */
             const char *pre = "";
-            if (strcmp(files[f], "attention.h") == 0) {
-                const char *mma = template_text("mma.h");
-                if (!mma)
-                    fsd_panic(__FILE__, __LINE__, "template mma.h is not built in");
-                pre = arena_printf("#line 1 \"templates/mma.h\"\n%s\n", mma);
+            for (const char *const *part = emit_template_parts(files[f]); *part; part++) {
+                const char *pt = template_text(*part);
+                if (!pt)
+                    fsd_panic(__FILE__, __LINE__, arena_printf("template %s is not built in", *part));
+                pre = arena_printf("%s#line 1 \"templates/%s\"\n%s\n", pre, *part, pt);
             }
             const char *src = arena_printf("#line 1 \"templates/portable.h\"\n%s\n%s"
                                            "#line 1 \"templates/%s\"\n%s\n",
