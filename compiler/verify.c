@@ -4,8 +4,8 @@
  *
  * Each template file the graph uses (emit_template_of) is compiled as one
  * NVRTC program: portable.h, then the family (attention.h after mma.h and
- * its backends, emit_template_parts, as emit.c pastes them), each under a #line directive so that NVRTC's
- * messages name the template file and line. What emitted
+ * its backends, emit_template_parts, as emit.c pastes them), each under a
+ * #line directive so that NVRTC's messages name the template file and line. What emitted
  * code takes from the C library and the runtime header is supplied as tiny
  * in-memory headers (the prelude below); -default-device makes the host-side
  * launchers device functions that are compiled and never called, and
@@ -451,7 +451,8 @@ int verify_kernels(FILE *out, Model *m, Graph *g, const char *arch_list)
             for (const char *const *part = emit_template_parts(files[f]); *part; part++) {
                 const char *pt = template_text(*part);
                 if (!pt)
-                    fsd_panic(__FILE__, __LINE__, arena_printf("template %s is not built in", *part));
+                    fsd_panic(__FILE__, __LINE__,
+                              arena_printf("template %s is not built in", *part));
                 pre = arena_printf("%s#line 1 \"templates/%s\"\n%s\n", pre, *part, pt);
             }
             const char *src = arena_printf("#line 1 \"templates/portable.h\"\n%s\n%s"
