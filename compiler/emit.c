@@ -668,6 +668,19 @@ static const char *template_of(OpKind k)
 
 const char *emit_template_of(OpKind k) { return template_of(k); }
 
+/* attention.h launches kernels of files pasted before it: the tensor-core
+ * primitives (mma.h, nothing unless the program stores bf16 and builds for
+ * the GPU), the GPU's tiled and tensor-core kernels, the CPU's BLAS path.
+ * Each is guarded, so attention.h included alone includes them itself. */
+static const char *const attention_parts[] = {"mma.h", "attention_gpu.h", "attention_mma.h",
+                                              "attention_cpu.h", NULL};
+static const char *const no_parts[] = {NULL};
+
+const char *const *emit_template_parts(const char *family)
+{
+    return strcmp(family, "attention.h") == 0 ? attention_parts : no_parts;
+}
+
 static void paste_template(Emit *e, const char *file)
 {
     const char *text = template_text(file);
@@ -694,11 +707,8 @@ static void emit_templates(Emit *e)
             files[n++] = f;
     }
     for (int k = 0; k < n; k++) {
-        /* attention.h's tensor-core kernels take their primitives from
-         * mma.h (which defines nothing unless the program stores bf16 and
-         * builds for the GPU) */
-        if (strcmp(files[k], "attention.h") == 0)
-            paste_template(e, "mma.h");
+        for (const char *const *part = emit_template_parts(files[k]); *part; part++)
+            paste_template(e, *part);
         paste_template(e, files[k]);
     }
 }

@@ -858,6 +858,9 @@ const char *template_text(const char *name);
 /* The template file holding an op's kernels ("norm.h"); NULL for the
  * matrix products, which go through fsdrt_gemm. */
 const char *emit_template_of(OpKind k);
+/* The files pasted before a family's own, in order, NULL-terminated
+ * (attention.h's: mma.h and its backends). */
+const char *const *emit_template_parts(const char *family);
 
 /* ─────────────── verify.c: the program's kernels through NVRTC ─────────────── */
 

@@ -3,10 +3,10 @@
  * target architecture, without a GPU and without nvcc.
  *
  * Each template file the graph uses (emit_template_of) is compiled as one
- * NVRTC program: portable.h, then the family (attention.h after mma.h, as
- * emit.c pastes them), each under a #line directive so that NVRTC's
- * messages name the template file and line. What emitted
- * code takes from the C library and the runtime header is supplied as tiny
+ * NVRTC program: portable.h, then the family (attention.h after mma.h and
+ * its backends, emit_template_parts, as emit.c pastes them), each under a
+ * #line directive so that NVRTC's messages name the template file and
+ * line. What emitted code takes from the C library and the runtime header is supplied as tiny
  * in-memory headers (the prelude below); -default-device makes the host-side
  * launchers device functions that are compiled and never called, and
  * portable.h's __CUDACC_RTC__ block keeps them from launching. NVRTC runs
@@ -19,9 +19,9 @@
  * the .fsd lines of the ops whose launchers are in that file. Kernels are
  * tied to ops through the templates' text: a LAUNCHER named after an op
  * (X_fwd for a forward op X, the op's name for a backward one) starts the
- * kernels named in its FSD_RUN_* calls (FSD_RUN_COL_SUMS also the column
- * sums' second pass, fsd_col_parts_kernel), and those of the launchers it
- * calls.
+ * kernels named in its FSD_RUN_* calls, and those of the launchers and
+ * RUNNERs (a column reduction's NAME_sums) it calls; fsd_col_finish starts
+ * the column sums' second pass, fsd_col_parts_kernel.
  *
  * NVRTC is loaded with dlopen at run time, so fsdpc builds and runs without
  * the CUDA toolkit unless --verify is asked for; FSDPC_NVRTC names the
@@ -140,7 +140,8 @@ typedef struct Kernel {
     bool seen;               /* ptxas reported it */
 } Kernel;
 
-/* The launchers of a template's text and the kernels each starts. */
+/* The launchers of a template's text, and the helpers that start kernels
+ * for them (RUNNER, portable.h), with the kernels each starts. */
 typedef struct Launcher {
     const char *name;
     const char *body;        /* its braces and what they hold */
@@ -149,10 +150,10 @@ typedef struct Launcher {
 
 static bool ident_char(char c) { return isalnum((unsigned char)c) || c == '_'; }
 
-static int find_launchers(const char *text, Launcher *out, int max)
+/* Adds to out[n..max) the functions of text declared `KEY NAME(...) {`
+ * at the start of a line; returns the new count. */
+static int find_marked(const char *text, const char *key, Launcher *out, int n, int max)
 {
-    int n = 0;
-    const char *key = "LAUNCHER void ";
     for (const char *p = strstr(text, key); p && n < max; p = strstr(p + 1, key)) {
         /* the macro's definition in portable.h is not a launcher */
         if (p > text && p[-1] != '\n')
@@ -177,14 +178,18 @@ static int find_launchers(const char *text, Launcher *out, int max)
     return n;
 }
 
-/* Kernels a run macro starts besides the one it names: the column sums'
- * second pass (portable.h's FSD_RUN_COL_SUMS and its 16-byte vector form
- * FSD_RUN_COL_VSUMS, fsd_col_parts), compiled with portable.h into every
- * template file's program. */
+static int find_launchers(const char *text, Launcher *out, int max)
+{
+    int n = find_marked(text, "LAUNCHER void ", out, 0, max);
+    return find_marked(text, "RUNNER void ", out, n, max);
+}
+
+/* Kernels started by a call to portable.h besides FSD_RUN_*: the column
+ * sums' second pass (fsd_col_finish, fsd_col_parts), compiled with
+ * portable.h into every template file's program. */
 static const struct {
     const char *macro, *kernel;
-} hidden_kernels[] = {{"FSD_RUN_COL_SUMS(", "fsd_col_parts_kernel"},
-                      {"FSD_RUN_COL_VSUMS(", "fsd_col_parts_kernel"}};
+} hidden_kernels[] = {{"fsd_col_finish(", "fsd_col_parts_kernel"}};
 
 /* Whether launcher l (or one it calls, transitively) starts kernel k. */
 static bool starts(const Launcher *ls, int n, int l, const char *kernel, int depth)
@@ -433,16 +438,17 @@ static int template_files(Graph *g, const char **files, int max)
     return nfiles;
 }
 
-/* One NVRTC program: portable.h, then the file (attention.h after mma.h,
- * as the emitter pastes them: emit.c), each under a #line directive. */
+/* One NVRTC program: portable.h, then the family's parts and the file
+ * (attention.h after mma.h and its backends, as the emitter pastes them:
+ * emit_template_parts), each under a #line directive. */
 static const char *program_source(const char *portable, const char *file, const char *text)
 {
     const char *pre = "";
-    if (strcmp(file, "attention.h") == 0) {
-        const char *mma = template_text("mma.h");
-        if (!mma)
-            fsd_panic(__FILE__, __LINE__, "template mma.h is not built in");
-        pre = arena_printf("#line 1 \"templates/mma.h\"\n%s\n", mma);
+    for (const char *const *part = emit_template_parts(file); *part; part++) {
+        const char *pt = template_text(*part);
+        if (!pt)
+            fsd_panic(__FILE__, __LINE__, arena_printf("template %s is not built in", *part));
+        pre = arena_printf("%s#line 1 \"templates/%s\"\n%s\n", pre, *part, pt);
     }
     return arena_printf("#line 1 \"templates/portable.h\"\n%s\n%s"
                         "#line 1 \"templates/%s\"\n%s\n",

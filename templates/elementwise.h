@@ -29,11 +29,10 @@ DEVICE void reduce_to_sum(int64_t r0, int64_t r1, int64_t j0, int64_t j1, real *
         for (int64_t j = j0; j < j1; j++)
             s[j - j0] += fsd_wide(src[r * C + j]);
 }
-FSD_COL_SUM_KERNEL(reduce_to, (const act *src, int64_t C), (src, C))
 
 #ifdef FSD_VEC
-/* the same, FSD_VEC columns from j0 (FSD_COL_VSUM_ITEM): FSD_COL_BATCH rows
- * loaded, then added in row order */
+/* the same, FSD_VEC columns from j0 into s[k] (a vector item, portable.h):
+ * FSD_COL_BATCH rows loaded, then added in row order */
 DEVICE void reduce_to_v_sum(int64_t r0, int64_t r1, int64_t j0, real *s, const act *src,
                             int64_t C)
 {
@@ -52,7 +51,57 @@ DEVICE void reduce_to_v_sum(int64_t r0, int64_t r1, int64_t j0, real *s, const a
             s[k] += fsd_wide(v.a[k]);
     }
 }
-FSD_COL_VSUM_KERNEL(reduce_to_v, (const act *src, int64_t C), (src, C))
+#endif
+
+#if defined(__CUDACC__) || defined(FSD_WARP_EMULATION)
+/* The GPU's column sums (portable.h): pass 1's item i, one column of a
+ * chunk (reduce_to), or FSD_VEC of them (reduce_to_v), then pass 2. */
+DEVICE void reduce_to_elem(int64_t i, fsd_col_plan p, const act *src, int64_t C)
+{
+    const fsd_col_item it = fsd_col_item_of(p, i, 1);
+    real s[FSD_COL_OUTS] = {0};
+    reduce_to_sum(it.r0, it.r1, it.j0, it.j0 + 1, s, 1, src, C);
+    fsd_col_item_end(p, it.c, it.j0, s);
+}
+FSD_ELEM_KERNEL(reduce_to, (fsd_col_plan p, const act *src, int64_t C), (p, src, C))
+
+#ifdef FSD_VEC
+DEVICE void reduce_to_v_elem(int64_t i, fsd_col_plan p, const act *src, int64_t C)
+{
+    const fsd_col_item it = fsd_col_item_of(p, i, FSD_VEC);
+    real s[FSD_COL_OUTS * FSD_VEC];
+    FSD_VEC_UNROLL for (int k = 0; k < FSD_COL_OUTS * FSD_VEC; k++)
+        s[k] = 0;
+    reduce_to_v_sum(it.r0, it.r1, it.j0, s, src, C);
+    fsd_col_vitem_end(p, it, s);
+}
+FSD_ELEM_KERNEL(reduce_to_v, (fsd_col_plan p, const act *src, int64_t C), (p, src, C))
+#endif
+
+/* dst[j] (+)= Σ_r src[r·C + j] over [rows, C]: the vector items where src's
+ * rows are 16-byte aligned */
+RUNNER void reduce_to_sums(act *dst, bool acc, const act *src, int64_t rows, int64_t C)
+{
+    const fsd_col_plan p = fsd_col_plan_of(rows, C, acc, dst, NULL);
+    if (FSD_VEC_WHEN(C % FSD_VEC == 0 && fsd_al16(src)))
+        FSD_RUN_VEC_ELEMS(reduce_to_v, p.chunks * C, (p, src, C));
+    else
+        FSD_RUN_ELEMS(reduce_to, p.chunks * C, (p, src, C));
+    fsd_col_finish(p);
+}
+#else
+/* The CPU's: a span of columns a worker (portable.h, fsd_col_span). */
+RUNNER void reduce_to_sums(act *dst, bool acc, const act *src, int64_t rows, int64_t C)
+{
+    const int64_t span = fsd_col_span(C), spans = (C + span - 1) / span;
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < spans; t++) {
+        const int64_t j0 = t * span, j1 = j0 + span < C ? j0 + span : C;
+        real s[FSD_COL_SPAN] = {0};
+        reduce_to_sum(0, rows, j0, j1, s, FSD_COL_SPAN, src, C);
+        fsd_col_store(j0, j1, &dst, 1, acc, s, FSD_COL_SPAN);
+    }
+}
 #endif
 
 /* ── add ── */
@@ -176,7 +225,6 @@ DEVICE void mul_bwd_b_sum(int64_t r0, int64_t r1, int64_t j0, int64_t j1, real *
         for (int64_t j = j0; j < j1; j++)
             s[j - j0] += fsd_wide(dy[r * nb + j]) * fsd_wide(a[r * nb + j]);
 }
-FSD_COL_SUM_KERNEL(mul_bwd_b, (const act *dy, const act *a, int64_t nb), (dy, a, nb))
 
 #ifdef FSD_VEC
 DEVICE void mul_bwd_b_v_sum(int64_t r0, int64_t r1, int64_t j0, real *s, const act *dy,
@@ -200,7 +248,58 @@ DEVICE void mul_bwd_b_v_sum(int64_t r0, int64_t r1, int64_t j0, real *s, const a
             s[k] += fsd_wide(vd.a[k]) * fsd_wide(va.a[k]);
     }
 }
-FSD_COL_VSUM_KERNEL(mul_bwd_b_v, (const act *dy, const act *a, int64_t nb), (dy, a, nb))
+#endif
+
+#if defined(__CUDACC__) || defined(FSD_WARP_EMULATION)
+/* The GPU's column sums of db, as reduce_to's */
+DEVICE void mul_bwd_b_elem(int64_t i, fsd_col_plan p, const act *dy, const act *a, int64_t nb)
+{
+    const fsd_col_item it = fsd_col_item_of(p, i, 1);
+    real s[FSD_COL_OUTS] = {0};
+    mul_bwd_b_sum(it.r0, it.r1, it.j0, it.j0 + 1, s, 1, dy, a, nb);
+    fsd_col_item_end(p, it.c, it.j0, s);
+}
+FSD_ELEM_KERNEL(mul_bwd_b, (fsd_col_plan p, const act *dy, const act *a, int64_t nb),
+                (p, dy, a, nb))
+
+#ifdef FSD_VEC
+DEVICE void mul_bwd_b_v_elem(int64_t i, fsd_col_plan p, const act *dy, const act *a, int64_t nb)
+{
+    const fsd_col_item it = fsd_col_item_of(p, i, FSD_VEC);
+    real s[FSD_COL_OUTS * FSD_VEC];
+    FSD_VEC_UNROLL for (int k = 0; k < FSD_COL_OUTS * FSD_VEC; k++)
+        s[k] = 0;
+    mul_bwd_b_v_sum(it.r0, it.r1, it.j0, s, dy, a, nb);
+    fsd_col_vitem_end(p, it, s);
+}
+FSD_ELEM_KERNEL(mul_bwd_b_v, (fsd_col_plan p, const act *dy, const act *a, int64_t nb),
+                (p, dy, a, nb))
+#endif
+
+/* db[j] (+)= Σ_r dy[r·nb + j] · a[r·nb + j] over [rows, nb] */
+RUNNER void mul_bwd_b_sums(act *db, bool acc, const act *dy, const act *a, int64_t rows,
+                           int64_t nb)
+{
+    const fsd_col_plan p = fsd_col_plan_of(rows, nb, acc, db, NULL);
+    if (FSD_VEC_WHEN(nb % FSD_VEC == 0 && fsd_al16(dy) && fsd_al16(a)))
+        FSD_RUN_VEC_ELEMS(mul_bwd_b_v, p.chunks * nb, (p, dy, a, nb));
+    else
+        FSD_RUN_ELEMS(mul_bwd_b, p.chunks * nb, (p, dy, a, nb));
+    fsd_col_finish(p);
+}
+#else
+RUNNER void mul_bwd_b_sums(act *db, bool acc, const act *dy, const act *a, int64_t rows,
+                           int64_t nb)
+{
+    const int64_t span = fsd_col_span(nb), spans = (nb + span - 1) / span;
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < spans; t++) {
+        const int64_t j0 = t * span, j1 = j0 + span < nb ? j0 + span : nb;
+        real s[FSD_COL_SPAN] = {0};
+        mul_bwd_b_sum(0, rows, j0, j1, s, FSD_COL_SPAN, dy, a, nb);
+        fsd_col_store(j0, j1, &db, 1, acc, s, FSD_COL_SPAN);
+    }
+}
 #endif
 
 /* mul_bwd: the backward of y = a · b (b broadcast as in mul_fwd):
@@ -213,10 +312,7 @@ LAUNCHER void mul_bwd(act *da, bool acc_a, act *db, bool acc_b, const act *dy,
     FSD_REQUIRE("mul_bwd", da && db && dy && a && b);
     FSD_REQUIRE("mul_bwd", n > 0 && nb > 0 && n % nb == 0);
     FSD_REQUIRE("mul_bwd", db != dy && db != a && da != db);
-    if (FSD_VEC_WHEN(nb % FSD_VEC == 0 && fsd_al16(dy) && fsd_al16(a)))
-        FSD_RUN_COL_VSUMS(mul_bwd_b_v, n / nb, nb, acc_b, (db), (dy, a, nb));
-    else
-        FSD_RUN_COL_SUMS(mul_bwd_b, n / nb, nb, acc_b, (db), (dy, a, nb));
+    mul_bwd_b_sums(db, acc_b, dy, a, n / nb, nb);
     if (nb == n &&
         FSD_VEC_WHEN(n % FSD_VEC == 0 && fsd_al16(da) && fsd_al16(dy) && fsd_al16(b)))
         FSD_RUN_VEC_ELEMS(mul_bwd_a_same_v, n, (da, acc_a, dy, b));
@@ -272,10 +368,7 @@ LAUNCHER void bias_bwd(act *db, const act *dy, int64_t rows, int64_t C)
 {
     FSD_REQUIRE("bias_bwd", db && dy);
     FSD_REQUIRE("bias_bwd", rows > 0 && C > 0);
-    if (FSD_VEC_WHEN(C % FSD_VEC == 0 && fsd_al16(dy)))
-        FSD_RUN_COL_VSUMS(reduce_to_v, rows, C, true, (db), (dy, C));
-    else
-        FSD_RUN_COL_SUMS(reduce_to, rows, C, true, (db), (dy, C));
+    reduce_to_sums(db, true, dy, rows, C);
 }
 
 /* ── gradient plumbing ── */
@@ -287,10 +380,7 @@ LAUNCHER void reduce_to(act *dst, bool acc, const act *src, int64_t n_src, int64
 {
     FSD_REQUIRE("reduce_to", dst && src && dst != src);
     FSD_REQUIRE("reduce_to", n_src > 0 && n_dst > 0 && n_src % n_dst == 0);
-    if (FSD_VEC_WHEN(n_dst % FSD_VEC == 0 && fsd_al16(src)))
-        FSD_RUN_COL_VSUMS(reduce_to_v, n_src / n_dst, n_dst, acc, (dst), (src, n_dst));
-    else
-        FSD_RUN_COL_SUMS(reduce_to, n_src / n_dst, n_dst, acc, (dst), (src, n_dst));
+    reduce_to_sums(dst, acc, src, n_src / n_dst, n_dst);
 }
 
 DEVICE void copy_elem(int64_t i, act *dst, bool acc, const act *src)

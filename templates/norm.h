@@ -270,13 +270,10 @@ DEVICE void layernorm_bwd_params_sum(int64_t r0, int64_t r1, int64_t j0, int64_t
         }
     }
 }
-FSD_COL_SUM_KERNEL(layernorm_bwd_params,
-                   (const act *dy, const act *x, const real *mean, const real *rstd, int64_t C),
-                   (dy, x, mean, rstd, C))
 
 #ifdef FSD_VEC
-/* the same over FSD_VEC columns from j0 (FSD_COL_VSUM_ITEM): dw's into
- * s[k], db's into s[FSD_VEC + k] */
+/* the same over FSD_VEC columns from j0 (a vector item, portable.h): dw's
+ * into s[k], db's into s[FSD_VEC + k] */
 DEVICE void layernorm_bwd_params_v_sum(int64_t r0, int64_t r1, int64_t j0, real *s,
                                        const act *dy, const act *x, const real *mean,
                                        const real *rstd, int64_t C)
@@ -308,9 +305,54 @@ DEVICE void layernorm_bwd_params_v_sum(int64_t r0, int64_t r1, int64_t j0, real 
         }
     }
 }
-FSD_COL_VSUM_KERNEL(layernorm_bwd_params_v,
-                    (const act *dy, const act *x, const real *mean, const real *rstd, int64_t C),
-                    (dy, x, mean, rstd, C))
+#endif
+
+#if defined(__CUDACC__) || defined(FSD_WARP_EMULATION)
+/* The GPU's column sums of dw and db (portable.h): pass 1's item i, one
+ * column of a chunk, or FSD_VEC of them (_v), then pass 2. */
+DEVICE void layernorm_bwd_params_elem(int64_t i, fsd_col_plan p, const act *dy, const act *x,
+                                      const real *mean, const real *rstd, int64_t C)
+{
+    const fsd_col_item it = fsd_col_item_of(p, i, 1);
+    real s[FSD_COL_OUTS] = {0};
+    layernorm_bwd_params_sum(it.r0, it.r1, it.j0, it.j0 + 1, s, 1, dy, x, mean, rstd, C);
+    fsd_col_item_end(p, it.c, it.j0, s);
+}
+FSD_ELEM_KERNEL(layernorm_bwd_params,
+                (fsd_col_plan p, const act *dy, const act *x, const real *mean,
+                 const real *rstd, int64_t C),
+                (p, dy, x, mean, rstd, C))
+
+#ifdef FSD_VEC
+DEVICE void layernorm_bwd_params_v_elem(int64_t i, fsd_col_plan p, const act *dy, const act *x,
+                                        const real *mean, const real *rstd, int64_t C)
+{
+    const fsd_col_item it = fsd_col_item_of(p, i, FSD_VEC);
+    real s[FSD_COL_OUTS * FSD_VEC];
+    FSD_VEC_UNROLL for (int k = 0; k < FSD_COL_OUTS * FSD_VEC; k++)
+        s[k] = 0;
+    layernorm_bwd_params_v_sum(it.r0, it.r1, it.j0, s, dy, x, mean, rstd, C);
+    fsd_col_vitem_end(p, it, s);
+}
+FSD_ELEM_KERNEL(layernorm_bwd_params_v,
+                (fsd_col_plan p, const act *dy, const act *x, const real *mean,
+                 const real *rstd, int64_t C),
+                (p, dy, x, mean, rstd, C))
+#endif
+
+/* dw[j] += Σ_r dy·x̂, db[j] += Σ_r dy over [rows, C]; vec: the vector
+ * items (the launcher's choice, the rows' kernel's) */
+RUNNER void layernorm_bwd_params_sums(bool vec, act *dw, act *db, const act *dy, const act *x,
+                                      const real *mean, const real *rstd, int64_t rows,
+                                      int64_t C)
+{
+    const fsd_col_plan p = fsd_col_plan_of(rows, C, true, dw, db);
+    if (vec)
+        FSD_RUN_VEC_ELEMS(layernorm_bwd_params_v, p.chunks * C, (p, dy, x, mean, rstd, C));
+    else
+        FSD_RUN_ELEMS(layernorm_bwd_params, p.chunks * C, (p, dy, x, mean, rstd, C));
+    fsd_col_finish(p);
+}
 #endif
 
 #if !defined(__CUDACC__) && !defined(FSD_WARP_EMULATION)
@@ -373,11 +415,10 @@ LAUNCHER void layernorm_bwd(act *dx, bool acc, act *dw, act *db, const act *dy, 
 #else
     if (FSD_NORM_VEC(C, x, dx, w, dy)) {
         FSD_RUN_VEC_ROWS(layernorm_bwd_v, rows, (dx, acc, dy, x, w, mean, rstd, C));
-        FSD_RUN_COL_VSUMS(layernorm_bwd_params_v, rows, C, true, (dw, db),
-                          (dy, x, mean, rstd, C));
+        layernorm_bwd_params_sums(true, dw, db, dy, x, mean, rstd, rows, C);
     } else {
         FSD_RUN_ROWS(layernorm_bwd, rows, (dx, acc, dy, x, w, mean, rstd, C));
-        FSD_RUN_COL_SUMS(layernorm_bwd_params, rows, C, true, (dw, db), (dy, x, mean, rstd, C));
+        layernorm_bwd_params_sums(false, dw, db, dy, x, mean, rstd, rows, C);
     }
 #endif
 }
@@ -544,8 +585,6 @@ DEVICE void rmsnorm_bwd_params_sum(int64_t r0, int64_t r1, int64_t j0, int64_t j
             s[j - j0] += fsd_wide(dy[r * C + j]) * fsd_wide(x[r * C + j]) * rs;
     }
 }
-FSD_COL_SUM_KERNEL(rmsnorm_bwd_params, (const act *dy, const act *x, const real *rstd, int64_t C),
-                   (dy, x, rstd, C))
 
 #ifdef FSD_VEC
 DEVICE void rmsnorm_bwd_params_v_sum(int64_t r0, int64_t r1, int64_t j0, real *s, const act *dy,
@@ -572,8 +611,48 @@ DEVICE void rmsnorm_bwd_params_v_sum(int64_t r0, int64_t r1, int64_t j0, real *s
             s[k] += fsd_wide(vd.a[k]) * fsd_wide(vx.a[k]) * rs;
     }
 }
-FSD_COL_VSUM_KERNEL(rmsnorm_bwd_params_v,
-                    (const act *dy, const act *x, const real *rstd, int64_t C), (dy, x, rstd, C))
+#endif
+
+#if defined(__CUDACC__) || defined(FSD_WARP_EMULATION)
+/* The GPU's column sums of dw, as layernorm_bwd's */
+DEVICE void rmsnorm_bwd_params_elem(int64_t i, fsd_col_plan p, const act *dy, const act *x,
+                                    const real *rstd, int64_t C)
+{
+    const fsd_col_item it = fsd_col_item_of(p, i, 1);
+    real s[FSD_COL_OUTS] = {0};
+    rmsnorm_bwd_params_sum(it.r0, it.r1, it.j0, it.j0 + 1, s, 1, dy, x, rstd, C);
+    fsd_col_item_end(p, it.c, it.j0, s);
+}
+FSD_ELEM_KERNEL(rmsnorm_bwd_params,
+                (fsd_col_plan p, const act *dy, const act *x, const real *rstd, int64_t C),
+                (p, dy, x, rstd, C))
+
+#ifdef FSD_VEC
+DEVICE void rmsnorm_bwd_params_v_elem(int64_t i, fsd_col_plan p, const act *dy, const act *x,
+                                      const real *rstd, int64_t C)
+{
+    const fsd_col_item it = fsd_col_item_of(p, i, FSD_VEC);
+    real s[FSD_COL_OUTS * FSD_VEC];
+    FSD_VEC_UNROLL for (int k = 0; k < FSD_COL_OUTS * FSD_VEC; k++)
+        s[k] = 0;
+    rmsnorm_bwd_params_v_sum(it.r0, it.r1, it.j0, s, dy, x, rstd, C);
+    fsd_col_vitem_end(p, it, s);
+}
+FSD_ELEM_KERNEL(rmsnorm_bwd_params_v,
+                (fsd_col_plan p, const act *dy, const act *x, const real *rstd, int64_t C),
+                (p, dy, x, rstd, C))
+#endif
+
+RUNNER void rmsnorm_bwd_params_sums(bool vec, act *dw, const act *dy, const act *x,
+                                    const real *rstd, int64_t rows, int64_t C)
+{
+    const fsd_col_plan p = fsd_col_plan_of(rows, C, true, dw, NULL);
+    if (vec)
+        FSD_RUN_VEC_ELEMS(rmsnorm_bwd_params_v, p.chunks * C, (p, dy, x, rstd, C));
+    else
+        FSD_RUN_ELEMS(rmsnorm_bwd_params, p.chunks * C, (p, dy, x, rstd, C));
+    fsd_col_finish(p);
+}
 #endif
 
 #ifdef FSD_NORM_CHUNK
@@ -618,10 +697,10 @@ LAUNCHER void rmsnorm_bwd(act *dx, bool acc, act *dw, const act *dy, const act *
 #else
     if (FSD_NORM_VEC(C, x, dx, w, dy)) {
         FSD_RUN_VEC_ROWS(rmsnorm_bwd_v, rows, (dx, acc, dy, x, w, rstd, C));
-        FSD_RUN_COL_VSUMS(rmsnorm_bwd_params_v, rows, C, true, (dw), (dy, x, rstd, C));
+        rmsnorm_bwd_params_sums(true, dw, dy, x, rstd, rows, C);
     } else {
         FSD_RUN_ROWS(rmsnorm_bwd, rows, (dx, acc, dy, x, w, rstd, C));
-        FSD_RUN_COL_SUMS(rmsnorm_bwd_params, rows, C, true, (dw), (dy, x, rstd, C));
+        rmsnorm_bwd_params_sums(false, dw, dy, x, rstd, rows, C);
     }
 #endif
 }

@@ -22,13 +22,16 @@
  *   sum     NAME_sum(r0, r1, j0, j1, s, ls, ...): a column reduction's
  *           body: adds rows [r0, r1) of columns [j0, j1) of each of its
  *           outputs k (at most FSD_COL_OUTS) into real s[k·ls + j − j0],
- *           each column in row order; FSD_COL_SUM_KERNEL +
- *           FSD_RUN_COL_SUMS(name, rows, cols, acc, (outputs), args) store
- *           the sums with fsd_store. The CPU sums all rows of a span of
- *           up to FSD_COL_SPAN columns and stores them. The GPU splits the rows
- *           into chunks (fsd_col_chunk_rows): pass 1, a thread per (chunk,
- *           column), writes the chunk's sums to partial rows in
- *           fsd_col_part; pass 2, a thread per column and output, adds the
+ *           each column in row order. Each backend runs it from a plain
+ *           function of its own, NAME_sums (RUNNER), which stores the sums
+ *           with fsd_store; the launcher calls NAME_sums whatever the
+ *           backend. The CPU's sums all rows of a span of up to
+ *           FSD_COL_SPAN columns and stores them (fsd_col_span,
+ *           fsd_col_store). The GPU's splits the rows into chunks
+ *           (fsd_col_plan_of): pass 1, an elem kernel NAME with a thread per
+ *           (chunk, column) (fsd_col_item_of, fsd_col_item_end), writes the
+ *           chunk's sums to partial rows in fsd_col_part; pass 2
+ *           (fsd_col_finish), a thread per column and output, adds the
  *           chunks in order and stores (one thread per column walking all
  *           rows is latency-bound). Either way each column is summed in a
  *           fixed order that depends on the sizes alone: not on the thread
@@ -44,19 +47,19 @@
  *           __shared__ memory) and meet at fsd_block_sync();
  *           FSD_BLOCK_KERNEL + FSD_RUN_BLOCKS.
  *
- * FSD_ROW_KERNEL / FSD_ELEM_KERNEL / FSD_COL_KERNEL / FSD_COL_SUM_KERNEL
- * write the __global__ wrapper of a body under CUDA (nothing on the CPU);
- * FSD_RUN_ROWS / FSD_RUN_ELEMS / FSD_RUN_COLS / FSD_RUN_COL_SUMS, used in
- * the launchers, start it: a launch (checked) on the GPU, an OpenMP loop
- * calling the body on the CPU. A body must not return early on some lanes
- * only: every lane of a warp reaches every warp reduction.
+ * FSD_ROW_KERNEL / FSD_ELEM_KERNEL / FSD_COL_KERNEL write the __global__
+ * wrapper of a body under CUDA (nothing on the CPU); FSD_RUN_ROWS /
+ * FSD_RUN_ELEMS / FSD_RUN_COLS, used in the launchers, start it: a launch
+ * (checked) on the GPU, an OpenMP loop calling the body on the CPU. A body
+ * must not return early on some lanes only: every lane of a warp reaches
+ * every warp reduction.
  *
  * On the GPU (and in its emulation) the kernels whose layout allows it
  * have a second version X_v beside X that loads and stores 16 bytes a
  * thread (FSD_VEC elements: "16-byte vectors" below); a launcher takes it
  * when its pointers are 16-byte aligned and its counts multiples of
- * FSD_VEC (FSD_VEC_WHEN), through FSD_RUN_VEC_ELEMS, FSD_RUN_VEC_ROWS or,
- * for a column reduction's pass 1 (FSD_COL_VSUM_KERNEL), FSD_RUN_COL_VSUMS.
+ * FSD_VEC (FSD_VEC_WHEN), through FSD_RUN_VEC_ELEMS or FSD_RUN_VEC_ROWS (a
+ * column reduction's pass 1 is an elem kernel too: fsd_col_vitem_end).
  *
  * Launchers (one per kernel, named after the op in compiler/ops.def) take
  * plain pointers and int64_t sizes, check them, and abort through
@@ -107,6 +110,11 @@
 /* A launcher: host code, static (train.cu holds each family once), marked
  * unused because a family's other launchers often are (nvcc warns). */
 #define LAUNCHER static inline __attribute__((unused))
+/* A launcher's helper that starts kernels (a column reduction's NAME_sums):
+ * host code compiled as a launcher is, so that on the CPU its OpenMP region
+ * is vectorised for each instruction set (LAUNCHER's target_clones, below),
+ * and fsdpc --verify follows a launcher's call to it (compiler/verify.c). */
+#define RUNNER LAUNCHER
 
 /* A launcher's assumption did not hold: says which and stops. */
 static inline void fsd_kernel_fail(const char *kernel, const char *what)
@@ -224,34 +232,6 @@ static inline void fsd_launch_check(const char *kernel)
         fsd_launch_check(#name);                                                       \
     } while (0)
 
-/* A column reduction's pass 1 (FSD_RUN_COL_SUMS, below): a grid-stride loop
- * over its n work items, ITEM(name, i, plan, args) each: FSD_COL_SUM_ITEM,
- * chunks·cols items, consecutive threads on consecutive columns of a chunk,
- * so each row's loads coalesce; or FSD_COL_VSUM_ITEM (FSD_COL_VSUM_KERNEL,
- * FSD_RUN_COL_VSUMS), items of FSD_VEC adjacent columns, consecutive threads
- * on consecutive 16-byte groups. */
-#define FSD_COL_ITEMS_KERNEL(ITEM, name, params, args)                               \
-    static __global__ void name##_kernel(int64_t fsd_n_, fsd_col_plan fsd_plan_,      \
-                                         FSD_UNPAREN params)                         \
-    {                                                                                \
-        int64_t fsd_stride_ = (int64_t)gridDim.x * blockDim.x;                       \
-        for (int64_t fsd_i_ = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;        \
-             fsd_i_ < fsd_n_; fsd_i_ += fsd_stride_)                                 \
-            ITEM(name, fsd_i_, fsd_plan_, args);                                     \
-    }
-#define FSD_COL_SUM_KERNEL(name, params, args) \
-    FSD_COL_ITEMS_KERNEL(FSD_COL_SUM_ITEM, name, params, args)
-#define FSD_COL_VSUM_KERNEL(name, params, args) \
-    FSD_COL_ITEMS_KERNEL(FSD_COL_VSUM_ITEM, name, params, args)
-#define FSD_RUN_COL_ITEMS(name, n, plan, args)                                         \
-    do {                                                                               \
-        const int64_t fsd_n_ = (n);                                                    \
-        name##_kernel<<<fsd_blocks(fsd_n_, FSD_ELEM_THREADS), FSD_ELEM_THREADS, 0,     \
-                        FSD_STREAM>>>(fsd_n_, plan, FSD_UNPAREN args);                 \
-        fsd_launch_check(#name);                                                       \
-    } while (0)
-#define FSD_RUN_COL_VITEMS FSD_RUN_COL_ITEMS
-
 /* Block kernels: NAME_block(blk, tid, smem, ...) is one tile of work done
  * together by the FSD_BLOCK threads of a block (tid in [0, FSD_BLOCK)),
  * which share `smem`, SMEM reals of static __shared__ memory, and meet at
@@ -288,12 +268,10 @@ DEVICE void fsd_block_sync(void) { __syncthreads(); }
 #undef FSD_RUN_ROWS
 #undef FSD_RUN_ELEMS
 #undef FSD_RUN_COLS
-#undef FSD_RUN_COL_ITEMS
 #undef FSD_RUN_BLOCKS
 #define FSD_RUN_ROWS(name, rows, args) ((void)(rows))
 #define FSD_RUN_ELEMS(name, n, args) ((void)(n))
 #define FSD_RUN_COLS(name, cols, args) ((void)(cols))
-#define FSD_RUN_COL_ITEMS(name, n, plan, args) ((void)(n))
 #define FSD_RUN_BLOCKS(name, blocks, args) ((void)(blocks))
 #endif
 
@@ -431,7 +409,6 @@ static inline float fsd_expf(float x)
 #define FSD_ROW_KERNEL(name, params, args)
 #define FSD_ELEM_KERNEL(name, params, args)
 #define FSD_COL_KERNEL(name, params, args)
-#define FSD_COL_SUM_KERNEL(name, params, args)
 
 #define FSD_RUN_ROWS(name, rows, args)                                        \
     do {                                                                      \
@@ -457,11 +434,12 @@ static inline float fsd_expf(float x)
             name##_cols(fsd_j0_, fsd_j1_ < fsd_cols_ ? fsd_j1_ : fsd_cols_, FSD_UNPAREN args); \
         }                                                                                \
     } while (0)
-/* A column reduction in one pass: each worker takes a span of columns, at
- * most FSD_COL_SPAN wide (the columns split evenly over the threads, in
- * whole cache lines, when narrower), sums it over all rows, whole rows of
- * the span streaming through the cache, then stores it (fsd_col_store).
- * Each column is summed in row order from 0, whatever the span. */
+/* A column reduction in one pass (a family's NAME_sums on the CPU): each
+ * worker takes a span of columns, at most FSD_COL_SPAN wide (fsd_col_span:
+ * the columns split evenly over the threads, in whole cache lines, when
+ * narrower), sums it over all rows with NAME_sum, whole rows of the span
+ * streaming through the cache, then stores it (fsd_col_store). Each
+ * column is summed in row order from 0, whatever the span. */
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -477,23 +455,6 @@ DEVICE int64_t fsd_col_span(int64_t cols)
     span = (span + line - 1) / line * line;
     return span < FSD_COL_SPAN ? span : FSD_COL_SPAN;
 }
-#define FSD_RUN_COL_SUMS(name, rows, cols, acc, outs, args)                              \
-    do {                                                                                 \
-        act *const fsd_out_[] = {FSD_UNPAREN outs};                                      \
-        const int fsd_nout_ = (int)(sizeof fsd_out_ / sizeof fsd_out_[0]);               \
-        const int64_t fsd_rows_ = (rows), fsd_cols_ = (cols);                            \
-        const int64_t fsd_span_ = fsd_col_span(fsd_cols_);                               \
-        const int64_t fsd_spans_ = (fsd_cols_ + fsd_span_ - 1) / fsd_span_;              \
-        const bool fsd_acc_ = (acc);                                                     \
-        _Pragma("omp parallel for schedule(static)")                                     \
-        for (int64_t fsd_t_ = 0; fsd_t_ < fsd_spans_; fsd_t_++) {                        \
-            int64_t fsd_j0_ = fsd_t_ * fsd_span_, fsd_j1_ = fsd_j0_ + fsd_span_;         \
-            real fsd_s_[FSD_COL_OUTS * FSD_COL_SPAN] = {0};                              \
-            fsd_j1_ = fsd_j1_ < fsd_cols_ ? fsd_j1_ : fsd_cols_;                         \
-            name##_sum(0, fsd_rows_, fsd_j0_, fsd_j1_, fsd_s_, FSD_COL_SPAN, FSD_UNPAREN args); \
-            fsd_col_store(fsd_j0_, fsd_j1_, fsd_out_, fsd_nout_, fsd_acc_, fsd_s_, FSD_COL_SPAN); \
-        }                                                                                \
-    } while (0)
 
 #endif
 
@@ -722,7 +683,6 @@ static inline bool fsd_al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 #define FSD_VEC_WHEN(cond) false
 #define FSD_RUN_VEC_ELEMS(name, n, args) ((void)0)
 #define FSD_RUN_VEC_ROWS(name, rows, args) ((void)0)
-#define FSD_RUN_COL_VSUMS(name, rows, cols, acc, outs, args) ((void)0)
 #endif
 
 /* ── column reductions (the sum shape) ── */
@@ -824,43 +784,41 @@ DEVICE act *fsd_col_out(fsd_col_plan p, int64_t k)
     return out;
 }
 
-/* Pass 1's work item i: column j = i mod cols of chunk c = i / cols, its
- * rows summed by NAME_sum. */
-#define FSD_COL_SUM_ITEM(name, i, plan, args)                                            \
-    do {                                                                                 \
-        const int64_t fsd_c_ = (i) / (plan).cols, fsd_j_ = (i) - fsd_c_ * (plan).cols;   \
-        const int64_t fsd_r0_ = fsd_c_ * (plan).chunk;                                   \
-        const int64_t fsd_r1_ = fsd_r0_ + (plan).chunk;                                  \
-        real fsd_s_[FSD_COL_OUTS] = {0};                                                 \
-        name##_sum(fsd_r0_, fsd_r1_ < (plan).rows ? fsd_r1_ : (plan).rows, fsd_j_,       \
-                   fsd_j_ + 1, fsd_s_, 1, FSD_UNPAREN args);                             \
-        fsd_col_item_end((plan), fsd_c_, fsd_j_, fsd_s_);                               \
-    } while (0)
+/* Pass 1's work item i (a thread of the elem kernel NAME, which the
+ * family's NAME_sums starts over chunks · cols / per items): columns
+ * [j0, j0 + per) of chunk c, rows [r0, r1). Items of one column (per 1)
+ * or of FSD_VEC adjacent ones (a vector NAME_sum, one 16-byte load a row);
+ * consecutive threads take consecutive columns (or 16-byte groups) of a
+ * chunk, so each row's loads coalesce. A column's rows are added in the
+ * same order either way and end in the same partial or output, so the
+ * scalar and vector items give the same bits. */
+typedef struct {
+    int64_t c, r0, r1, j0;
+} fsd_col_item;
+DEVICE fsd_col_item fsd_col_item_of(fsd_col_plan p, int64_t i, int per)
+{
+    const int64_t groups = p.cols / per;
+    fsd_col_item it;
+    it.c = i / groups;
+    it.j0 = (i - it.c * groups) * per;
+    it.r0 = it.c * p.chunk;
+    it.r1 = it.r0 + p.chunk < p.rows ? it.r0 + p.chunk : p.rows;
+    return it;
+}
 
-/* Pass 1's work item i of a vector reduction (NAME_sum(r0, r1, j0, s, ...):
- * FSD_VEC columns from j0, output k's column j0 + c into s[k·FSD_VEC + c],
- * each in row order, loading 16 bytes of a row at a time): columns
- * [j0, j0 + FSD_VEC) of chunk c, j0 = FSD_VEC·(i mod (cols / FSD_VEC)). Each
- * column's rows are added in the scalar item's order and end in the same
- * partial or output, so both give the same bits. */
-#define FSD_COL_VSUM_ITEM(name, i, plan, args)                                           \
-    do {                                                                                 \
-        const int64_t fsd_g_ = (plan).cols / FSD_VEC;                                    \
-        const int64_t fsd_c_ = (i) / fsd_g_, fsd_j0_ = ((i) - fsd_c_ * fsd_g_) * FSD_VEC; \
-        const int64_t fsd_r0_ = fsd_c_ * (plan).chunk;                                   \
-        const int64_t fsd_r1_ = fsd_r0_ + (plan).chunk;                                  \
-        real fsd_s_[FSD_COL_OUTS * FSD_VEC];                                             \
-        FSD_VEC_UNROLL for (int fsd_k_ = 0; fsd_k_ < FSD_COL_OUTS * FSD_VEC; fsd_k_++)   \
-            fsd_s_[fsd_k_] = 0;                                                          \
-        name##_sum(fsd_r0_, fsd_r1_ < (plan).rows ? fsd_r1_ : (plan).rows, fsd_j0_, fsd_s_, \
-                   FSD_UNPAREN args);                                                    \
-        FSD_VEC_FOR(fsd_k_) {                                                            \
-            real fsd_one_[FSD_COL_OUTS];                                                 \
-            FSD_VEC_UNROLL for (int fsd_o_ = 0; fsd_o_ < FSD_COL_OUTS; fsd_o_++)         \
-                fsd_one_[fsd_o_] = fsd_s_[fsd_o_ * FSD_VEC + fsd_k_];                    \
-            fsd_col_item_end((plan), fsd_c_, fsd_j0_ + fsd_k_, fsd_one_);                \
-        }                                                                                \
-    } while (0)
+#ifdef FSD_VEC
+/* The end of a vector item: output k's column j0 + c, summed in
+ * s[k·FSD_VEC + c], each ended as a scalar item's (fsd_col_item_end). */
+DEVICE void fsd_col_vitem_end(fsd_col_plan p, fsd_col_item it, const real *s)
+{
+    FSD_VEC_FOR(k) {
+        real one[FSD_COL_OUTS];
+        FSD_VEC_UNROLL for (int o = 0; o < FSD_COL_OUTS; o++)
+            one[o] = s[o * FSD_VEC + k];
+        fsd_col_item_end(p, it.c, it.j0 + k, one);
+    }
+}
+#endif
 
 /* Pass 2: column J of the partials' view [chunks, nout·cols] is output
  * k = J / cols, column J mod cols: its chunks added in order, stored. */
@@ -874,41 +832,30 @@ DEVICE void fsd_col_parts_cols(int64_t j0, int64_t j1, fsd_col_plan p)
 }
 FSD_COL_KERNEL(fsd_col_parts, (fsd_col_plan p), (p))
 
-/* FSD_RUN_COL_SUMS(name, rows, cols, acc, (outputs), args): the column
- * reduction NAME_sum over [rows, cols] into its outputs, each (+)= its
- * column sums: pass 1, then pass 2 unless there is one chunk. */
-#ifdef __CUDACC_RTC__
-#define FSD_RUN_COL_SUMS(name, rows, cols, acc, outs, args) ((void)(rows), (void)(cols))
-#define FSD_RUN_COL_VSUMS(name, rows, cols, acc, outs, args) ((void)(rows), (void)(cols))
-#else
-#define FSD_RUN_COL_SUMS(name, nrows, ncols, accum, outs, args) \
-    FSD_COL_SUMS_RUN(FSD_RUN_COL_ITEMS, 1, name, nrows, ncols, accum, outs, args)
-/* FSD_RUN_COL_VSUMS: the same with a vector NAME_sum (FSD_COL_VSUM_ITEM),
- * cols a multiple of FSD_VEC: the same chunks, the same pass 2 */
-#define FSD_RUN_COL_VSUMS(name, nrows, ncols, accum, outs, args)  \
-    do {                                                          \
-        FSD_VEC_LAUNCHED();                                       \
-        FSD_COL_SUMS_RUN(FSD_RUN_COL_VITEMS, FSD_VEC, name, nrows, ncols, accum, outs, args); \
-    } while (0)
-/* pass 1 by RUN_ITEMS over chunks · cols / per_item work items, then pass 2 */
-#define FSD_COL_SUMS_RUN(RUN_ITEMS, per_item, name, nrows, ncols, accum, outs, args)     \
-    do {                                                                                 \
-        act *const fsd_outv_[] = {FSD_UNPAREN outs};                                     \
-        fsd_col_plan fsd_plan_;                                                          \
-        memset(&fsd_plan_, 0, sizeof fsd_plan_);   /* the unused outputs too */          \
-        fsd_plan_.nout = (int)(sizeof fsd_outv_ / sizeof fsd_outv_[0]);                  \
-        for (int fsd_k_ = 0; fsd_k_ < fsd_plan_.nout; fsd_k_++)                          \
-            fsd_plan_.out[fsd_k_] = fsd_outv_[fsd_k_];                                   \
-        fsd_plan_.rows = (nrows);                                                        \
-        fsd_plan_.cols = (ncols);                                                        \
-        fsd_plan_.acc = (accum);                                                         \
-        fsd_plan_.chunk = fsd_col_chunk_rows(fsd_plan_.rows, fsd_plan_.cols, fsd_plan_.nout); \
-        fsd_plan_.chunks = (fsd_plan_.rows + fsd_plan_.chunk - 1) / fsd_plan_.chunk;     \
-        RUN_ITEMS(name, fsd_plan_.chunks * (fsd_plan_.cols / (per_item)), fsd_plan_, args); \
-        if (fsd_plan_.chunks > 1)                                                        \
-            FSD_RUN_COLS(fsd_col_parts, fsd_plan_.nout * fsd_plan_.cols, (fsd_plan_));   \
-    } while (0)
-#endif
+/* The plan of a column reduction over [rows, cols] into out0 (and out1,
+ * when not NULL), each (+)= its column sums. */
+static inline fsd_col_plan fsd_col_plan_of(int64_t rows, int64_t cols, bool acc, act *out0,
+                                           act *out1)
+{
+    fsd_col_plan p;
+    p.rows = rows;
+    p.cols = cols;
+    p.acc = acc;
+    p.nout = out1 ? 2 : 1;
+    p.out[0] = out0;
+    p.out[1] = out1;
+    p.chunk = fsd_col_chunk_rows(rows, cols, p.nout);
+    p.chunks = (rows + p.chunk - 1) / p.chunk;
+    return p;
+}
+
+/* Pass 2, after a reduction's pass 1: the chunks' partials added in order
+ * and stored; nothing when there was one chunk (pass 1 stored). */
+static inline void fsd_col_finish(fsd_col_plan p)
+{
+    if (p.chunks > 1)
+        FSD_RUN_COLS(fsd_col_parts, p.nout * p.cols, (p));
+}
 
 #else
 /* out[k][j] (+)= s[k·ls + j − j0] for the nout outputs k and j in [j0, j1):

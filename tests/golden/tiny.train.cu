@@ -38,6 +38,21 @@
 /* (the template text, left out of the golden file) */
 #line N "train.cu"
 
+/* ──── templates/attention_gpu.h ──── */
+#line 1 "templates/attention_gpu.h"
+/* (the template text, left out of the golden file) */
+#line N "train.cu"
+
+/* ──── templates/attention_mma.h ──── */
+#line 1 "templates/attention_mma.h"
+/* (the template text, left out of the golden file) */
+#line N "train.cu"
+
+/* ──── templates/attention_cpu.h ──── */
+#line 1 "templates/attention_cpu.h"
+/* (the template text, left out of the golden file) */
+#line N "train.cu"
+
 /* ──── templates/attention.h ──── */
 #line 1 "templates/attention.h"
 /* (the template text, left out of the golden file) */

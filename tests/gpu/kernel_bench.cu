@@ -157,19 +157,24 @@ static void run_bias_add(bool v)
     else
         FSD_RUN_ROWS(bias_add, R, (yf, xf, dyf, F));
 }
+/* a column reduction's two passes (portable.h), pass 1 by the path asked */
 static void run_bias_bwd_c(bool v)
 {
+    const fsd_col_plan p = fsd_col_plan_of(R, C, true, dbc, NULL);
     if (v)
-        FSD_RUN_COL_VSUMS(reduce_to_v, R, C, true, (dbc), (dyc, C));
+        FSD_RUN_VEC_ELEMS(reduce_to_v, p.chunks * C, (p, dyc, C));
     else
-        FSD_RUN_COL_SUMS(reduce_to, R, C, true, (dbc), (dyc, C));
+        FSD_RUN_ELEMS(reduce_to, p.chunks * C, (p, dyc, C));
+    fsd_col_finish(p);
 }
 static void run_bias_bwd_f(bool v)
 {
+    const fsd_col_plan p = fsd_col_plan_of(R, F, true, dbf, NULL);
     if (v)
-        FSD_RUN_COL_VSUMS(reduce_to_v, R, F, true, (dbf), (dyf, F));
+        FSD_RUN_VEC_ELEMS(reduce_to_v, p.chunks * F, (p, dyf, F));
     else
-        FSD_RUN_COL_SUMS(reduce_to, R, F, true, (dbf), (dyf, F));
+        FSD_RUN_ELEMS(reduce_to, p.chunks * F, (p, dyf, F));
+    fsd_col_finish(p);
 }
 static void run_ln_fwd(bool v)
 {
@@ -190,18 +195,15 @@ static void run_ln_bwd(bool v)
 {
     if (v) {
         FSD_RUN_VEC_ROWS(layernorm_bwd_v, R, (dxc, false, dyc, xc, wc, mean, rstd, C));
-        FSD_RUN_COL_VSUMS(layernorm_bwd_params_v, R, C, true, (dwc, dbc), (dyc, xc, mean, rstd, C));
+        layernorm_bwd_params_sums(true, dwc, dbc, dyc, xc, mean, rstd, R, C);
     } else {
         FSD_RUN_ROWS(layernorm_bwd, R, (dxc, false, dyc, xc, wc, mean, rstd, C));
-        FSD_RUN_COL_SUMS(layernorm_bwd_params, R, C, true, (dwc, dbc), (dyc, xc, mean, rstd, C));
+        layernorm_bwd_params_sums(false, dwc, dbc, dyc, xc, mean, rstd, R, C);
     }
 }
 static void run_ln_params(bool v)
 {
-    if (v)
-        FSD_RUN_COL_VSUMS(layernorm_bwd_params_v, R, C, true, (dwc, dbc), (dyc, xc, mean, rstd, C));
-    else
-        FSD_RUN_COL_SUMS(layernorm_bwd_params, R, C, true, (dwc, dbc), (dyc, xc, mean, rstd, C));
+    layernorm_bwd_params_sums(v, dwc, dbc, dyc, xc, mean, rstd, R, C);
 }
 static void run_ce_lse(bool v)
 {

@@ -36,7 +36,7 @@ trap 'rm -rf "$TMP"' EXIT
 . tests/lib.sh
 
 SRC=tests/kernels/test_kernels.c
-HDRS="portable.h embed.h norm.h rope.h mma.h attention.h act.h elementwise.h cross_entropy.h"
+HDRS="portable.h embed.h norm.h rope.h mma.h attention_gpu.h attention_mma.h attention_cpu.h attention.h act.h elementwise.h cross_entropy.h"
 CFLAGS="-std=c11 -O2 -Wall -Wextra -Wshadow -Werror -Iruntime -Itemplates"
 # The CPU attention path calls BLAS (templates/attention.h), as the trainer
 # does; one BLAS thread per OpenMP thread, as the CPU runtime runs it.

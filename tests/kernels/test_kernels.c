@@ -1143,7 +1143,7 @@ static void mma_primitives(void)
     check_err(qnum / qden, 1e-6, "mma", "fsd_quad_sum: the sum over each quad of lanes");
 }
 
-/* attn_mma_load_tile (attention.h) into a tile, copied out row by row
+/* attn_mma_load_tile (attention_mma.h) into a tile, copied out row by row
  * [MB][hd]: rows r0.. of src, ld apart, zeros from T on */
 DEVICE void mma_tile_block(int64_t blk, int tid, real *smem, act *out, const act *src, int64_t ld,
                            int64_t r0, int64_t T, int hd)
@@ -1184,7 +1184,7 @@ static void mma_load_tile_paths(void)
     }
 }
 
-/* The tensor-core forward (attention.h, attention_fwd_mma) through the
+/* The tensor-core forward (attention_mma.h, attention_fwd_mma) through the
  * launcher, which takes it for head dims that are multiples of 16, and the
  * tiled kernel it replaces there, started directly (bf16 programs with
  * other head dims still run it): out and lse against the float64 formulas
@@ -1226,7 +1226,7 @@ static void mma_fwd_vs_ref(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t 
 #endif
 
 #ifdef FSD_MMA
-/* The tensor-core backward (attention.h, attention_bwd_dq_mma and
+/* The tensor-core backward (attention_mma.h, attention_bwd_dq_mma and
  * attention_bwd_dkv_mma), started directly, against ref_attention_bwd:
  * dq, dk, dv with acc false (over NaN) and acc true (over random values);
  * then the launcher, which must pick these kernels for the shape (the

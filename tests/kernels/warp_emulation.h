@@ -182,8 +182,6 @@ static inline void fsd_emu_team_check(int want)
 #define FSD_ROW_KERNEL(name, params, args)
 #define FSD_ELEM_KERNEL(name, params, args)
 #define FSD_COL_KERNEL(name, params, args)
-#define FSD_COL_SUM_KERNEL(name, params, args)
-#define FSD_COL_VSUM_KERNEL(name, params, args)
 /* the kernel's shared memory size, for FSD_RUN_BLOCKS */
 #define FSD_BLOCK_KERNEL(name, smem_reals, params, args) \
     static inline int64_t name##_smem_reals(void) { return (smem_reals); }
@@ -228,20 +226,6 @@ static inline void fsd_emu_team_check(int want)
         for (int64_t fsd_i_ = 0; fsd_i_ < fsd_n_; fsd_i_++)                     \
             name##_elem(fsd_i_, FSD_UNPAREN args);                              \
     } while (0)
-/* a column reduction's pass 1: its work items, each the GPU thread's, by
- * ITEM (FSD_COL_SUM_ITEM, or FSD_COL_VSUM_ITEM for a vector reduction's
- * items of FSD_VEC columns) */
-#define FSD_RUN_COL_ITEMS_BY(ITEM, name, n, plan, args)                         \
-    do {                                                                        \
-        const int64_t fsd_n_ = (n);                                             \
-        _Pragma("omp parallel for schedule(static)")                            \
-        for (int64_t fsd_i_ = 0; fsd_i_ < fsd_n_; fsd_i_++)                     \
-            ITEM(name, fsd_i_, plan, args);                                     \
-    } while (0)
-#define FSD_RUN_COL_ITEMS(name, n, plan, args) \
-    FSD_RUN_COL_ITEMS_BY(FSD_COL_SUM_ITEM, name, n, plan, args)
-#define FSD_RUN_COL_VITEMS(name, n, plan, args) \
-    FSD_RUN_COL_ITEMS_BY(FSD_COL_VSUM_ITEM, name, n, plan, args)
 #define FSD_RUN_COLS(name, cols, args)                                          \
     do {                                                                        \
         const int64_t fsd_cols_ = (cols);                                       \
