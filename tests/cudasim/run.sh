@@ -324,7 +324,7 @@ same "cudasim: checkpoint saved by the CPU build at world 1, resumed by cudasim 
 
 # ── 7. the device-timed trace ──
 if sim tiny_sim_trace 2 FSD_TF32=0 tiny/cudasim --trace-out "$OUT/trace.json"; then
-    if trace_check "$OUT/trace.json" 0.5 "$STEPS" >"$OUT/trace.check"; then
+    if trace_check "$OUT/trace.json" "$STEPS" >"$OUT/trace.check"; then
         ok "cudasim: --trace-out at world 2 passes trace_check ($(head -n 1 "$OUT/trace.check" | sed 's/^ *trace: //'))"
     else
         bad "cudasim: --trace-out at world 2 fails trace_check" "$OUT/trace.check"
