@@ -179,7 +179,7 @@ if [ "$(cat "$TMP/keep.txt")" = "keep me" ]; then ok "cli error keeps existing -
 # -o to a pipe or device writes it directly; renaming a temporary file over
 # it would replace it (as root, -o /dev/null replaced /dev/null)
 mkfifo "$TMP/fifo"
-timeout 10 cat "$TMP/fifo" >"$TMP/fifo.out" &
+timeout 120 cat "$TMP/fifo" >"$TMP/fifo.out" &
 reader=$!
 "$FSDPC" examples/tiny.fsd --dump-model -o "$TMP/fifo"
 wait $reader
