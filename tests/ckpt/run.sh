@@ -101,13 +101,18 @@ blk=$(grep -o '"ckpt_block_ms": [0-9.]*' "$TMP/async.json" | wc -l)
 check "log: ckpt_block_ms on every step when checkpoints are on (20 of 20), never without" \
     '[ "$blk" = 20 ] && ! grep -q ckpt_block_ms "$TMP/straight.json"'
 
-# async: the writes (slowed down: 9 sections x 100 ms) overlap training
+# async: the writes (slowed down: 9 sections x 100 ms) overlap training.
+# A synchronous save waits out those 900 ms of sleeps on the training
+# thread, however idle the machine, so blocking less than that is what an
+# async save shows; a tighter bound (it was 100 ms) would hold the snapshot's
+# wall-clock time to a fraction of the sleeps', which a loaded machine
+# breaks.
 FSD_CKPT_TEST_SLEEP_MS=100 mp 2 $TINY "${RUN[@]}" --ckpt-dir "$TMP/slow" --ckpt-every 10 --ckpt-async \
     --log "$TMP/slow.json" >"$TMP/out" 2>&1
 st=$?
 b9=$(sed -n 's/.*"step": 9, .*"ckpt_block_ms": \([0-9.]*\).*/\1/p' "$TMP/slow.json")
-check "async save: training blocked ${b9:-?} ms at the save (< 100 ms: the 900 ms of writing ran behind it); both complete" \
-    '[ $st = 0 ] && awk -v b="${b9:-1e9}" "BEGIN { exit !(b < 100) }" && [ -f "$TMP/slow/step_000010/meta.json" ] && [ -f "$TMP/slow/step_000020/meta.json" ] && [ "$(losses "$TMP/slow.json")" = "$(losses "$TMP/straight.json")" ]' "$TMP/out"
+check "async save: training blocked ${b9:-?} ms at the save (< 900 ms: the 900 ms of writing ran behind it); both complete" \
+    '[ $st = 0 ] && awk -v b="${b9:-1e9}" "BEGIN { exit !(b < 900) }" && [ -f "$TMP/slow/step_000010/meta.json" ] && [ -f "$TMP/slow/step_000020/meta.json" ] && [ "$(losses "$TMP/slow.json")" = "$(losses "$TMP/straight.json")" ]' "$TMP/out"
 
 # ── resharding: saved on 4 ranks, resumed on 1, 2, 3 (12 sequences a step) ──
 RS=(--data "$D" --steps 6 --grad-accum 1 --quiet)
