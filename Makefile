@@ -7,13 +7,14 @@
 #                   again against build/san/fsdpc (ASan + UBSan), the unit
 #                   tests, and tiny's CPU trainer on 1 and 2 ranks resumed
 #                   from a checkpoint (tests/all.sh --quick)
-#   make test       set up, build, and run every test (what CI runs; about
-#                   15-20 minutes on two cores): make check's compiler tests,
-#                   a fuzz smoke test, the kernels, the CPU runtime,
-#                   checkpoints, the CUDA build, cudasim, the emitted
-#                   trainers end to end and the PyTorch oracle, the suites
-#                   side by side in three lanes (tests/all.sh; --serial runs
-#                   them one after another)
+#   make test       set up, build, and run every test (what CI runs):
+#                   make check's compiler tests, a fuzz smoke test, the
+#                   kernels, the CPU runtime, checkpoints, the CUDA build,
+#                   cudasim, the emitted trainers end to end and the PyTorch
+#                   oracle; 27 minutes of suites on two idle cores, run side
+#                   by side in three lanes, so about as long as the longest
+#                   lane, cudasim's (tests/all.sh; --serial runs them one
+#                   after another)
 #   make SANITIZE=1 build only the sanitizer build, build/san/fsdpc
 #   make fuzz       fuzz the compiler for FUZZ_SECONDS (libFuzzer, clang)
 #   make golden     regenerate the golden files (read the diff before committing)
