@@ -2,9 +2,19 @@
 #
 #   make            build the compiler (build/fsdpc)
 #   make demo       set up, build, and run the demo
-#   make test       set up, build, and run every test (what CI runs): the
-#                   suite against build/fsdpc, again against build/san/fsdpc
-#                   (ASan + UBSan), and a short fuzz smoke test (tests/all.sh)
+#   make check      the edit-build-test loop's tests (about a minute on two
+#                   idle cores): the compiler suite against build/fsdpc and
+#                   again against build/san/fsdpc (ASan + UBSan), the unit
+#                   tests, and tiny's CPU trainer on 1 and 2 ranks resumed
+#                   from a checkpoint (tests/all.sh --quick)
+#   make test       set up, build, and run every test (what CI runs):
+#                   make check's compiler tests, a fuzz smoke test, the
+#                   kernels, the CPU runtime, checkpoints, the CUDA build,
+#                   cudasim, the emitted trainers end to end and the PyTorch
+#                   oracle; 27 minutes of suites on two idle cores, run side
+#                   by side in three lanes, so about as long as the longest
+#                   lane, cudasim's (tests/all.sh; --serial runs them one
+#                   after another)
 #   make SANITIZE=1 build only the sanitizer build, build/san/fsdpc
 #   make fuzz       fuzz the compiler for FUZZ_SECONDS (libFuzzer, clang)
 #   make golden     regenerate the golden files (read the diff before committing)
@@ -36,7 +46,7 @@ OBJS    := $(addprefix $(B)/obj/,$(SRCS:.c=.o)) $(B)/obj/parser.o $(B)/obj/lexer
 GEN     := $(B)/gen
 INC     := -Icompiler -I$(GEN)
 
-.PHONY: all setup test demo fuzz golden clean
+.PHONY: all setup check test demo fuzz golden clean
 all: $(B)/fsdpc $(B)/fsdata
 
 $(B)/fsdpc: $(OBJS) $(B)/obj/main.o
@@ -84,6 +94,11 @@ $(B)/test_schedule: tests/unit/test_schedule.c $(OBJS)
 
 setup:
 	@tools/setup.sh
+
+check: setup
+	@$(MAKE) --no-print-directory all build/test_schedule SANITIZE=
+	@$(MAKE) --no-print-directory all SANITIZE=1
+	@MAKE="$(MAKE)" tests/all.sh --quick
 
 test: setup
 	@$(MAKE) --no-print-directory all build/test_schedule SANITIZE=

@@ -25,8 +25,12 @@ for tool in mpicc mpirun python3; do
         done_
     fi
 done
+# The trainers go to build/ckpt/, this suite's own: tests/all.sh runs suites
+# side by side, and another one's `make trainer` of tiny (build/tiny/cpu)
+# would relink the binary under this one's runs.
 for fsd in examples/tiny.fsd tests/ckpt/hf_gpt2.fsd tests/ckpt/hf_llama.fsd; do
-    if ! $MAKE --no-print-directory -s trainer FSD=$fsd BACKEND=cpu >"$TMP/build" 2>&1 ||
+    if ! $MAKE --no-print-directory -s trainer FSD=$fsd BACKEND=cpu TRAINER=build/ckpt/$(basename $fsd .fsd) \
+            >"$TMP/build" 2>&1 ||
         grep -q "warning:" "$TMP/build"; then
         bad "build: make trainer FSD=$fsd (errors or warnings)" "$TMP/build"
         done_
@@ -34,9 +38,9 @@ for fsd in examples/tiny.fsd tests/ckpt/hf_gpt2.fsd tests/ckpt/hf_llama.fsd; do
 done
 ok "build: trainers for tiny, hf_gpt2, hf_llama without warnings"
 
-TINY=build/tiny/cpu/train
-HFG=build/hf_gpt2/cpu/train
-HFL=build/hf_llama/cpu/train
+TINY=build/ckpt/tiny/train
+HFG=build/ckpt/hf_gpt2/train
+HFL=build/ckpt/hf_llama/train
 READ="python3 tests/ckpt/read_ckpt.py"
 HF="python3 tests/ckpt/check_hf.py"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
@@ -97,13 +101,18 @@ blk=$(grep -o '"ckpt_block_ms": [0-9.]*' "$TMP/async.json" | wc -l)
 check "log: ckpt_block_ms on every step when checkpoints are on (20 of 20), never without" \
     '[ "$blk" = 20 ] && ! grep -q ckpt_block_ms "$TMP/straight.json"'
 
-# async: the writes (slowed down: 9 sections x 100 ms) overlap training
+# async: the writes (slowed down: 9 sections x 100 ms) overlap training.
+# A synchronous save waits out those 900 ms of sleeps on the training
+# thread, however idle the machine, so blocking less than that is what an
+# async save shows; a tighter bound (it was 100 ms) would hold the snapshot's
+# wall-clock time to a fraction of the sleeps', which a loaded machine
+# breaks.
 FSD_CKPT_TEST_SLEEP_MS=100 mp 2 $TINY "${RUN[@]}" --ckpt-dir "$TMP/slow" --ckpt-every 10 --ckpt-async \
     --log "$TMP/slow.json" >"$TMP/out" 2>&1
 st=$?
 b9=$(sed -n 's/.*"step": 9, .*"ckpt_block_ms": \([0-9.]*\).*/\1/p' "$TMP/slow.json")
-check "async save: training blocked ${b9:-?} ms at the save (< 100 ms: the 900 ms of writing ran behind it); both complete" \
-    '[ $st = 0 ] && awk -v b="${b9:-1e9}" "BEGIN { exit !(b < 100) }" && [ -f "$TMP/slow/step_000010/meta.json" ] && [ -f "$TMP/slow/step_000020/meta.json" ] && [ "$(losses "$TMP/slow.json")" = "$(losses "$TMP/straight.json")" ]' "$TMP/out"
+check "async save: training blocked ${b9:-?} ms at the save (< 900 ms: the 900 ms of writing ran behind it); both complete" \
+    '[ $st = 0 ] && awk -v b="${b9:-1e9}" "BEGIN { exit !(b < 900) }" && [ -f "$TMP/slow/step_000010/meta.json" ] && [ -f "$TMP/slow/step_000020/meta.json" ] && [ "$(losses "$TMP/slow.json")" = "$(losses "$TMP/straight.json")" ]' "$TMP/out"
 
 # ── resharding: saved on 4 ranks, resumed on 1, 2, 3 (12 sequences a step) ──
 RS=(--data "$D" --steps 6 --grad-accum 1 --quiet)
@@ -216,7 +225,7 @@ mp 2 $TINY "${RUN[@]}" --steps 5 --log "$TMP/frominit.json" >>"$TMP/out" 2>&1
 check "--hf-names gpt2: 5 steps from the HF file give the losses of 5 steps from the initialisation, as text" \
     '[ -s "$TMP/fromhf.json" ] && [ "$(losses "$TMP/fromhf.json")" = "$(losses "$TMP/frominit.json")" ]' "$TMP/out"
 for m in gpt2 llama; do
-    T=build/hf_$m/cpu/train
+    T=build/ckpt/hf_$m/train
     mp 1 $T --steps 0 --export "$TMP/$m.plain.st" --quiet && mp 1 $T --steps 0 --export "$TMP/$m.hf.st" --hf-names $m --quiet &&
         $HF $m-layout "$TMP/$m.plain.st" "$TMP/$m.hf.st" >"$TMP/v" 2>&1 &&
         $HF randomize "$TMP/$m.hf.st" "$TMP/$m.rnd.st" 7 >>"$TMP/v" 2>&1 &&

@@ -413,19 +413,20 @@ if [ -s "$ref" ] && "$TMP/gpu/cpu/tiny/train" --steps 50 --seed 1337 --data "$TM
             gpt2_report "$TMP/gpu/gpt2.jsonl" 829360668672 4180469248 0 0 /dev/null
         # the trace check (section 4b) on the CPU run's trace, and on broken copies
         tr=$TMP/gpu/again_trace.json
-        expect pass "a 1-rank trace, ops busy >= 1 %" trace_check "$tr" 0.01 50
-        expect fail "ops busy >= 101 %" trace_check "$tr" 1.01
+        expect pass "a 1-rank trace" trace_check "$tr" 50
         awk '/"cat":"compute"/ && ++k == 1 { sub(/"dur":[0-9.]+/, "\"dur\":-1") } 1' "$tr" >"$TMP/gpu/neg.json"
-        expect fail "a negative duration" trace_check "$TMP/gpu/neg.json" 0.01
+        expect fail "a negative duration" trace_check "$TMP/gpu/neg.json"
         awk '/"cat":"compute"/ && ++k == 3 { sub(/"ts":[0-9.]+/, "\"ts\":0") } 1' "$tr" >"$TMP/gpu/overlap.json"
-        expect fail "an op starting before the one before it ended" trace_check "$TMP/gpu/overlap.json" 0.01
+        expect fail "an op starting before the one before it ended" trace_check "$TMP/gpu/overlap.json"
         grep -v '"reduce_scatter ' "$tr" >"$TMP/gpu/norsc.json"
-        expect fail "no reduce-scatter" trace_check "$TMP/gpu/norsc.json" 0.01
+        expect fail "no reduce-scatter" trace_check "$TMP/gpu/norsc.json"
+        grep -v '"all_gather ' "$tr" >"$TMP/gpu/noag.json"
+        expect fail "no all-gather" trace_check "$TMP/gpu/noag.json"
         [ $wrong = 0 ]
     )
     st=$?
     if [ $st = 0 ]; then
-        ok "cuda: tests/gpu/lib.sh: two CPU logs of one run compare equal; losses 1.5x the tolerance off, a missing step and a null loss fail, 0.5x passes; GPT-2's report fails on a peak 1.52x the plan; the trace check passes the run's trace and fails a negative duration, overlapping ops, no reduce-scatter, a busy bar over 100 %"
+        ok "cuda: tests/gpu/lib.sh: two CPU logs of one run compare equal; losses 1.5x the tolerance off, a missing step and a null loss fail, 0.5x passes; GPT-2's report fails on a peak 1.52x the plan; the trace check passes the run's trace and fails a negative duration, overlapping ops, no reduce-scatter, no all-gather"
     else
         bad "cuda: tests/gpu/lib.sh's comparisons on CPU logs" "$TMP/cmp.log"
     fi

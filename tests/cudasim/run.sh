@@ -249,17 +249,20 @@ else
 fi
 
 # a collective that never completes on rank 0 (another rank never joined,
-# say) ends every rank after FSD_NCCL_TIMEOUT, with cuda.c's message
+# say) ends every rank after FSD_NCCL_TIMEOUT, with cuda.c's message. The
+# message is the proof: collective number 30 never completes, so only the
+# timeout can end the run with it (a hang is ended by `timeout 120`, without
+# it). The seconds are only shown: how long the run took is the machine's
+# load as much as the timeout's.
 start=$SECONDS
 if timeout 120 env FSD_NCCL_TIMEOUT=3 FSD_CUDASIM_NCCL_HANG=30 "${MPI[@]}" -np 2 \
         build/tiny/cudasim/train --steps 3 --seed 1337 --data "$DATA/tiny.bin" --quiet \
         >"$OUT/hang.log" 2>&1; then
     bad "cudasim: a collective that never completes went unnoticed" "$OUT/hang.log"
-elif line=$(grep -m1 '^train: rank 0: .* did not complete within 3 s (FSD_NCCL_TIMEOUT)' "$OUT/hang.log") &&
-        [ $((SECONDS - start)) -lt 60 ]; then
+elif line=$(grep -m1 '^train: rank 0: .* did not complete within 3 s (FSD_NCCL_TIMEOUT)' "$OUT/hang.log"); then
     ok "cudasim: a hung collective ends the run after the timeout ($((SECONDS - start)) s): ${line:0:90}"
 else
-    bad "cudasim: a hung collective did not end the run with cuda.c's timeout message within 60 s" "$OUT/hang.log"
+    bad "cudasim: a hung collective did not end the run with cuda.c's timeout message" "$OUT/hang.log"
 fi
 
 # ── 4. bf16 act ──
@@ -324,7 +327,7 @@ same "cudasim: checkpoint saved by the CPU build at world 1, resumed by cudasim 
 
 # ── 7. the device-timed trace ──
 if sim tiny_sim_trace 2 FSD_TF32=0 tiny/cudasim --trace-out "$OUT/trace.json"; then
-    if trace_check "$OUT/trace.json" 0.5 "$STEPS" >"$OUT/trace.check"; then
+    if trace_check "$OUT/trace.json" "$STEPS" >"$OUT/trace.check"; then
         ok "cudasim: --trace-out at world 2 passes trace_check ($(head -n 1 "$OUT/trace.check" | sed 's/^ *trace: //'))"
     else
         bad "cudasim: --trace-out at world 2 fails trace_check" "$OUT/trace.check"

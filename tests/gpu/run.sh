@@ -56,7 +56,7 @@
 #      runtime's own buffers the plan leaves out, docs/cuda.md); then,
 #      FSD_GEMM_BENCH, every product shape of the run timed (printed, not
 #      judged); 4b. 3 steps with --trace-out: the device's times in the
-#      trace (ops in order, busy for at least half the span);
+#      trace (ops in order, none overlapping);
 #   5. no run printed the pool's "did not foresee" note (a cudaMalloc
 #      inside a step);
 #   6. `offload = cpu` (tests/cuda/tiny_offload.fsd: tiny with its shards,

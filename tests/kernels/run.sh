@@ -104,21 +104,26 @@ build test_bf16 -DFSD_ACT_BF16 && suite "kernels bf16: " "$B/test_bf16"
 # ── 4. float64 with 32-lane warps emulated on the CPU ──
 # The GPU's lane logic (strided loops, warp reductions, lane-0 stores) on a
 # machine without a GPU: tests/kernels/warp_emulation.h. A body that skips a
-# reduction on some lanes hangs there, hence the timeout.
+# reduction on some lanes hangs there, hence the time limit, which is a hang
+# guard only: teams of 128 threads meet at a barrier only once the cores
+# have run every one of them, so a loaded machine stretches a run far more
+# than its CPU time (test_warp32_bf16: 10 s of CPU took 140 s beside the
+# other suites, and 120 s ran out once), and WARP_TIMEOUT is well past that.
 # Block kernels run as teams of 128 threads the same way (a block barrier
 # is an OpenMP barrier): the GPU's tiled attention, against float64
 # formulas and finite differences, and in float32 and bf16 against the
 # formulas.
+WARP_TIMEOUT=${WARP_TIMEOUT:-900}
 if [ "$OMP" = -fopenmp ]; then
     build test_warp32 -DFSD_FLOAT64 -DFSD_WARP_EMULATION -Itests/kernels &&
-        suite "kernels warp32: " env OMP_WAIT_POLICY=passive timeout 120 "$B/test_warp32"
+        suite "kernels warp32: " env OMP_WAIT_POLICY=passive timeout $WARP_TIMEOUT "$B/test_warp32"
     build test_warp32_f32 -DFSD_WARP_EMULATION -Itests/kernels &&
-        suite "kernels warp32 f32: " env OMP_WAIT_POLICY=passive timeout 120 "$B/test_warp32_f32"
+        suite "kernels warp32 f32: " env OMP_WAIT_POLICY=passive timeout $WARP_TIMEOUT "$B/test_warp32_f32"
     build test_warp32_bf16 -DFSD_ACT_BF16 -DFSD_WARP_EMULATION -Itests/kernels &&
-        suite "kernels warp32 bf16: " env OMP_WAIT_POLICY=passive timeout 120 "$B/test_warp32_bf16"
+        suite "kernels warp32 bf16: " env OMP_WAIT_POLICY=passive timeout $WARP_TIMEOUT "$B/test_warp32_bf16"
     # the tiles fsdpc emits for models whose heads are 64 wide or less
     build test_warp32_hd64 -DFSD_ACT_BF16 -DFSD_WARP_EMULATION -DFSD_ATTN_HD_MAX=64 -Itests/kernels &&
-        suite "kernels warp32 bf16 hd64: " env OMP_WAIT_POLICY=passive timeout 120 "$B/test_warp32_hd64"
+        suite "kernels warp32 bf16 hd64: " env OMP_WAIT_POLICY=passive timeout $WARP_TIMEOUT "$B/test_warp32_hd64"
 else
     echo "skip kernels warp32: warp emulation needs OpenMP, which $CC lacks"
 fi

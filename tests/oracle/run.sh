@@ -74,16 +74,17 @@ build/fsdata synth "$SHORT" --tokens 10000 --seed 12 >/dev/null
 
 # case MODEL cpu|cpu64|bf16 WORLD own|far DATA STEPS [LR]: one trainer run
 # (with --lr LR when given); appends to CASES what oracle.py needs to hold it
-# to PyTorch. bf16 is the CPU trainer of $OUT/MODEL/bf16.fsd.
+# to PyTorch. The trainer is $OUT/MODEL/KIND/train; bf16 is the CPU trainer
+# of $OUT/MODEL/bf16.fsd.
 CASES=()
 case_() {
     local m=$1 kind=$2 w=$3 start=$4 data=$5 steps=$6 lr=${7:-} d=$OUT/$1
     local run=$d/$kind-$start-w$w${lr:+-lr$lr} init=$d/$start.safetensors from=() rate=()
     local what="$m, $w ranks, $([ $start = far ] && echo "far init" || echo "its own init")"
-    local train=build/$m/$kind/train model=$d/model.txt prec=f32
+    local train=$d/$kind/train model=$d/model.txt prec=f32
     case $kind in
     cpu64) what="$what, float64" prec=f64 ;;
-    bf16)  what="$what, bf16" prec=bf16 train=$d/bf16/train model=$d/bf16.txt ;;
+    bf16)  what="$what, bf16" prec=bf16 model=$d/bf16.txt ;;
     esac
     [ "$start" = far ] && from=(--init-from "$init")
     [ -n "$lr" ] && what="$what, at its starting weights (--lr $lr)" rate=(--lr "$lr")
@@ -115,14 +116,17 @@ bf16_cases() {
 for m in tiny tiny_llama mlp; do
     d=$OUT/$m
     mkdir -p "$d"
-    if ! { $MAKE --no-print-directory -s trainer FSD=examples/$m.fsd BACKEND=cpu &&
-           $MAKE --no-print-directory -s trainer FSD=examples/$m.fsd BACKEND=cpu64; } >"$d/build.txt" 2>&1; then
+    # the trainers go to $d/cpu and $d/cpu64, this suite's own: tests/all.sh
+    # runs suites side by side, and another one's `make trainer` of the same
+    # model (build/MODEL/cpu) would relink the binary under this one's runs
+    if ! { $MAKE --no-print-directory -s trainer FSD=examples/$m.fsd BACKEND=cpu TRAINER="$d/cpu" &&
+           $MAKE --no-print-directory -s trainer FSD=examples/$m.fsd BACKEND=cpu64 TRAINER="$d/cpu64"; } >"$d/build.txt" 2>&1; then
         bad "$m: make trainer FSD=examples/$m.fsd BACKEND=cpu (and cpu64)" "$d/build.txt"
         continue
     fi
     "$FSDPC" examples/$m.fsd --dump-model >"$d/model.txt"
     # the trainer's initial weights, as PyTorch will load them
-    if ! mp 2 build/$m/cpu/train --steps 0 --export "$d/own.safetensors" --quiet >"$d/export.out" 2>&1; then
+    if ! mp 2 "$d/cpu/train" --steps 0 --export "$d/own.safetensors" --quiet >"$d/export.out" 2>&1; then
         bad "$m: --steps 0 --export" "$d/export.out"
         continue
     fi
@@ -153,7 +157,7 @@ fi
 # the bf16 reference tells bf16 from fp32: tiny's fp32 trainer at its
 # starting weights, as the bf16 case above, must fail it
 d=$OUT/tiny
-if [ -f "$d/bf16.txt" ] && mp 2 build/tiny/cpu/train --data "$LONG" --steps 10 --lr 1e-30 \
+if [ -f "$d/bf16.txt" ] && mp 2 "$d/cpu/train" --data "$LONG" --steps 10 --lr 1e-30 \
         --init-from "$d/far.safetensors" --log "$d/fp32-as-bf16.log" --quiet >"$d/fp32-as-bf16.out" 2>&1; then
     "$PY" tests/oracle/oracle.py compare --case "label=fp32" "model=$d/bf16.txt" \
         "init=$d/far.safetensors" "log=$d/fp32-as-bf16.log" world=2 "data=$LONG" steps=10 \
