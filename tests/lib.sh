@@ -37,3 +37,20 @@ suite() {
     *) echo "$last"; bad "${prefix}$* ended without a summary (status $st)" ;;
     esac
 }
+
+# check NAME CONDITION [LOG]: ok NAME when the shell condition holds, else
+# bad NAME (showing LOG).
+check() { if eval "$2"; then ok "$1"; else bad "$1" "${3:-}"; fi; }
+
+# need_tools WHAT TOOL...: ends the suite, skipped with a line that says why,
+# when a tool is missing (tools/setup.sh installs MPI and OpenBLAS).
+need_tools() {
+    local what=$1 tool
+    shift
+    for tool; do
+        if ! command -v "$tool" >/dev/null 2>&1; then
+            echo "skip $what: $tool not found (tools/setup.sh installs MPI and OpenBLAS)"
+            done_
+        fi
+    done
+}

@@ -17,14 +17,8 @@ TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 SHOW_LINES=20
 . tests/lib.sh
-check() { if eval "$2"; then ok "$1"; else bad "$1" "${3:-}"; fi; }
 
-for tool in mpicc mpirun python3; do
-    if ! command -v $tool >/dev/null 2>&1; then
-        echo "skip checkpoint tests: $tool not found (tools/setup.sh installs MPI and OpenBLAS)"
-        done_
-    fi
-done
+need_tools "checkpoint tests" mpicc mpirun python3
 # The trainers go to build/ckpt/, this suite's own: tests/all.sh runs suites
 # side by side, and another one's `make trainer` of tiny (build/tiny/cpu)
 # would relink the binary under this one's runs.

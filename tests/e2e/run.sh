@@ -31,12 +31,7 @@ trap 'rm -rf "$TMP"' EXIT
 SHOW_LINES=30
 . tests/lib.sh
 
-for tool in mpicc mpirun python3; do
-    if ! command -v $tool >/dev/null 2>&1; then
-        echo "skip e2e tests: $tool not found (tools/setup.sh installs MPI and OpenBLAS)"
-        done_
-    fi
-done
+need_tools "e2e tests" mpicc mpirun python3
 t0=$(date +%s)
 mkdir -p $OUT
 if ! $MAKE --no-print-directory -s build/fsdpc build/fsdata runtime >"$TMP/build" 2>&1; then

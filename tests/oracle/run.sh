@@ -48,12 +48,7 @@ if [ -z "$PY" ]; then
          "install Debian's python3-torch python3-numpy (tools/setup.sh does, as root)"
     done_
 fi
-for tool in mpicc mpirun; do
-    if ! command -v $tool >/dev/null 2>&1; then
-        echo "skip oracle: $tool not found (tools/setup.sh installs MPI and OpenBLAS)"
-        done_
-    fi
-done
+need_tools "oracle" mpicc mpirun
 
 rm -rf "$OUT"
 mkdir -p "$OUT"

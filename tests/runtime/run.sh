@@ -19,12 +19,7 @@ trap 'rm -rf "$TMP"' EXIT
 SHOW_LINES=30
 . tests/lib.sh
 
-for tool in mpicc mpirun python3; do
-    if ! command -v $tool >/dev/null 2>&1; then
-        echo "skip runtime tests: $tool not found (tools/setup.sh installs MPI and OpenBLAS)"
-        done_
-    fi
-done
+need_tools "runtime tests" mpicc mpirun python3
 if ! $MAKE --no-print-directory -s runtime-tests >"$TMP/build" 2>&1; then
     bad "build: make runtime-tests" "$TMP/build"
     done_

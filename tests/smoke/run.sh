@@ -22,14 +22,8 @@ TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 SHOW_LINES=20
 . tests/lib.sh
-check() { if eval "$2"; then ok "$1"; else bad "$1" "${3:-}"; fi; }
 
-for tool in mpicc mpirun python3; do
-    if ! command -v $tool >/dev/null 2>&1; then
-        echo "skip smoke tests: $tool not found (tools/setup.sh installs MPI and OpenBLAS)"
-        done_
-    fi
-done
+need_tools "smoke tests" mpicc mpirun python3
 if ! $MAKE --no-print-directory -s build/fsdata trainer FSD=examples/tiny.fsd BACKEND=cpu \
         TRAINER=build/smoke/tiny >"$TMP/build" 2>&1 || grep -q "warning:" "$TMP/build"; then
     bad "smoke: make trainer FSD=examples/tiny.fsd (errors or warnings)" "$TMP/build"
