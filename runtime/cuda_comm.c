@@ -200,8 +200,8 @@ int64_t bk_unsharded_count(FsdRun *r, int64_t n, FsdDtype dt)
 }
 
 /* offload with bf16 act: group g's master shard narrowed on the host into
- * its part of h_act, at its first all-gather of a step (the offload section
- * above says why that is the one time it may be written). */
+ * its part of h_act, at its first all-gather of a step (cuda_mem.c's offload
+ * section says why that is the one time it may be written). */
 static void stage_bf16(FsdRun *r, int g)
 {
     Backend *bk = r->bk;

@@ -18,7 +18,7 @@
  * memory, copied in before each all-gather and out after each
  * reduce-scatter on streams of their own, and the update runs on the host
  * (optim.c) after the step's one planned host wait; see the offload
- * section below bk_ready.
+ * section below.
  */
 #include "cuda_internal.h"
 
