@@ -386,7 +386,7 @@ $(SIM)/obj/cuda_kernels.o: runtime/cuda_kernels.cu runtime/cuda.h $(SIM_HDRS)
 	@mkdir -p $(@D)
 	$(MPICXX) $(SIM_CXXFLAGS) -x c++ -include kernel.h -c -o $@ $<
 # the flags a cudasim trainer is built with, as shell assignments (for
-# tests/cudasim/run.sh's mutants of runtime/cuda_comm.c)
+# tests/cudasim/run.sh's mutants of runtime/cuda_*.c)
 cudasim-vars:
 	@printf "%s='%s'\n" SIM_CFLAGS "$(RT_CFLAGS)" SIM_LIBS "$(RT_LIBS) -lstdc++"
 
