@@ -165,7 +165,7 @@ fuzz: setup $(FUZZ_B)/fuzz_frontend
 # links it (above).
 MPICC    ?= mpicc
 RT       := build/runtime
-RT_SRCS  := common.c cpu.c data.c weights.c arena.c json.c jsonout.c hfnames.c ckpt.c optim.c
+RT_SRCS  := base.c common.c cpu.c data.c weights.c arena.c json.c jsonout.c hfnames.c ckpt.c optim.c
 RT_HDRS  := runtime/fsdrt.h runtime/internal.h runtime/half.h runtime/jsonout.h
 # -fno-math-errno: nothing reads errno after a math call, and without it a
 # sqrtf stops the compiler vectorising a loop (the optimizer's, a kernel's).
@@ -190,7 +190,7 @@ $(RT)/obj64/%.o: runtime/%.c $(RT_HDRS)
 # ── the CUDA runtime ──
 #   make runtime-cuda [ARCH=sm_80,sm_90]   → build/runtime/libfsdrt_cuda.a
 #   make runtime-cuda MPI=0                → build/runtime/libfsdrt_cuda_nompi.a
-# the CUDA backend (cuda.c, cuda_kernels.cu: NCCL, cuBLASLt, streams) with the
+# the CUDA backend (CUDA_SRCS, cuda_kernels.cu: NCCL, cuBLASLt, streams) with the
 # backend-independent sources of the CPU runtime (all of RT_SRCS but cpu.c),
 # for an emitted train.cu built with nvcc (docs/cuda.md). Needs the CUDA
 # toolkit, NCCL and MPI; ARCH lists the GPU architectures, as for the trainer.
@@ -228,7 +228,9 @@ else
   CU_CC    := $(MPICC)
   CU_DEFS  :=
 endif
-CU_SRCS  := $(filter-out cpu.c,$(RT_SRCS)) cuda.c
+# the backend's host side, one concern a file (runtime/cuda_internal.h)
+CUDA_SRCS := cuda_err.c cuda_boot.c cuda_mem.c cuda_comm.c cuda_gemm.c cuda_step.c
+CU_SRCS  := $(filter-out cpu.c,$(RT_SRCS)) $(CUDA_SRCS)
 CU_INC   := -I$(CUDA_HOME)/include $(if $(NCCL_HOME),-I$(NCCL_HOME)/include)
 # MPI's link flags in nvcc's spelling (-Wl,x → -Xlinker x)
 MPI_LINK  = $(patsubst -Wl$(comma)%,-Xlinker %,$(patsubst -pthread,-Xcompiler -pthread,$(shell $(MPICC) -showme:link 2>/dev/null || $(MPICC) -link_info 2>/dev/null | cut -d' ' -f2-)))
@@ -243,7 +245,7 @@ runtime-cuda: $(RT)/lib$(CU_LIB).a
 
 $(RT)/lib$(CU_LIB).a: $(addprefix $(CU_RT)/obj/,$(CU_SRCS:.c=.o)) $(CU_RT)/obj/cuda_kernels.o
 	ar rcs $@ $^
-$(CU_RT)/obj/%.o: runtime/%.c $(RT_HDRS) runtime/cuda.h
+$(CU_RT)/obj/%.o: runtime/%.c $(RT_HDRS) runtime/cuda.h runtime/cuda_internal.h
 	@mkdir -p $(@D)
 	$(CU_CC) $(RT_CFLAGS) $(CU_DEFS) $(CU_INC) -c -o $@ $<
 # the kernels are rebuilt when ARCH changes (the stamp holds the list)
@@ -357,7 +359,7 @@ $(RT)/test_half: tests/runtime/test_half.c runtime/half.h
 #   make trainer-cudasim FSD=path/model.fsd → build/<model>/cudasim/train
 #   make trainer-cudasim FSD=... MPI=0      → build/<model>/cudasim_nompi/train
 #   ... CUDASIM_SAN=1                       → the same with AddressSanitizer
-# runtime/cuda.c and the rest of the CUDA runtime's host side, built with
+# runtime/cuda_*.c and the rest of the CUDA runtime's host side, built with
 # the C compiler against tests/cudasim's CUDA, NCCL and cuBLASLt on host
 # memory; runtime/cuda_kernels.cu built as host C++; a trainer is the CPU
 # build's train.cu linked against it (tests/cudasim/README.md). Test-only.
@@ -368,27 +370,28 @@ MPICXX   ?= mpicxx
 CUDASIM_SAN ?=
 SIM_SAN  := $(if $(filter 1,$(CUDASIM_SAN)),-fsanitize=address -fno-omit-frame-pointer)
 SIM      := build/cudasim$(if $(SIM_SAN),-san)
-SIM_CC   := $(filter-out cpu.c,$(RT_SRCS)) cuda.c
+SIM_CC   := $(filter-out cpu.c,$(RT_SRCS))
 SIM_CXX  := device.cc nccl.cc cublaslt.cc
 SIM_HDRS := $(wildcard tests/cudasim/*.h tests/cudasim/include/*.h)
 SIM_CXXFLAGS = -std=c++17 -O2 -g -fopenmp -Wall -Wextra -Wno-unused-parameter $(SIM_SAN) \
                -Itests/cudasim/include -Itests/cudasim -Iruntime
 
-SIM_OBJS  = $(addprefix $(SIM)/obj/,$(filter-out cuda.o,$(SIM_CC:.c=.o)) $(SIM_CXX:.cc=.o) cuda_kernels.o)
+SIM_OBJS  = $(addprefix $(SIM)/obj/,$(SIM_CC:.c=.o) $(SIM_CXX:.cc=.o) cuda_kernels.o)
 SIM_LIB  := $(SIM)/libfsdrt_cudasim$(if $(filter 0,$(MPI)),_nompi).a
 
 .PHONY: runtime-cudasim trainer-cudasim cudasim-vars
 runtime-cudasim: $(SIM_LIB)
-$(SIM)/libfsdrt_cudasim.a: $(SIM_OBJS) $(SIM)/obj/cuda.o
+$(SIM)/libfsdrt_cudasim.a: $(SIM_OBJS) $(addprefix $(SIM)/obj/,$(CUDA_SRCS:.c=.o))
 	ar rcs $@ $^
-# MPI=0: cuda.c without MPI (its FSD_NCCL_ID_FILE bootstrap); the simulated
-# NCCL still runs over MPI, under mpirun
-$(SIM)/libfsdrt_cudasim_nompi.a: $(SIM_OBJS) $(SIM)/obj/cuda_nompi.o
+# MPI=0: the backend without MPI (its FSD_NCCL_ID_FILE bootstrap), every
+# cuda_*.c built with -DFSD_MPI=0 as `make runtime-cuda MPI=0` builds them;
+# the simulated NCCL still runs over MPI, under mpirun
+$(SIM)/libfsdrt_cudasim_nompi.a: $(SIM_OBJS) $(addprefix $(SIM)/obj/nompi/,$(CUDA_SRCS:.c=.o))
 	ar rcs $@ $^
-$(SIM)/obj/cuda_nompi.o: runtime/cuda.c $(RT_HDRS) runtime/cuda.h $(SIM_HDRS)
+$(SIM)/obj/nompi/%.o: runtime/%.c $(RT_HDRS) runtime/cuda.h runtime/cuda_internal.h $(SIM_HDRS)
 	@mkdir -p $(@D)
 	$(CC) $(RT_CFLAGS) $(SIM_SAN) -DFSD_MPI=0 -Itests/cudasim/include -c -o $@ $<
-$(SIM)/obj/%.o: runtime/%.c $(RT_HDRS) runtime/cuda.h $(SIM_HDRS)
+$(SIM)/obj/%.o: runtime/%.c $(RT_HDRS) runtime/cuda.h runtime/cuda_internal.h $(SIM_HDRS)
 	@mkdir -p $(@D)
 	$(MPICC) $(RT_CFLAGS) $(SIM_SAN) -Itests/cudasim/include -c -o $@ $<
 $(SIM)/obj/%.o: tests/cudasim/%.cc $(SIM_HDRS)
@@ -398,7 +401,7 @@ $(SIM)/obj/cuda_kernels.o: runtime/cuda_kernels.cu runtime/cuda.h $(SIM_HDRS)
 	@mkdir -p $(@D)
 	$(MPICXX) $(SIM_CXXFLAGS) -x c++ -include kernel.h -c -o $@ $<
 # the flags a cudasim trainer is built with, as shell assignments (for
-# tests/cudasim/run.sh's mutants of runtime/cuda.c)
+# tests/cudasim/run.sh's mutants of runtime/cuda_*.c)
 cudasim-vars:
 	@printf "%s='%s'\n" SIM_CFLAGS "$(RT_CFLAGS)" SIM_LIBS "$(RT_LIBS) -lstdc++"
 

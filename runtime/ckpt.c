@@ -814,10 +814,11 @@ static bool count_of(const JVal *o, const char *key, int64_t *out)
     return json_count(json_get(o, key), out);
 }
 
-/* Reads and checks meta.json against this program and run. */
-static bool read_meta(FsdRun *r, const char *dir, Meta *M)
+/* meta.json's bytes: false, the failure recorded, when there is no file;
+ * else *text (malloc'ed, NULL if it could not be read) holds *n of its
+ * *size bytes, and the parse that follows reports a short read. */
+static bool meta_text(FsdRun *r, const char *dir, char **text, size_t *n, long *size)
 {
-    const FsdModel *m = r->m;
     char path[PATH_BYTES + 300];
     snprintf(path, sizeof path, "%s/meta.json", dir);
     FILE *f = fopen(path, "rb");
@@ -827,92 +828,76 @@ static bool read_meta(FsdRun *r, const char *dir, Meta *M)
                 dir, strerror(errno));
         return false;
     }
-    char *text = NULL;
-    size_t n = 0;
-    long size = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
-    if (size > 0 && size < (1L << 30) && fseek(f, 0, SEEK_SET) == 0 && (text = malloc((size_t)size)))
-        n = fread(text, 1, (size_t)size, f);
+    *text = NULL;
+    *n = 0;
+    *size = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    if (*size > 0 && *size < (1L << 30) && fseek(f, 0, SEEK_SET) == 0 &&
+        (*text = malloc((size_t)*size)))
+        *n = fread(*text, 1, (size_t)*size, f);
     fclose(f);
-    JVal root = {0};
-    size_t err_at = 0;
-    const char *why = "empty";
-    bool ok = false;
-    if (!text || n != (size_t)size || !json_parse(text, n, &root, &err_at, &why)) {
-        rt_fail(r, "checkpoint %s: meta.json is not valid JSON (byte %zu: %s)", dir, err_at, why);
-        goto done;
-    }
-    const JVal *fmt = member(&root, "format", J_STR);
+    return true;
+}
+
+/* The checkpoint is one of fsdpc's, of the format version this trainer
+ * reads, and written for this program's model. */
+static bool meta_identity(FsdRun *r, const char *dir, const JVal *root)
+{
+    const FsdModel *m = r->m;
+    const JVal *fmt = member(root, "format", J_STR);
     int64_t version;
     if (!fmt || strcmp(fmt->str, "fsdpc-checkpoint") != 0) {
         rt_fail(r, "checkpoint %s: meta.json is not an fsdpc checkpoint's (no \"format\": "
                    "\"fsdpc-checkpoint\")",
                 dir);
-        goto done;
+        return false;
     }
-    if (!count_of(&root, "version", &version) || version != CKPT_VERSION) {
-        const JVal *v = json_get(&root, "version");
+    if (!count_of(root, "version", &version) || version != CKPT_VERSION) {
+        const JVal *v = json_get(root, "version");
         rt_fail(r, "checkpoint %s has format version %.17g; this trainer reads version %d",
                 dir, v && v->type == J_NUM ? v->num : -1.0, CKPT_VERSION);
-        goto done;
+        return false;
     }
-    const JVal *hash = member(&root, "model_hash", J_STR), *model = member(&root, "model", J_STR);
+    const JVal *hash = member(root, "model_hash", J_STR), *model = member(root, "model", J_STR);
     unsigned long long h = hash ? strtoull(hash->str, NULL, 16) : 0;
     if (!hash || h != m->hash) {
         rt_fail(r, "checkpoint %s was written for model hash %s (model %s); this program's is "
                    "%016llx (model %s)",
                 dir, hash ? hash->str : "?", model ? model->str : "?", (unsigned long long)m->hash,
                 m->name);
-        goto done;
+        return false;
     }
-    const JVal *dtype = member(&root, "dtype", J_STR), *secs = member(&root, "sections", J_ARR);
-    const JVal *opt = member(&root, "optimizer", J_OBJ), *data = member(&root, "data", J_OBJ);
-    const JVal *rng = member(&root, "rng", J_OBJ), *groups = member(&root, "groups", J_ARR);
-    const JVal *files = member(&root, "files", J_ARR);
-    int64_t hb;
-    if (!dtype || (strcmp(dtype->str, "F32") != 0 && strcmp(dtype->str, "F64") != 0) || !secs ||
-        !opt || !data || !rng || !groups || !files || !count_of(&root, "step", &M->step) ||
-        !count_of(&root, "world", &M->world) || M->world < 1 || M->world > (1 << 24) ||
-        !count_of(&root, "header_bytes", &hb) || hb != HEADER_BYTES ||
-        !count_of(rng, "seed", &M->seed) || !count_of(data, "sequences_per_step", &M->G)) {
-        rt_fail(r, "checkpoint %s: meta.json lacks a field of format version %d (or holds a bad "
-                   "value): dtype, sections, optimizer, data, rng, groups, files, step, world, "
-                   "header_bytes",
-                dir, CKPT_VERSION);
-        goto done;
-    }
-    M->elem = strcmp(dtype->str, "F64") == 0 ? 8 : 4;
-    /* the optimizer state must be this run's */
-    M->nsec = secs->n;
+    return true;
+}
+
+/* The optimizer state the checkpoint holds (its sections, by name) must be
+ * this run's. */
+static bool meta_sections(FsdRun *r, const char *dir, const JVal *secs)
+{
     bool same = secs->n == nsections(r);
     for (int s = 0; same && s < secs->n; s++)
         same = secs->items[s].type == J_STR && strcmp(secs->items[s].str, section_name(r, s)) == 0;
-    if (!same) {
-        char have[256] = "", want[256] = "";
-        for (int s = 0; s < secs->n; s++)
-            if (secs->items[s].type == J_STR)
-                snprintf(have + strlen(have), sizeof have - strlen(have), "%s%s", s ? ", " : "",
-                         secs->items[s].str);
-        for (int s = 0; s < nsections(r); s++)
-            snprintf(want + strlen(want), sizeof want - strlen(want), "%s%s", s ? ", " : "",
-                     section_name(r, s));
-        rt_fail(r, "checkpoint %s holds [%s]; this run's optimizer keeps [%s]: resume with the "
-                   "optimizer the checkpoint was written with",
-                dir, have, want);
-        goto done;
-    }
-    /* groups: this program's, laid out as version 1 lays them out */
-    if (groups->n != m->ngroups || files->n != M->world) {
-        rt_fail(r, "checkpoint %s: meta.json lists %d shard groups and %d files; this program has "
-                   "%d groups and the checkpoint's world is %lld",
-                dir, groups->n, files->n, m->ngroups, (long long)M->world);
-        goto done;
-    }
-    M->groups = calloc((size_t)m->ngroups + 1, sizeof *M->groups);
-    M->files = calloc((size_t)M->world, sizeof *M->files);
-    if (!M->groups || !M->files) {
-        rt_fail(r, "out of memory reading %s", path);
-        goto done;
-    }
+    if (same)
+        return true;
+    char have[256] = "", want[256] = "";
+    for (int s = 0; s < secs->n; s++)
+        if (secs->items[s].type == J_STR)
+            snprintf(have + strlen(have), sizeof have - strlen(have), "%s%s", s ? ", " : "",
+                     secs->items[s].str);
+    for (int s = 0; s < nsections(r); s++)
+        snprintf(want + strlen(want), sizeof want - strlen(want), "%s%s", s ? ", " : "",
+                 section_name(r, s));
+    rt_fail(r, "checkpoint %s holds [%s]; this run's optimizer keeps [%s]: resume with the "
+               "optimizer the checkpoint was written with",
+            dir, have, want);
+    return false;
+}
+
+/* M->groups from meta.json's groups: this program's, laid out as version 1
+ * lays them out. *file_bytes is then what each rank file must hold. */
+static bool meta_groups(FsdRun *r, const char *dir, const JVal *groups, Meta *M,
+                        int64_t *file_bytes)
+{
+    const FsdModel *m = r->m;
     int64_t at = HEADER_BYTES;
     for (int g = 0; g < m->ngroups; g++) {
         const JVal *G = &groups->items[g], *name = member(G, "name", J_STR),
@@ -923,7 +908,7 @@ static bool read_meta(FsdRun *r, const char *dir, Meta *M)
             strcmp(name->str, m->groups[g].name) != 0 || flat != m->groups[g].flat_numel) {
             rt_fail(r, "checkpoint %s: shard group %d is not this program's %s of %lld parameters",
                     dir, g, m->groups[g].name, (long long)m->groups[g].flat_numel);
-            goto done;
+            return false;
         }
         bool fits = padded == shard * M->world && padded >= flat && offset == at &&
                     ranges->n == M->world;
@@ -938,25 +923,89 @@ static bool read_meta(FsdRun *r, const char *dir, Meta *M)
                        "ranges) is not format version %d's",
                     dir, name->str, (long long)padded, (long long)shard, (long long)offset,
                     CKPT_VERSION);
-            goto done;
+            return false;
         }
         M->groups[g] = (MetaGroup){shard, offset};
         at += M->nsec * shard * M->elem;
     }
+    *file_bytes = at;
+    return true;
+}
+
+/* M->files from meta.json's files: one a rank, in rank order, each
+ * file_bytes long, with its name and checksum. */
+static bool meta_files(FsdRun *r, const char *dir, const JVal *files, Meta *M, int64_t file_bytes)
+{
     for (int q = 0; q < M->world; q++) {
         const JVal *F = &files->items[q], *name = member(F, "name", J_STR),
                    *crc = member(F, "crc32c", J_STR);
         int64_t rank;
         if (!name || !crc || !count_of(F, "rank", &rank) || rank != q ||
-            !count_of(F, "bytes", &M->files[q].bytes) || M->files[q].bytes != at ||
+            !count_of(F, "bytes", &M->files[q].bytes) || M->files[q].bytes != file_bytes ||
             strchr(name->str, '/') || name->len == 0 || name->len >= sizeof M->files[q].name) {
             rt_fail(r, "checkpoint %s: meta.json's entry for rank file %d is malformed", dir, q);
-            goto done;
+            return false;
         }
         memcpy(M->files[q].name, name->str, name->len + 1);
         M->files[q].crc = (uint32_t)strtoul(crc->str, NULL, 16);
     }
-    ok = true;
+    return true;
+}
+
+/* Reads and checks meta.json against this program and run: whose
+ * checkpoint it is, its top-level fields, the optimizer's sections, the
+ * groups' layout and the rank files. */
+static bool read_meta(FsdRun *r, const char *dir, Meta *M)
+{
+    const FsdModel *m = r->m;
+    char *text;
+    size_t n;
+    long size;
+    if (!meta_text(r, dir, &text, &n, &size))
+        return false;
+    JVal root = {0};
+    size_t err_at = 0;
+    const char *why = "empty";
+    bool ok = false;
+    if (!text || n != (size_t)size || !json_parse(text, n, &root, &err_at, &why)) {
+        rt_fail(r, "checkpoint %s: meta.json is not valid JSON (byte %zu: %s)", dir, err_at, why);
+        goto done;
+    }
+    if (!meta_identity(r, dir, &root))
+        goto done;
+    const JVal *dtype = member(&root, "dtype", J_STR), *secs = member(&root, "sections", J_ARR);
+    const JVal *opt = member(&root, "optimizer", J_OBJ), *data = member(&root, "data", J_OBJ);
+    const JVal *rng = member(&root, "rng", J_OBJ), *groups = member(&root, "groups", J_ARR);
+    const JVal *files = member(&root, "files", J_ARR);
+    int64_t hb, file_bytes;
+    if (!dtype || (strcmp(dtype->str, "F32") != 0 && strcmp(dtype->str, "F64") != 0) || !secs ||
+        !opt || !data || !rng || !groups || !files || !count_of(&root, "step", &M->step) ||
+        !count_of(&root, "world", &M->world) || M->world < 1 || M->world > (1 << 24) ||
+        !count_of(&root, "header_bytes", &hb) || hb != HEADER_BYTES ||
+        !count_of(rng, "seed", &M->seed) || !count_of(data, "sequences_per_step", &M->G)) {
+        rt_fail(r, "checkpoint %s: meta.json lacks a field of format version %d (or holds a bad "
+                   "value): dtype, sections, optimizer, data, rng, groups, files, step, world, "
+                   "header_bytes",
+                dir, CKPT_VERSION);
+        goto done;
+    }
+    M->elem = strcmp(dtype->str, "F64") == 0 ? 8 : 4;
+    M->nsec = secs->n;
+    if (!meta_sections(r, dir, secs))
+        goto done;
+    if (groups->n != m->ngroups || files->n != M->world) {
+        rt_fail(r, "checkpoint %s: meta.json lists %d shard groups and %d files; this program has "
+                   "%d groups and the checkpoint's world is %lld",
+                dir, groups->n, files->n, m->ngroups, (long long)M->world);
+        goto done;
+    }
+    M->groups = calloc((size_t)m->ngroups + 1, sizeof *M->groups);
+    M->files = calloc((size_t)M->world, sizeof *M->files);
+    if (!M->groups || !M->files) {
+        rt_fail(r, "out of memory reading %s/meta.json", dir);
+        goto done;
+    }
+    ok = meta_groups(r, dir, groups, M, &file_bytes) && meta_files(r, dir, files, M, file_bytes);
 done:
     json_free(&root);
     free(text);

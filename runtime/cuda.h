@@ -1,12 +1,12 @@
 /*
- * cuda.h — between the CUDA backend's host half (cuda.c, C like the rest
+ * cuda.h — between the CUDA backend's host half (cuda_*.c, C like the rest
  * of the runtime) and its kernels (cuda_kernels.cu): the loops over shard
  * elements that on the CPU are OpenMP loops in cpu.c. Nothing else includes
  * it; the emitted program's kernels are the templates', not these.
  *
  * Every launcher enqueues on the stream it is given and returns the launch's
- * status (cudaGetLastError), which cuda.c checks with its call site. All of
- * them are asynchronous: none waits for the GPU.
+ * status (cudaGetLastError), which the cuda_*.c files check with its call
+ * site. All of them are asynchronous: none waits for the GPU.
  */
 #ifndef FSDRT_CUDA_H
 #define FSDRT_CUDA_H

@@ -3,7 +3,8 @@
  * elements that cpu.c runs as OpenMP loops (casts to and from the 16-bit
  * formats, accumulating a reduce-scatter into the grad shard, the
  * gradient norm, clipping, AdamW and SGD), each one fused pass over a flat
- * shard. cuda.c launches them through the C launchers declared in cuda.h.
+ * shard. The cuda_*.c files launch them through the C launchers declared in
+ * cuda.h.
  *
  * Numerics follow cpu.c term by term (the same float expressions, scalars
  * computed in double on the host), so the two backends differ only by

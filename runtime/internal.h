@@ -1,12 +1,14 @@
 /*
  * internal.h — what the runtime's own files share, and nothing the emitted
  * program may see: the FsdRun behind the public header, and the handful of
- * calls common.c makes into its backend (cpu.c, or cuda.c with
- * cuda_kernels.cu).
+ * calls common.c makes into its backend (cpu.c, or the cuda_*.c files
+ * with cuda_kernels.cu).
  *
+ * base.c holds what every one of these files may call: rt_fail, rt_bug,
+ * rt_now, rt_count, rt_check_gemm.
  * common.c holds everything that is the same on every backend: flags, the
  * data loader, initialisation, the learning-rate schedule, logging,
- * safetensors, the trace, counters, and the collectives' entry points
+ * safetensors, the trace, and the collectives' entry points
  * (their checks against the schedule, the group's state). The backend owns
  * communication, the unsharded buffers and every loop over a shard's
  * elements (the optimizer, the gradient norm), because on the GPU those are
@@ -119,13 +121,9 @@ struct FsdRun {
     int status;              /* what fsdrt_finalize returns */
 };
 
-/* ── common.c, for the backend ── */
+/* ── base.c: errors, the clock, the counters (every runtime file's) ── */
 
 double rt_now(void);                           /* seconds, monotonic */
-/* A finished slice of the trace, from host time begin to end, or between
- * the backend's marks (mark NULL: none) */
-void rt_trace(FsdRun *r, const char *name, const char *what, int tid, double begin,
-              double end, const int *mark, int64_t bytes);
 void rt_count(FsdRun *r, int64_t bytes);       /* + allocated, − freed */
 /* Records this rank's first error (printf-style); the next agreement point
  * reports it on every rank. */
@@ -140,6 +138,13 @@ _Noreturn void rt_bug(FsdRun *r, const char *file, int line, const char *fmt, ..
  * matrices; anything else is an emitter bug (RT_BUG). */
 void rt_check_gemm(FsdRun *r, const char *what, bool transA, bool transB, int64_t M, int64_t N,
                    int64_t K, int64_t lda, int64_t ldb, int64_t ldc);
+
+/* ── common.c, for the backend ── */
+
+/* A finished slice of the trace, from host time begin to end, or between
+ * the backend's marks (mark NULL: none) */
+void rt_trace(FsdRun *r, const char *name, const char *what, int tid, double begin,
+              double end, const int *mark, int64_t bytes);
 
 static inline int dtype_bytes(FsdDtype t) { return t == FSD_FP32 ? (int)sizeof(real) : 2; }
 

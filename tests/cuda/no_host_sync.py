@@ -18,13 +18,13 @@ What it reads, and so what it proves:
      defined in the file and fsdrt_* functions: those are the roots of 2.
 
   2. The CUDA runtime (runtime/*.c of the CUDA library: common.c holds the
-     collectives' entry points, which call cuda.c's bk_* hooks; and the
+     collectives' entry points, which call the cuda_*.c files' bk_* hooks; and the
      typed views fsdrt.h defines inline over the library's calls): every
      function reachable from those roots through calls to functions defined
      in these files holds none of the calls above, no
-     MPI call, and neither of the runtime's own host waits (host_wait,
-     stream_wait_host). Functions that never return (the error exits:
-     bk_abort, failed, rt_bug, ...) are not followed: they end the process.
+     MPI call, and neither of the runtime's own host waits (cuda_host_wait,
+     cuda_stream_wait_host). Functions that never return (the error exits:
+     bk_abort, cuda_failed, rt_bug, ...) are not followed: they end the process.
      One cold path is allowed and named here: pool_grow, which a step
      reaches only when the start-up replay of the schedule's buffer events
      missed a buffer, and which then prints a note (tests/gpu/run.sh fails
@@ -51,7 +51,7 @@ What it reads, and so what it proves:
      on the compute stream (so it covers everything the step queued), and
      the host optimizer (optim_step) comes after it. What F reaches after
      the wait holds no synchronising CUDA call; the only host wait there is
-     the small NCCL all-reduce's (allreduce_small, for jobs MPI does not
+     the small NCCL all-reduce's (cuda_allreduce_small, for jobs MPI does not
      run), on a device that has finished the step. The rest of bk_update
      is held to 4. On the step's path, a host side of a copy may also be a
      shard (->master, ->grad) when bk_alloc_shard allocates shards with
@@ -78,7 +78,7 @@ SYNC = re.compile(r"\b(cudaDeviceSynchronize|cudaStreamSynchronize|cudaEventSync
                   r"cudaMemcpyFromSymbol|cudaMemset|cudaMemset2D|cudaMalloc|cudaMallocHost|"
                   r"cudaMallocManaged|cudaHostAlloc|cudaFree|cudaFreeHost|cudaDeviceReset|"
                   r"cudaSetDevice)\s*\(")
-HOST_WAIT = re.compile(r"\b(host_wait|stream_wait_host)\s*\(")
+HOST_WAIT = re.compile(r"\b(cuda_host_wait|cuda_stream_wait_host)\s*\(")
 MPI = re.compile(r"\bMPI_\w+\s*\(")
 COLD = {"pool_grow"}
 KEYWORDS = {"if", "for", "while", "switch", "return", "sizeof", "do", "else", "case"}
@@ -265,8 +265,8 @@ OFFLOAD_BRANCH = re.compile(r"\{\s*if\s*\(\s*r->m->offload_cpu\s*\)\s*\{\s*(\w+)
                             r"\s*return\s*;\s*\}")
 OFFLOAD_ON = re.compile(r"\btrue,\s*/\*\s*offload_cpu\s*\*/")
 QUEUE = {"CUDA_CHECK", "cudaMemcpyAsync", "cudaMemsetAsync", "cudaEventRecord"}
-AFTER_WAIT_OK = {"allreduce_small"}
-WAITS = {"host_wait", "stream_wait_host"}   # flagged where they are called
+AFTER_WAIT_OK = {"cuda_allreduce_small"}
+WAITS = {"cuda_host_wait", "cuda_stream_wait_host"}   # flagged where they are called
 
 
 def check_offload(fns, where, name):
@@ -288,7 +288,7 @@ def check_offload(fns, where, name):
              f"({', '.join(sorted(QUEUE))}) may come first")
     for m in SYNC.finditer(before):
         fail(f"runtime/{where[name]}: {name} calls {m.group(1)} before its host wait")
-    ev = re.search(r"\b(?:host_wait|stream_wait_host)\s*\(\s*r\s*,\s*([^,]+?)\s*,", after)
+    ev = re.search(r"\b(?:cuda_host_wait|cuda_stream_wait_host)\s*\(\s*r\s*,\s*([^,]+?)\s*,", after)
     recorded = re.findall(r"cudaEventRecord\s*\(\s*([^,]+?)\s*,\s*bk->compute\s*\)", before)
     if not ev or ev.group(1) not in recorded:
         fail(f"runtime/{where[name]}: {name}'s host wait is not on an event recorded on the compute "

@@ -239,19 +239,20 @@ fi
 # backend hook, an MPI call in fsdrt_end_step's idle check, and a host wait
 # before the optimizer
 cp -r runtime "$TMP/rt"
-python3 - "$TMP/rt/cuda.c" "$TMP/rt/common.c" <<'EOF'
-import sys
-p, q = sys.argv[1], sys.argv[2]
-s, t = open(p).read(), open(q).read()
+python3 - "$TMP/rt" <<'EOF'
+import os, sys
+d = sys.argv[1]
+names = ("cuda_comm.c", "cuda_step.c", "common.c")
+comm, step, common = (open(os.path.join(d, n)).read() for n in names)
 a = "    CUDA_CHECK(r, cudaStreamWaitEvent(bk->compute, c->gathered, 0));\n"
 b = "    const double *coef = bk->d_stats + 2;\n"
 c = "        const Group *G = &r->groups[g];\n        const char *what = "
-assert s.count(a) == 1 and s.count(b) == 1 and t.count(c) == 1, "anchors moved: update tests/cuda/run.sh"
-s = s.replace(a, a + "    CUDA_CHECK(r, cudaStreamSynchronize(bk->compute));\n")
-s = s.replace(b, b + "    stream_wait_host(r, s, \"planted\");\n")
-t = t.replace(c, "        MPI_Barrier(MPI_COMM_WORLD);\n" + c)
-open(p, "w").write(s)
-open(q, "w").write(t)
+assert comm.count(a) == 1 and step.count(b) == 1 and common.count(c) == 1, "anchors moved: update tests/cuda/run.sh"
+comm = comm.replace(a, a + "    CUDA_CHECK(r, cudaStreamSynchronize(bk->compute));\n")
+step = step.replace(b, b + "    cuda_stream_wait_host(r, s, \"planted\");\n")
+common = common.replace(c, "        MPI_Barrier(MPI_COMM_WORLD);\n" + c)
+for n, text in zip(names, (comm, step, common)):
+    open(os.path.join(d, n), "w").write(text)
 EOF
 python3 tests/cuda/no_host_sync.py --runtime "$TMP/rt" "${trains[0]}" >"$TMP/planted.log" 2>&1
 st=$?
@@ -269,18 +270,22 @@ off_train=build/tiny_offload/cuda/train.cu
 rm -rf "$TMP/rt"
 cp -r runtime "$TMP/rt"
 cp -r runtime "$TMP/rt_unguarded"
-python3 - "$TMP/rt/cuda.c" "$TMP/rt_unguarded/cuda.c" <<'EOF'
-import sys
-s = open(sys.argv[1]).read()
+python3 - "$TMP/rt" "$TMP/rt_unguarded" <<'EOF'
+import os, sys
+planted, unguarded = sys.argv[1], sys.argv[2]
+step = open(os.path.join(planted, "cuda_step.c")).read()
+comm = open(os.path.join(planted, "cuda_comm.c")).read()
 a = "    CUDA_CHECK(r, cudaMemcpyAsync(bk->h_stats + 3, bk->d_stats + 3, sizeof(double),\n"
 b = ("        CUDA_CHECK(r, cudaMemcpyAsync(G->grad, from, (size_t)G->shard * sizeof(real),\n"
      "                                      cudaMemcpyDeviceToHost, bk->d2h));\n")
 c = "    if (r->m->offload_cpu) {\n        host_update(r, lr, t, v);\n"
-assert s.count(a) == 1 and s.count(b) == 1 and s.count(c) == 1, "anchors moved: update tests/cuda/run.sh"
-planted = s.replace(a, "    stream_wait_host(r, bk->compute, \"planted\");\n" + a)
-planted = planted.replace(b, b + "        CUDA_CHECK(r, cudaStreamSynchronize(bk->d2h));\n")
-open(sys.argv[1], "w").write(planted)
-open(sys.argv[2], "w").write(s.replace(c, c.replace("r->m->offload_cpu", "r->m->offload_cpu || r->world > 0")))
+assert step.count(a) == 1 and comm.count(b) == 1 and step.count(c) == 1, "anchors moved: update tests/cuda/run.sh"
+open(os.path.join(planted, "cuda_step.c"), "w").write(
+    step.replace(a, "    cuda_stream_wait_host(r, bk->compute, \"planted\");\n" + a))
+open(os.path.join(planted, "cuda_comm.c"), "w").write(
+    comm.replace(b, b + "        CUDA_CHECK(r, cudaStreamSynchronize(bk->d2h));\n"))
+open(os.path.join(unguarded, "cuda_step.c"), "w").write(
+    step.replace(c, c.replace("r->m->offload_cpu", "r->m->offload_cpu || r->world > 0")))
 EOF
 python3 tests/cuda/no_host_sync.py --runtime "$TMP/rt" "$off_train" >"$TMP/planted_off.log" 2>&1
 st=$?
@@ -288,7 +293,7 @@ python3 tests/cuda/no_host_sync.py --runtime "$TMP/rt_unguarded" "$off_train" >"
 st2=$?
 if [ $st = 1 ] && grep -q 'host_update (the offload update) holds 2 host waits' "$TMP/planted_off.log" &&
         grep -q 'fsdrt_reduce_scatter → bk_reduce_scatter) calls cudaStreamSynchronize' "$TMP/planted_off.log" &&
-        [ $st2 = 1 ] && grep -q 'host_update (bk_update, before the optimizer) calls host_wait' "$TMP/unguarded.log"; then
+        [ $st2 = 1 ] && grep -q 'host_update (bk_update, before the optimizer) calls cuda_host_wait' "$TMP/unguarded.log"; then
     ok "cuda: no_host_sync.py with offload catches a second host wait, a sync on the copy out, and an unguarded offload update"
 else
     cat "$TMP/planted_off.log" "$TMP/unguarded.log" >"$TMP/off_both.log" 2>/dev/null

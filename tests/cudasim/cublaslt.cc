@@ -1,5 +1,5 @@
 /*
- * cublaslt.cc — cudasim's cuBLASLt: the matrix products runtime/cuda.c asks
+ * cublaslt.cc — cudasim's cuBLASLt: the matrix products runtime/cuda_gemm.c asks
  * cuBLASLt for, computed on the host, queued on the caller's stream like the
  * real library's kernels (sim.h's sim_enqueue). A checker as much as a fake:
  * every call the real library would refuse, and every use its kernels could
@@ -36,7 +36,7 @@
  * is copied by value like the real one's.
  *
  * The descriptor's attributes, α and β are read when cublasLtMatmul is
- * called (runtime/cuda.c changes the bias and aux pointers between calls);
+ * called (runtime/cuda_gemm.c changes the bias and aux pointers between calls);
  * the operands' memory when the product runs on its stream.
  *
  * Build: C++17 with -fopenmp (the product's loops are OpenMP parallel
@@ -310,7 +310,7 @@ cublasLtMatmulAlgo_t algo_make(const AlgoRecord &r)
 AlgoRecord algo_read(const cublasLtMatmulAlgo_t *a, const char *call)
 {
     if (!a)
-        sim_fail("%s: no algorithm (NULL); runtime/cuda.c passes the heuristic's choice", call);
+        sim_fail("%s: no algorithm (NULL); runtime/cuda_gemm.c passes the heuristic's choice", call);
     if (a->data[0] != ALGO_MARK || a->data[7] != algo_sum(a))
         sim_fail("%s: the algorithm was not returned by cublasLtMatmulAlgoGetHeuristic (or was "
                  "changed since)", call);

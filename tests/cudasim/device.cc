@@ -1,5 +1,5 @@
 /*
- * device.cc — cudasim's device: the CUDA runtime calls of runtime/cuda.c on
+ * device.cc — cudasim's device: the CUDA runtime calls of runtime/cuda_*.c on
  * host memory, with streams and events that keep CUDA's ordering rules and
  * check them (README.md).
  *
@@ -111,7 +111,7 @@ struct Block {
 };
 static std::map<uintptr_t, Block> blocks;   /* by start address */
 static size_t device_bytes;
-static std::recursive_mutex lock;           /* cuda.c's watchdog thread may call in */
+static std::recursive_mutex lock;           /* cuda_boot.c's watchdog thread may call in */
 
 static const Block *block_of(const void *p, uintptr_t *start)
 {

@@ -1,9 +1,9 @@
 /*
- * nccl.cc — cudasim's NCCL: the calls of runtime/cuda.c, run over MPI, one
- * process per rank (README.md). Built with mpicxx; cuda.c reaches it
+ * nccl.cc — cudasim's NCCL: the calls of runtime/cuda_*.c, run over MPI, one
+ * process per rank (README.md). Built with mpicxx; the backend reaches it
  * through include/nccl.h.
  *
- * Communicators. ncclCommInitRank starts MPI if nothing has (cuda.c's
+ * Communicators. ncclCommInitRank starts MPI if nothing has (cuda_boot.c's
  * FSD_NCCL_ID_FILE bootstrap never does; it is then finalized at exit, if
  * every communicator was destroyed and none aborted: a run that failed
  * leaves the job to mpirun), and gives the communicator its own duplicate
@@ -47,10 +47,10 @@
  *     buffers may be freed already) and no group left open;
  *   - ordering: an op on a stream other than the compute stream is ordered
  *     after everything queued on the compute stream before it (sim.h's
- *     sim_need_after_compute: runtime/cuda.c's fence).
+ *     sim_need_after_compute: runtime/cuda_comm.c's fence).
  * ncclCommGetAsyncError reports ncclSystemError when
  * FSD_CUDASIM_NCCL_ASYNC_ERROR=1, and FSD_CUDASIM_NCCL_HANG=K makes one
- * collective never complete (hung(), below), so a test can check cuda.c's
+ * collective never complete (hung(), below), so a test can check the backend's
  * host waits.
  * Limits of the simulator, also stopped with a message: more than INT_MAX
  * bytes in one operand, and a group whose calls use different streams.
@@ -425,7 +425,7 @@ static void run_group(const std::vector<Call> &calls)
 
 /* FSD_CUDASIM_NCCL_HANG=K: on rank FSD_CUDASIM_NCCL_HANG_RANK (default 0),
  * the communicator's collective number K (from 0) never completes, as if
- * another rank never joined it, so a test can check that cuda.c's host
+ * another rank never joined it, so a test can check that the backend's host
  * waits end the run after FSD_NCCL_TIMEOUT instead of hanging. */
 static bool hung(const std::vector<Call> &calls)
 {
@@ -467,7 +467,7 @@ static void queue_calls(std::vector<Call> calls)
                        : calls[0].coll  ? kind_names[calls[0].c.kind]
                        : calls[0].p.send ? "ncclSend"
                                          : "ncclRecv";
-    sim_need_after_compute(s, what);   /* cuda.c fences every collective */
+    sim_need_after_compute(s, what);   /* cuda_comm.c fences every collective */
     const bool hangs = hung(calls);
     sim_enqueue_until(s, what, [calls, comms, hangs]() {
         bool aborted = false;
@@ -596,7 +596,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int
 }
 
 /* Nothing of the communicator may still be queued: the caller frees its
- * buffers next (cuda.c's bk_stop already has), and the ops would never
+ * buffers next (cuda_boot.c's bk_stop already has), and the ops would never
  * run. */
 static void need_idle(const char *call, ncclComm *m)
 {

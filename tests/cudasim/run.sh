@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # run.sh — the CUDA backend's host code on a simulated device (part of
-# `make test`; tests/cudasim/README.md). runtime/cuda.c, unchanged, runs
+# `make test`; tests/cudasim/README.md). runtime/cuda_*.c, unchanged, run
 # under mpirun against cudasim's CUDA, NCCL (over MPI) and cuBLASLt, with
 # the trainer's kernels as the CPU build's loops; its --log files are held
 # to the CPU build's, run for run:
@@ -20,7 +20,7 @@
 #      world 3 (eager);
 #   3. the proof that 2 can fail: with every cudaStreamWaitEvent dropped
 #      (FSD_CUDASIM_DROP_WAITS=1) the lazy run no longer matches; an
-#      asynchronous NCCL error ends the run with cuda.c's message, and so
+#      asynchronous NCCL error ends the run with the backend's message, and so
 #      does a collective that never completes, after FSD_NCCL_TIMEOUT;
 #   4. tiny_bf16 (bf16 act: bf16 all-gathers and reduce-scatters, bf16
 #      products) at world 2, lazy and eager;
@@ -38,8 +38,8 @@
 #      planned product shape;
 #   9. the build without MPI (MPI=0): NCCL's id through FSD_NCCL_ID_FILE
 #      at world 2 under mpirun, against the CPU build;
-#  10. each fence and cudaStreamWaitEvent of runtime/cuda.c, removed from a
-#      copy of it, makes tiny_offload or tiny fail;
+#  10. each fence and cudaStreamWaitEvent of runtime/cuda_*.c, removed from a
+#      copy of its file, makes tiny_offload or tiny fail;
 #  11. built with AddressSanitizer (CUDASIM_SAN=1, each cudaMalloc exactly
 #      its size): tiny_offload and tiny_bf16 with a checkpoint and a trace,
 #      and a resharded resume, without a report.
@@ -237,7 +237,7 @@ else
     ok "cudasim: with every stream wait dropped, tiny at world 2 no longer matches (${msg:0:140})"
 fi
 
-# an asynchronous NCCL error ends the run through cuda.c's check, with its
+# an asynchronous NCCL error ends the run through the backend's check, with its
 # message, instead of a hang (it shows at the first host wait that polls)
 if timeout 120 env FSD_CUDASIM_NCCL_ASYNC_ERROR=1 "${MPI[@]}" -np 2 build/tiny/cudasim/train \
         --steps 2 --seed 1337 --data "$DATA/tiny.bin" --quiet >"$OUT/async.log" 2>&1; then
@@ -245,15 +245,15 @@ if timeout 120 env FSD_CUDASIM_NCCL_ASYNC_ERROR=1 "${MPI[@]}" -np 2 build/tiny/c
 elif line=$(grep -m1 '^train: rank [0-9]*: .*failed: unhandled system error' "$OUT/async.log"); then
     ok "cudasim: an asynchronous NCCL error ends the run: ${line:0:110}"
 else
-    bad "cudasim: an asynchronous NCCL error ended the run without cuda.c's message" "$OUT/async.log"
+    bad "cudasim: an asynchronous NCCL error ended the run without the backend's message" "$OUT/async.log"
 fi
 
 # a collective that never completes on rank 0 (another rank never joined,
-# say) ends every rank after FSD_NCCL_TIMEOUT, with cuda.c's message. The
-# message is the proof: collective number 30 never completes, so only the
-# timeout can end the run with it (a hang is ended by `timeout 120`, without
-# it). The seconds are only shown: how long the run took is the machine's
-# load as much as the timeout's.
+# say) ends every rank after FSD_NCCL_TIMEOUT, with the backend's message.
+# The message is the proof: collective number 30 never completes, so only
+# the timeout can end the run with it (a hang is ended by `timeout 120`,
+# without it). The seconds are only shown: how long the run took is the
+# machine's load as much as the timeout's.
 start=$SECONDS
 if timeout 120 env FSD_NCCL_TIMEOUT=3 FSD_CUDASIM_NCCL_HANG=30 "${MPI[@]}" -np 2 \
         build/tiny/cudasim/train --steps 3 --seed 1337 --data "$DATA/tiny.bin" --quiet \
@@ -262,7 +262,7 @@ if timeout 120 env FSD_NCCL_TIMEOUT=3 FSD_CUDASIM_NCCL_HANG=30 "${MPI[@]}" -np 2
 elif line=$(grep -m1 '^train: rank 0: .* did not complete within 3 s (FSD_NCCL_TIMEOUT)' "$OUT/hang.log"); then
     ok "cudasim: a hung collective ends the run after the timeout ($((SECONDS - start)) s): ${line:0:90}"
 else
-    bad "cudasim: a hung collective did not end the run with cuda.c's timeout message" "$OUT/hang.log"
+    bad "cudasim: a hung collective did not end the run with the backend's timeout message" "$OUT/hang.log"
 fi
 
 # ── 4. bf16 act ──
@@ -354,30 +354,35 @@ same "cudasim: tiny, MPI=0 build, NCCL id through FSD_NCCL_ID_FILE at world 2, v
     tiny_cpu_w2 tiny_sim_nompi "${FP32[@]}"
 [ -e "$OUT/nccl-id" ] && bad "cudasim: FSD_NCCL_ID_FILE $OUT/nccl-id was not removed at the end"
 
-# ── 10. every fence and event wait in runtime/cuda.c is needed ──
-# Each in turn is removed from a copy of cuda.c, and tiny_offload (whose
-# steps pass every one of them) and then tiny, at world 2 with lazy
-# collective streams, must fail: stop on the fakes' ordering check (a
-# collective not ordered after the compute stream), or stop otherwise, or
-# no longer match the CPU build.
+# ── 10. every fence and event wait of the CUDA backend is needed ──
+# Each in turn is removed from a copy of the runtime/cuda_*.c file that
+# holds it (cuda_comm.c, the collectives, holds them all today), and
+# tiny_offload (whose steps pass every one of them) and then tiny, at world
+# 2 with lazy collective streams, must fail: stop on the fakes' ordering
+# check (a collective not ordered after the compute stream), or stop
+# otherwise, or no longer match the CPU build.
 eval "$($MAKE -s --no-print-directory cudasim-vars)"
-mutant() {   # mutant LINE: build/cudasim/mutant/{tiny,tiny_offload} without cuda.c's line LINE
-    local dir=build/cudasim/mutant m
+mutant() {   # mutant FILE LINE: build/cudasim/mutant/{tiny,tiny_offload} without FILE's line LINE
+    local dir=build/cudasim/mutant m base
+    base=$(basename "$1" .c)
+    rm -rf $dir
     mkdir -p $dir
-    sed "${1}s/.*/    ; \/* removed *\//" runtime/cuda.c >$dir/cuda.c
+    sed "${2}s/.*/    ; \/* removed *\//" "$1" >$dir/$base.c
+    # the mutant object comes first, so the library's own is not linked
     # shellcheck disable=SC2086
-    mpicc $SIM_CFLAGS -Iruntime -Itests/cudasim/include -c $dir/cuda.c -o $dir/cuda.o \
+    mpicc $SIM_CFLAGS -Iruntime -Itests/cudasim/include -c $dir/$base.c -o $dir/$base.o \
         >"$TMP/mutant.log" 2>&1 || return 1
     for m in tiny tiny_offload; do
         # shellcheck disable=SC2086
-        mpicc -x c $SIM_CFLAGS -Iruntime "build/$m/cudasim/train.cu" -x none $dir/cuda.o \
+        mpicc -x c $SIM_CFLAGS -Iruntime "build/$m/cudasim/train.cu" -x none $dir/$base.o \
             build/cudasim/libfsdrt_cudasim.a $SIM_LIBS -o "$dir/$m" >>"$TMP/mutant.log" 2>&1 || return 1
     done
 }
 caught=() missed=()
-for line in $(grep -n 'fence(r, bk->[a-z0-9]*);\|cudaStreamWaitEvent(' runtime/cuda.c | cut -d: -f1); do
-    if ! mutant "$line"; then
-        bad "cudasim: cuda.c without line $line does not build" "$TMP/mutant.log"
+for at in $(grep -n 'fence(r, bk->[a-z0-9]*);\|cudaStreamWaitEvent(' runtime/cuda_*.c | cut -d: -f1,2); do
+    file=${at%%:*} line=${at#*:} name=$(basename "${at%%:*}"):${at#*:}
+    if ! mutant "$file" "$line"; then
+        bad "cudasim: $file without line $line does not build" "$TMP/mutant.log"
         continue
     fi
     how=""
@@ -395,15 +400,15 @@ for line in $(grep -n 'fence(r, bk->[a-z0-9]*);\|cudaStreamWaitEvent(' runtime/c
         [ -n "$how" ] && break
     done
     if [ -n "$how" ]; then
-        caught+=("$line ($how)")
+        caught+=("$name ($how)")
     else
-        missed+=("$line: $(sed -n "${line}p" runtime/cuda.c | sed 's/^ *//')")
+        missed+=("$name: $(sed -n "${line}p" "$file" | sed 's/^ *//')")
     fi
 done
 if [ ${#missed[@]} = 0 ] && [ ${#caught[@]} -ge 6 ]; then
-    ok "cudasim: each of runtime/cuda.c's ${#caught[@]} fences and event waits, removed, is caught: ${caught[*]}"
+    ok "cudasim: each of the CUDA backend's ${#caught[@]} fences and event waits, removed, is caught: ${caught[*]}"
 else
-    bad "cudasim: removing these lines of runtime/cuda.c goes unnoticed: ${missed[*]:-none} (caught: ${#caught[@]})"
+    bad "cudasim: removing these lines of runtime/cuda_*.c goes unnoticed: ${missed[*]:-none} (caught: ${#caught[@]})"
 fi
 
 # ── 11. under AddressSanitizer ──

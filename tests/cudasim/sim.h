@@ -30,7 +30,7 @@ void sim_enqueue_until(cudaStream_t s, const char *what, std::function<bool()> o
 
 /* Fails unless work queued on stream s now is ordered (through event
  * waits) after everything queued on the compute stream so far: what
- * runtime/cuda.c's fence gives every collective, so that it sees the
+ * runtime/cuda_comm.c's fence gives every collective, so that it sees the
  * gradients written and the shards updated. The compute stream runs its
  * ops at once here, so a missing fence would not change a result; this
  * catches it where it is made. */

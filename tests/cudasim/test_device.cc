@@ -60,7 +60,7 @@
     } while (0)
 
 /* The compute stream: device.cc runs its ops as they are queued, as it
- * does cuda.c's (fsdrt_cuda_stream is a weak symbol there). */
+ * does cuda_boot.c's (fsdrt_cuda_stream is a weak symbol there). */
 static cudaStream_t compute;
 extern "C" cudaStream_t fsdrt_cuda_stream(void) { return compute; }
 

@@ -7,7 +7,7 @@
  *   mpirun --allow-run-as-root --oversubscribe -np 3 ./t          # all must pass
  *   mpirun ... -np 3 ./t fail NAME     # must stop: exit 3, "cudasim: rank R: ..."
  *
- * `./t` runs the collectives as cuda.c uses them (all-gather in place,
+ * `./t` runs the collectives as cuda_comm.c uses them (all-gather in place,
  * reduce-scatter sum and avg in fp32 and bf16, all-reduce in fp64 and
  * int32/int64, broadcast of chars, a grouped gather to rank 0 of
  * different lengths) on lazy streams, and checks the results against

@@ -1,6 +1,6 @@
 /*
  * cublasLt.h — the part of cuBLASLt that the runtime's CUDA backend
- * (runtime/cuda.c: gemm_plan, gemm_candidates, lt_matmul, gemm_bench) calls,
+ * (runtime/cuda_gemm.c: gemm_plan, gemm_candidates, lt_matmul, cuda_gemm_bench) calls,
  * declared for cudasim: a simulated device on the host (tests/cudasim/
  * README.md), implemented by cublaslt.cc. Names, enum values, attribute
  * value types and signatures are cuBLASLt's (cublasLt.h, cublas_api.h); the

@@ -1,6 +1,6 @@
 /*
  * cuda_runtime_api.h — the part of the CUDA runtime API that the runtime's
- * CUDA backend (runtime/cuda.c, runtime/cuda_kernels.cu) calls, declared for
+ * CUDA backend (runtime/cuda_*.c, runtime/cuda_kernels.cu) calls, declared for
  * cudasim: a simulated device on the host (tests/cudasim/README.md). Names,
  * values and signatures are CUDA's; the types behind the handles are the
  * simulator's own. Test-only: nothing outside tests/cudasim includes it.

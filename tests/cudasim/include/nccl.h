@@ -1,11 +1,11 @@
 /*
  * nccl.h — the part of NCCL's API that the runtime's CUDA backend
- * (runtime/cuda.c) calls, declared for cudasim: a simulated device on the
+ * (runtime/cuda_*.c) calls, declared for cudasim: a simulated device on the
  * host (tests/cudasim/README.md), whose NCCL (nccl.cc) runs over MPI. Names,
  * values and signatures are NCCL's (2.19 and later, with its fp8 types
  * numbered as 2.24 has them); the communicator behind ncclComm_t is the
  * simulator's own. Test-only: nothing outside tests/cudasim includes it.
- * C and C++: cuda.c is C.
+ * C and C++: the backend is C.
  */
 #ifndef CUDASIM_NCCL_H
 #define CUDASIM_NCCL_H
@@ -54,7 +54,7 @@ typedef enum {
     ncclFloat64 = 8,
     ncclDouble = 8,
     ncclBfloat16 = 9,
-    ncclFloat8e4m3 = 10,   /* declared, but cudasim rejects them: cuda.c has no fp8 */
+    ncclFloat8e4m3 = 10,   /* declared, but cudasim rejects them: the backend has no fp8 */
     ncclFloat8e5m2 = 11,
     ncclNumTypes = 12
 } ncclDataType_t;
