@@ -110,7 +110,7 @@ typedef struct Flag {
     const char *meta, *help;
 } Flag;
 
-enum { NFLAGS = 22 };
+enum { NFLAGS = 23 };
 
 static void flag_table(FsdRun *r, Flag *f)
 {
@@ -136,6 +136,8 @@ static void flag_table(FsdRun *r, Flag *f)
         {"ckpt-keep", ARG_COUNT, &c->ckpt_keep, INT64_MAX / 2, "N", "keep the newest N checkpoints (0: all)"},
         {"ckpt-async", ARG_NONE, &c->ckpt_async, 0, NULL, "write checkpoints on a background thread"},
         {"resume", ARG_MAYBE, &r->resume, 0, "[DIR]", "resume from checkpoint DIR; alone (or `latest`): --ckpt-dir's latest"},
+        {"collective-timeout", ARG_REAL, &r->collective_timeout_s, 0, "SECONDS",
+         "end the job when a collective waits this long (600; 0: never)"},
         {"hf-names", ARG_FILE, &r->hf_names, 0, "NAMES", "gpt2 or llama: --export/--init-from in Hugging Face's layout"},
         {"help", ARG_NONE, NULL, 0, NULL, "this text"},
         {NULL, ARG_NONE, NULL, 0, NULL, NULL},
@@ -486,6 +488,7 @@ FsdRun *fsdrt_init(int argc, char **argv, const FsdModel *m)
     r->m = m;
     r->cfg = m->train;
     r->grad_check_eps = GRAD_CHECK_EPS;
+    r->collective_timeout_s = -1;   /* the backend's default until the flags are read */
     if (!bk_start(r, &argc, &argv)) {
         /* no communication: this process reports for itself */
         fprintf(stderr, "train: %s\n", r->err);

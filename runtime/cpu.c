@@ -34,6 +34,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifdef FSD_FLOAT64
@@ -72,6 +73,7 @@ struct Backend {
     int npool, pool_cap;
     GroupComm *gc;
     GemmScratch scratch;
+    double timeout_s;        /* FSD_COLLECTIVE_TIMEOUT, or 600; --collective-timeout overrides */
 };
 
 /* ── errors ── */
@@ -99,6 +101,100 @@ static int count_of(FsdRun *r, int64_t n, const char *what)
     if (n < 0 || n > INT_MAX)
         RT_BUG(r, "%s has %lld elements, more than an MPI count holds", what, (long long)n);
     return (int)n;
+}
+
+/* ── waiting for a collective ──
+ *
+ * Every collective is nonblocking and completed here, so that no wait is
+ * forever: a rank that has stopped (SIGSTOP, a hung file system, a dead
+ * node MPI has not noticed) would otherwise leave the others in MPI_Wait
+ * for good, each spinning on a core. A wait polls MPI_Test, which also
+ * moves the data along (there is no progress thread); for its first
+ * SPIN_S it polls without pause, as MPI_Wait would, so the waits of a
+ * healthy step (short, or moving data all along) cost what they did.
+ * After that it sleeps between polls, growing to POLL_MAX_S, so that a
+ * rank waiting on a slow one leaves the core to it. After the timeout
+ * (--collective-timeout, FSD_COLLECTIVE_TIMEOUT, 600 s; 0: never) it says
+ * what it waited for and ends the job, as the CUDA backend does for NCCL. */
+#define SPIN_S 0.005
+#define POLL_MAX_S 0.001
+#define STALL_S 0.5
+
+static double timeout_of(const FsdRun *r)
+{
+    return r->collective_timeout_s >= 0 ? r->collective_timeout_s : r->bk->timeout_s;
+}
+
+/* Where the run is, for the message: a step, start-up, or the end. */
+static void run_place(const FsdRun *r, char *buf, size_t n)
+{
+    if (r->in_step)
+        snprintf(buf, n, "in step %lld", (long long)r->step);
+    else if (r->done)
+        snprintf(buf, n, "after the last step");
+    else if (r->t0 == 0)
+        snprintf(buf, n, "at start-up");
+    else
+        snprintf(buf, n, "before step %lld", (long long)r->step);
+}
+
+static _Noreturn void timed_out(FsdRun *r, const char *what, int g, double waited)
+{
+    char where[64], group[160] = "";
+    run_place(r, where, sizeof where);
+    if (g >= 0)
+        snprintf(group, sizeof group, " of group %s", r->m->groups[g].name);
+    fprintf(stderr,
+            "train: rank %d: the %s%s %s did not complete within %.0f s (--collective-timeout): "
+            "another rank has stopped, died or is stuck; aborting the job\n",
+            r->rank, what, group, where, waited);
+    bk_abort(r);
+}
+
+/* Completes *req, the collective `what` (of group g, or -1). */
+static void wait_for(FsdRun *r, MPI_Request *req, const char *what, int g)
+{
+    int done = 0;
+    MPI_CHECK(r, MPI_Test(req, &done, MPI_STATUS_IGNORE));
+    if (done)
+        return;
+    const double limit = timeout_of(r);
+    double waited = 0, last = rt_now(), pause = 1e-5;
+    for (;;) {
+        MPI_CHECK(r, MPI_Test(req, &done, MPI_STATUS_IGNORE));
+        if (done)
+            return;
+        /* time this process did not run (stopped, or a long way behind on
+         * a busy machine) counts at most STALL_S between two polls: the
+         * timeout measures the others' silence, not its own */
+        const double now = rt_now();
+        waited += now - last < STALL_S ? now - last : STALL_S;
+        last = now;
+        if (limit > 0 && waited > limit)
+            timed_out(r, what, g, waited);
+        if (waited > SPIN_S) {
+            struct timespec ts = {0, (long)(pause * 1e9)};
+            nanosleep(&ts, NULL);
+            pause = pause * 2 < POLL_MAX_S ? pause * 2 : POLL_MAX_S;
+        }
+    }
+}
+
+/* The blocking collectives the runtime needs outside the step's schedule,
+ * each issued nonblocking and completed by wait_for. */
+static void allreduce(FsdRun *r, const void *send, void *recv, int n, MPI_Datatype t, MPI_Op op,
+                      const char *what)
+{
+    MPI_Request q;
+    MPI_CHECK(r, MPI_Iallreduce(send, recv, n, t, op, r->bk->comm, &q));
+    wait_for(r, &q, what, -1);
+}
+
+static void bcast(FsdRun *r, void *buf, int n, MPI_Datatype t, int root, const char *what)
+{
+    MPI_Request q;
+    MPI_CHECK(r, MPI_Ibcast(buf, n, t, root, r->bk->comm, &q));
+    wait_for(r, &q, what, -1);
 }
 
 _Noreturn void bk_abort(FsdRun *r)
@@ -239,6 +335,16 @@ bool bk_start(FsdRun *r, int *argc, char ***argv)
     }
     check_launcher(r);
     set_threads(r);
+    bk->timeout_s = 600;
+    const char *t = getenv("FSD_COLLECTIVE_TIMEOUT");
+    if (t && *t) {
+        char *end;
+        double x = strtod(t, &end);
+        if (*end || !isfinite(x) || x < 0)
+            rt_fail(r, "FSD_COLLECTIVE_TIMEOUT=%s is not a number of seconds of 0 or more", t);
+        else
+            bk->timeout_s = x;
+    }
     return true;
 }
 
@@ -273,26 +379,33 @@ void bk_stop(FsdRun *r)
 bool bk_agree(FsdRun *r)
 {
     int mine = r->err[0] ? r->rank : r->world, first = r->world;
-    MPI_CHECK(r, MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, r->bk->comm));
+    allreduce(r, &mine, &first, 1, MPI_INT, MPI_MIN, "all-reduce agreeing on errors");
     if (first == r->world)
         return false;
-    MPI_CHECK(r, MPI_Bcast(r->err, ERR_MAX, MPI_CHAR, first, r->bk->comm));
+    bcast(r, r->err, ERR_MAX, MPI_CHAR, first, "broadcast of an error");
     r->err[ERR_MAX - 1] = 0;
     return true;
 }
 
-void bk_barrier(FsdRun *r) { MPI_CHECK(r, MPI_Barrier(r->bk->comm)); }
+void bk_barrier(FsdRun *r)
+{
+    MPI_Request q;
+    MPI_CHECK(r, MPI_Ibarrier(r->bk->comm, &q));
+    wait_for(r, &q, "barrier", -1);
+}
 
 void bk_allreduce_sum(FsdRun *r, double *v, int n)
 {
-    MPI_CHECK(r, MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_DOUBLE, MPI_SUM, r->bk->comm));
+    allreduce(r, MPI_IN_PLACE, v, n, MPI_DOUBLE, MPI_SUM, "all-reduce");
 }
 
 void bk_gather_shards(FsdRun *r, int g, real *dst)
 {
     Group *G = &r->groups[g];
     int n = count_of(r, G->shard, "a shard");
-    MPI_CHECK(r, MPI_Gather(G->master, n, MPI_REAL_T, dst, n, MPI_REAL_T, 0, r->bk->comm));
+    MPI_Request q;
+    MPI_CHECK(r, MPI_Igather(G->master, n, MPI_REAL_T, dst, n, MPI_REAL_T, 0, r->bk->comm, &q));
+    wait_for(r, &q, "gather of the shards on rank 0", g);
 }
 
 bool bk_gather_bytes(FsdRun *r, const char *buf, int64_t n, char **out, int64_t *outn)
@@ -311,12 +424,14 @@ bool bk_gather_bytes(FsdRun *r, const char *buf, int64_t n, char **out, int64_t 
     /* every rank learns whether rank 0 could take part, so none waits in
      * a gather rank 0 never joins */
     int ok0 = ok;
-    MPI_CHECK(r, MPI_Bcast(&ok0, 1, MPI_INT, 0, r->bk->comm));
+    bcast(r, &ok0, 1, MPI_INT, 0, "broadcast of rank 0's readiness");
     if (!ok0) {
         free(all), free(counts), free(displs);
         return false;
     }
-    MPI_CHECK(r, MPI_Gather(&mine, 1, MPI_LONG_LONG, all, 1, MPI_LONG_LONG, 0, r->bk->comm));
+    MPI_Request q;
+    MPI_CHECK(r, MPI_Igather(&mine, 1, MPI_LONG_LONG, all, 1, MPI_LONG_LONG, 0, r->bk->comm, &q));
+    wait_for(r, &q, "gather of byte counts on rank 0", -1);
     int64_t total = 0;
     if (r->rank == 0) {
         for (int i = 0; i < r->world; i++) {
@@ -334,10 +449,11 @@ bool bk_gather_bytes(FsdRun *r, const char *buf, int64_t n, char **out, int64_t 
     }
     int sent = count_of(r, n, "a rank's trace");
     ok0 = ok;
-    MPI_CHECK(r, MPI_Bcast(&ok0, 1, MPI_INT, 0, r->bk->comm));
+    bcast(r, &ok0, 1, MPI_INT, 0, "broadcast of rank 0's readiness");
     if (!ok0)
         sent = 0;
-    MPI_CHECK(r, MPI_Gatherv(buf, sent, MPI_CHAR, *out, counts, displs, MPI_CHAR, 0, r->bk->comm));
+    MPI_CHECK(r, MPI_Igatherv(buf, sent, MPI_CHAR, *out, counts, displs, MPI_CHAR, 0, r->bk->comm, &q));
+    wait_for(r, &q, "gather of bytes on rank 0", -1);
     free(all), free(counts), free(displs);
     if (!ok0) {
         free(*out);
@@ -506,7 +622,7 @@ void bk_wait_gather(FsdRun *r, int g)
 {
     Group *G = &r->groups[g];
     GroupComm *c = &r->bk->gc[g];
-    MPI_CHECK(r, MPI_Wait(&c->gather, MPI_STATUS_IGNORE));
+    wait_for(r, &c->gather, "all-gather", g);
     if (c->wire) {
         FsdDtype dt = r->m->param_dtype;
         real *params = G->params;
@@ -577,7 +693,7 @@ void bk_wait_reduce(FsdRun *r, int g)
 {
     Group *G = &r->groups[g];
     GroupComm *c = &r->bk->gc[g];
-    MPI_CHECK(r, MPI_Wait(&c->reduce, MPI_STATUS_IGNORE));
+    wait_for(r, &c->reduce, "reduce-scatter", g);
     real *sum = c->wide ? c->wide : G->grads, *shard = G->grad;
     round_to(r->m->reduce_dtype, sum, G->shard);
     accumulate_shard(shard, sum, G->shard, r->world);
@@ -790,7 +906,7 @@ void bk_update(FsdRun *r, double lr, int64_t t, double v[2])
 {
     v[0] = r->loss_sum;
     v[1] = optim_grad_sumsq(r);
-    bk_allreduce_sum(r, v, 2);
+    allreduce(r, MPI_IN_PLACE, v, 2, MPI_DOUBLE, MPI_SUM, "all-reduce of the loss and gradient norm");
     optim_step(r, lr, clip_coef(r->cfg.grad_clip, sqrt(v[1])), t);
 }
 

@@ -73,6 +73,8 @@ void cuda_host_wait(FsdRun *r, cudaEvent_t ev, const char *what)
 {
     Backend *bk = r->bk;
     const double t0 = rt_now();
+    /* --collective-timeout, once the flags are read, else FSD_NCCL_TIMEOUT */
+    const double limit = r->collective_timeout_s >= 0 ? r->collective_timeout_s : bk->timeout_s;
     for (long spins = 0;; spins++) {
         cudaError_t e = cudaEventQuery(ev);
         if (e == cudaSuccess)
@@ -85,11 +87,12 @@ void cuda_host_wait(FsdRun *r, cudaEvent_t ev, const char *what)
             if (async != ncclSuccess && async != ncclInProgress)
                 cuda_nccl_failed(r, __FILE__, __LINE__, what, async);
         }
-        if (rt_now() - t0 > bk->timeout_s) {
+        if (limit > 0 && rt_now() - t0 > limit) {
             fprintf(stderr,
-                    "train: rank %d: %s did not complete within %.0f s (FSD_NCCL_TIMEOUT): a rank "
+                    "train: rank %d: %s did not complete within %.0f s (%s): a rank "
                     "has stopped or the network is stuck; aborting NCCL and ending the run\n",
-                    r->rank, what, bk->timeout_s);
+                    r->rank, what, limit,
+                    r->collective_timeout_s >= 0 ? "--collective-timeout" : "FSD_NCCL_TIMEOUT");
             bk_abort(r);
         }
         pause_briefly(spins);

@@ -89,6 +89,7 @@ struct FsdRun {
     double grad_check_eps;   /* its central difference's step */
     const char *resume;      /* --resume: "latest" or a checkpoint directory; NULL: none */
     const char *hf_names;    /* --hf-names gpt2|llama for --export/--init-from; NULL: fsdpc's */
+    double collective_timeout_s;   /* --collective-timeout; < 0: not given (the backend's default) */
     FILE *log;
 
     Group *groups;
