@@ -532,6 +532,9 @@ FsdRun *fsdrt_init(int argc, char **argv, const FsdModel *m)
         rt_fail(r, "cannot write --log file %s: %s", r->log_path, strerror(errno));
     ckpt_check(r);
     agree_or_exit(r);
+    /* before the first collective whose count or size depends on them */
+    ranks_check_config(r);
+    agree_or_exit(r);
 
     allocate(r);
     agree_or_exit(r);

@@ -265,6 +265,15 @@ double ckpt_after_step(FsdRun *r, bool *worked);
 void ckpt_finish(FsdRun *r);
 void ckpt_free(FsdRun *r);   /* joins a writer thread still running, frees the snapshot */
 
+/* ── ranks.c: the ranks' configurations held against each other ── */
+
+/* Collective, at start-up: every setting that must be the same on every
+ * rank (the flags that shape the step, the schedule, checkpoints, the data
+ * files' identity, the model hash) compared with rank 0's; the first
+ * difference, naming the setting and both values, goes to rt_fail on rank
+ * 0 (the caller agrees on it). */
+void ranks_check_config(FsdRun *r);
+
 /* ── the backend, for common.c ── */
 
 /* Starts communication and fills rank, world, local_rank, local_world; on
