@@ -791,7 +791,7 @@ void bk_update(FsdRun *r, double lr, int64_t t, double v[2])
     v[0] = r->loss_sum;
     v[1] = optim_grad_sumsq(r);
     bk_allreduce_sum(r, v, 2);
-    optim_step(r, lr, clip_coef(r->cfg.grad_clip, sqrt(v[1])), t);
+    optim_step(r, lr, update_coef(r->cfg.grad_clip, v[0], v[1]), t);
 }
 
 /* ── host memory throughout: what the CUDA backend copies, this one shares ── */
