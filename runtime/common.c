@@ -20,6 +20,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static void free_all(FsdRun *r);
 
@@ -110,7 +111,7 @@ typedef struct Flag {
     const char *meta, *help;
 } Flag;
 
-enum { NFLAGS = 23 };
+enum { NFLAGS = 25 };
 
 static void flag_table(FsdRun *r, Flag *f)
 {
@@ -138,6 +139,10 @@ static void flag_table(FsdRun *r, Flag *f)
         {"resume", ARG_MAYBE, &r->resume, 0, "[DIR]", "resume from checkpoint DIR; alone (or `latest`): --ckpt-dir's latest"},
         {"collective-timeout", ARG_REAL, &r->collective_timeout_s, 0, "SECONDS",
          "end the job when a collective waits this long (600; 0: never)"},
+        {"on-nonfinite", ARG_FILE, &r->on_nonfinite, 0, "stop|skip",
+         "a step with a non-finite loss or gradient norm stops the run (exit 4), or is skipped"},
+        {"max-skips", ARG_COUNT, &r->max_skips, INT64_MAX / 2, "N",
+         "with --on-nonfinite skip: stop after N skipped steps in a row (10)"},
         {"hf-names", ARG_FILE, &r->hf_names, 0, "NAMES", "gpt2 or llama: --export/--init-from in Hugging Face's layout"},
         {"help", ARG_NONE, NULL, 0, NULL, "this text"},
         {NULL, ARG_NONE, NULL, 0, NULL, NULL},
@@ -162,7 +167,7 @@ static void usage(FsdRun *r, FILE *out)
         char lhs[64];
         snprintf(lhs, sizeof lhs, "--%s%s%s", f[i].name, f[i].meta ? " " : "",
                  f[i].meta ? f[i].meta : "");
-        fprintf(out, "  %-20s %s\n", lhs, f[i].help);
+        fprintf(out, "  %-24s %s\n", lhs, f[i].help);
     }
 }
 
@@ -478,6 +483,56 @@ static void free_all(FsdRun *r)
     r->log = NULL;
 }
 
+/* --log on --resume: the file keeps its lines of the steps before the one
+ * resumed from, up to the first line of a later step, or a line a killed
+ * run left unfinished (no newline), where it is cut; this run's lines
+ * follow. So a run resumed from an older checkpoint than its last logs each
+ * step once. Rank 0, which alone has the log open. */
+static void log_resume(FsdRun *r)
+{
+    if (fseek(r->log, 0, SEEK_SET) != 0) {
+        rt_fail(r, "cannot read --log file %s: %s", r->log_path, strerror(errno));
+        return;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    long keep = 0;
+    while ((n = getline(&line, &cap, r->log)) > 0) {
+        long long step;
+        if (line[n - 1] != '\n' || (sscanf(line, "{\"step\": %lld", &step) == 1 && step >= r->step))
+            break;
+        keep += (long)n;
+    }
+    free(line);
+    if (ferror(r->log) || fflush(r->log) != 0 || ftruncate(fileno(r->log), keep) != 0)
+        rt_fail(r, "cannot append to --log file %s: %s", r->log_path, strerror(errno));
+    clearerr(r->log);
+}
+
+/* After --resume has set the step: a run asked to stop at or before it has
+ * nothing to train. --steps equal to the checkpoint's step is a finished
+ * run started again (a job script's retry, or --export of a checkpoint's
+ * weights): said, and the run goes on to its end, exit 0. --steps below it
+ * cannot be honoured (the weights have trained past it): refused. */
+static void resumed_at(FsdRun *r)
+{
+    const bool training = !r->grad_check && !r->err[0];
+    if (training && r->cfg.steps < r->step)
+        rt_fail(r, "--steps %lld is below the step of the checkpoint resumed from (%lld): its "
+                   "weights have trained past it; pass --steps above %lld to train on, or "
+                   "--steps %lld to only --export them",
+                (long long)r->cfg.steps, (long long)r->step, (long long)r->step,
+                (long long)r->step);
+    else if (training && r->cfg.steps == r->step && r->rank == 0)
+        fprintf(stderr, "train: note: the checkpoint resumed from is at step %lld and --steps is "
+                        "%lld: nothing left to train (pass a larger --steps to train on)\n",
+                (long long)r->step, (long long)r->cfg.steps);
+    /* a refused run leaves its log as it was */
+    if (r->log && !r->err[0])
+        log_resume(r);
+}
+
 FsdRun *fsdrt_init(int argc, char **argv, const FsdModel *m)
 {
     FsdRun *r = calloc(1, sizeof *r);
@@ -489,6 +544,7 @@ FsdRun *fsdrt_init(int argc, char **argv, const FsdModel *m)
     r->cfg = m->train;
     r->grad_check_eps = GRAD_CHECK_EPS;
     r->collective_timeout_s = -1;   /* the backend's default until the flags are read */
+    r->max_skips = 10;
     if (!bk_start(r, &argc, &argv)) {
         /* no communication: this process reports for itself */
         fprintf(stderr, "train: %s\n", r->err);
@@ -499,6 +555,12 @@ FsdRun *fsdrt_init(int argc, char **argv, const FsdModel *m)
     agree_or_exit(r);
 
     bool help = parse_flags(r, argc, argv);
+    if (!r->err[0] && r->on_nonfinite) {
+        if (strcmp(r->on_nonfinite, "skip") == 0)
+            r->skip_nonfinite = true;
+        else if (strcmp(r->on_nonfinite, "stop") != 0)
+            rt_fail(r, "--on-nonfinite: '%s' is neither stop nor skip", r->on_nonfinite);
+    }
     agree_or_exit(r);
     if (help) {
         if (r->rank == 0)
@@ -528,7 +590,9 @@ FsdRun *fsdrt_init(int argc, char **argv, const FsdModel *m)
         data_open(r, &r->data, r->cfg.data);
     if (r->cfg.val_data)
         data_open(r, &r->val, r->cfg.val_data);
-    if (r->rank == 0 && r->log_path && !(r->log = fopen(r->log_path, "w")))
+    /* a resumed run appends to its log (log_resume cuts the lines of the
+     * steps it will run again); a fresh one starts it anew */
+    if (r->rank == 0 && r->log_path && !(r->log = fopen(r->log_path, r->resume ? "a+" : "w")))
         rt_fail(r, "cannot write --log file %s: %s", r->log_path, strerror(errno));
     ckpt_check(r);
     agree_or_exit(r);
@@ -546,6 +610,9 @@ FsdRun *fsdrt_init(int argc, char **argv, const FsdModel *m)
         weights_import(r, r->init_from);
     else
         weights_init(r);
+    agree_or_exit(r);
+    if (r->resume)
+        resumed_at(r);
     agree_or_exit(r);
 
     bk_barrier(r);   /* one time origin for every rank's trace */
@@ -1019,11 +1086,12 @@ bool fsdrt_begin_step(FsdRun *r)
 {
     if (r->in_step)
         RT_BUG(r, "fsdrt_begin_step while step %lld is running", (long long)r->step);
-    if (r->step >= r->cfg.steps) {
+    if (r->step >= r->cfg.steps || r->stopped) {
         if (!r->done) {
             r->done = true;
             ckpt_finish(r);   /* the last checkpoint is complete before the run ends */
-            if (r->export_path) {
+            /* a stopped run has no final weights to export */
+            if (r->export_path && !r->stopped) {
                 weights_export(r, r->export_path);
                 agree_or_note(r);
             }
@@ -1076,6 +1144,36 @@ static double lr_at(const FsdTrainConfig *c, int64_t s)
     return c->min_lr + 0.5 * (1 + cos(pi * progress)) * (c->lr - c->min_lr);
 }
 
+/* Why the run stops at this step, and what to try (rank 0, standard
+ * error): the loss and the norm are global, so one line says it for every
+ * rank. The status is NONFINITE_STATUS. */
+/* nan, inf or -inf, without the sign printf gives a NaN */
+static const char *nonfinite_name(double x)
+{
+    return isnan(x) ? "nan" : x > 0 ? "inf" : "-inf";
+}
+
+static void stop_message(FsdRun *r, double loss, double norm, double lr)
+{
+    const bool bad_loss = !isfinite(loss);
+    char ls[32], ns[32];
+    snprintf(ls, sizeof ls, "%g", loss);
+    snprintf(ns, sizeof ns, "%g", norm);
+    char why[96] = "";
+    if (r->skip_nonfinite)
+        snprintf(why, sizeof why, " after %lld skipped steps in a row (--max-skips %lld)",
+                 (long long)(r->skipped - 1), (long long)r->max_skips);
+    fprintf(stderr,
+            "train: step %lld: the %s is %s (loss %s, gradient norm %s); stopping before its "
+            "update%s; the weights and checkpoints are those from before it. Try a lower "
+            "--lr (this step's was %g), a grad_clip in the train section, or %s\n",
+            (long long)r->step, bad_loss ? "loss" : "gradient norm",
+            nonfinite_name(bad_loss ? loss : norm), isfinite(loss) ? ls : nonfinite_name(loss),
+            isfinite(norm) ? ns : nonfinite_name(norm), why, lr,
+            r->skip_nonfinite ? "a larger --max-skips" : "--on-nonfinite skip to skip such steps");
+    fflush(stderr);
+}
+
 void fsdrt_end_step(FsdRun *r)
 {
     if (!r->in_step)
@@ -1090,10 +1188,16 @@ void fsdrt_end_step(FsdRun *r)
     bk_update(r, lr, r->step + 1, v);
     double loss = v[0] / ((double)r->world * (double)c->grad_accum);
     double norm = sqrt(v[1]);
+    /* a non-finite step was not applied (update_coef): every rank has the
+     * same sums, so every rank takes the same turn here */
+    const bool skipped = update_coef(c->grad_clip, v[0], v[1]) == UPDATE_SKIP;
+    r->skipped = skipped ? r->skipped + 1 : 0;
+    r->stopped = skipped && (!r->skip_nonfinite || r->skipped > r->max_skips);
     /* the state after this update is the checkpoint of step + 1; the time
-     * training waits for it counts in the step's */
-    bool ckpt_worked;
-    double ckpt_ms = ckpt_after_step(r, &ckpt_worked);
+     * training waits for it counts in the step's. A stopped run saves
+     * nothing more (nor prunes): its last checkpoint stays the latest */
+    bool ckpt_worked = false;
+    double ckpt_ms = r->stopped ? 0 : ckpt_after_step(r, &ckpt_worked);
 
     double secs = rt_now() - r->step_t0;
     int64_t tokens = c->micro_batch * c->grad_accum * r->world * r->m->seq;
@@ -1102,13 +1206,18 @@ void fsdrt_end_step(FsdRun *r)
     int64_t reduced = r->counters.reduce_bytes - r->reduce_at_step;
     if (r->rank == 0) {
         if (!r->quiet) {
-            char a[32], b[32], ck[48] = "";
+            char a[32], b[32], ck[48] = "", sk[96] = "";
             if (ckpt_worked)
                 snprintf(ck, sizeof ck, " | ckpt %.1f ms", ckpt_ms);
-            printf("step %4lld/%lld | loss %.6f | lr %.2e | norm %.4f | %s tok/s | %.1f ms | mem %s%s\n",
+            if (r->stopped)
+                snprintf(sk, sizeof sk, " | not finite: stopped");
+            else if (skipped)
+                snprintf(sk, sizeof sk, " | not finite: skipped (%lld in a row, --max-skips %lld)",
+                         (long long)r->skipped, (long long)r->max_skips);
+            printf("step %4lld/%lld | loss %.6f | lr %.2e | norm %.4f | %s tok/s | %.1f ms | mem %s%s%s\n",
                    (long long)r->step, (long long)c->steps, loss, lr, norm,
                    thousands(a, sizeof a, (int64_t)tok_s), secs * 1e3,
-                   mem_str(b, sizeof b, r->counters.peak_alloc_bytes), ck);
+                   mem_str(b, sizeof b, r->counters.peak_alloc_bytes), ck, sk);
             fflush(stdout);
         }
         if (r->log) {
@@ -1116,6 +1225,10 @@ void fsdrt_end_step(FsdRun *r)
             /* with checkpoints on: how long this step waited for them */
             if (c->ckpt_every > 0)
                 snprintf(ck, sizeof ck, ", \"ckpt_block_ms\": %.3f", ckpt_ms);
+            /* a step whose update was not applied (skipped, or the one that
+             * stopped the run) says so; the others' lines are as before */
+            if (skipped)
+                snprintf(ck + strlen(ck), sizeof ck - strlen(ck), ", \"skipped\": true");
             /* JSON has no NaN: a diverged run logs null */
             json_number(ls, sizeof ls, loss);
             json_number(ns, sizeof ns, norm);
@@ -1128,7 +1241,11 @@ void fsdrt_end_step(FsdRun *r)
                     (long long)gathered, (long long)reduced, ck);
             fflush(r->log);
         }
+        if (r->stopped)
+            stop_message(r, loss, norm, lr);
     }
+    if (r->stopped)
+        r->status = NONFINITE_STATUS;
     r->step++;
     r->in_step = false;
 }

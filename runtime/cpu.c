@@ -907,7 +907,7 @@ void bk_update(FsdRun *r, double lr, int64_t t, double v[2])
     v[0] = r->loss_sum;
     v[1] = optim_grad_sumsq(r);
     allreduce(r, MPI_IN_PLACE, v, 2, MPI_DOUBLE, MPI_SUM, "all-reduce of the loss and gradient norm");
-    optim_step(r, lr, clip_coef(r->cfg.grad_clip, sqrt(v[1])), t);
+    optim_step(r, lr, update_coef(r->cfg.grad_clip, v[0], v[1]), t);
 }
 
 /* ── host memory throughout: what the CUDA backend copies, this one shares ── */

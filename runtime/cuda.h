@@ -46,11 +46,13 @@ cudaError_t cu_sumsq_partial(const float *x, int64_t n, double *partials, cudaSt
 /* stats[0] = acc[0] + host_loss, acc[0] = 0; stats[1] = Σ partials[0, np). */
 cudaError_t cu_sumsq_finish(double *stats, const double *partials, int np, double *acc,
                             double host_loss, cudaStream_t s);
-/* stats[2] = clip_coef(clip, √stats[1]) (internal.h), after the all-reduce. */
+/* stats[2] = update_coef(clip, stats[0], stats[1]) (internal.h), after the
+ * all-reduce: clip_coef(clip, √stats[1]), or -1 (UPDATE_SKIP) when the loss
+ * or Σ g² is not finite. */
 cudaError_t cu_clip(double *stats, double clip, cudaStream_t s);
 
 /* One fused pass over a group's shard: g ← g·coef (coef = *coef_dev),
- * PyTorch's AdamW as cpu.c writes it, then g ← 0. decay is applied where
+ * PyTorch's AdamW as cpu.c writes it, then g ← 0 (coef −1: only g ← 0). decay is applied where
  * the element's segment takes weight decay. */
 typedef struct CudaAdamW {
     float decay;             /* 1 − lr·wd */

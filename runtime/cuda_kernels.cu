@@ -166,12 +166,18 @@ extern "C" cudaError_t cu_sumsq_finish(double *stats, const double *partials, in
     return cudaGetLastError();
 }
 
-/* internal.h's clip_coef, on the device: the all-reduced Σ g² never
- * travels to the host before the optimizer has run. */
+/* internal.h's update_coef, on the device: the all-reduced loss and Σ g²
+ * never travel to the host before the optimizer has run. A non-finite one
+ * gives SKIP_COEF (internal.h's UPDATE_SKIP): the optimizer kernels then
+ * only zero the gradients. */
+#define SKIP_COEF (-1.0)
 static __global__ void clip_kernel(double *stats, double clip)
 {
     double norm = sqrt(stats[1]);
-    stats[2] = clip > 0 && clip / (norm + 1e-6) < 1 ? clip / (norm + 1e-6) : 1;
+    if (!isfinite(stats[0]) || !isfinite(stats[1]))
+        stats[2] = SKIP_COEF;
+    else
+        stats[2] = clip > 0 && clip / (norm + 1e-6) < 1 ? clip / (norm + 1e-6) : 1;
 }
 
 extern "C" cudaError_t cu_clip(double *stats, double clip, cudaStream_t s)
@@ -203,6 +209,10 @@ static __global__ void adamw_kernel(float *p, float *g, float *m, float *v, int6
                                     const CudaSeg *seg, int nseg, const double *coef_dev,
                                     CudaAdamW a)
 {
+    if (*coef_dev == SKIP_COEF) {
+        GRID_STRIDE(i, n) g[i] = 0;
+        return;
+    }
     const float k = (float)*coef_dev;
     GRID_STRIDE(i, n) {
         float gi = g[i] * k;
@@ -222,6 +232,10 @@ static __global__ void sgd_kernel(float *p, float *g, float *b, int64_t n, const
                                   int nseg, const double *coef_dev, float wd, float mu, float lr,
                                   int nesterov)
 {
+    if (*coef_dev == SKIP_COEF) {
+        GRID_STRIDE(i, n) g[i] = 0;
+        return;
+    }
     const float k = (float)*coef_dev;
     GRID_STRIDE(i, n) {
         float d = g[i] * k + (decays(seg, nseg, i) ? wd : 0.0f) * p[i];

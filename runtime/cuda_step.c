@@ -133,7 +133,7 @@ static void host_update(FsdRun *r, double lr, int64_t t, double v[2])
     } else if (r->world > 1) {
         cuda_allreduce_small(r, v, 2, ncclFloat64, sizeof *v, ncclSum);
     }
-    optim_step(r, lr, clip_coef(r->cfg.grad_clip, sqrt(v[1])), t);
+    optim_step(r, lr, update_coef(r->cfg.grad_clip, v[0], v[1]), t);
 }
 
 void bk_update(FsdRun *r, double lr, int64_t t, double v[2])
@@ -145,8 +145,9 @@ void bk_update(FsdRun *r, double lr, int64_t t, double v[2])
     Backend *bk = r->bk;
     const FsdTrainConfig *c = &r->cfg;
     const cudaStream_t s = bk->compute;
-    /* Σ g² and the loss, all-reduced, then the clip coefficient: on the
-     * device, so the optimizer is queued behind them without a wait */
+    /* Σ g² and the loss, all-reduced, then the clip coefficient (or
+     * UPDATE_SKIP for a non-finite step): on the device, so the optimizer
+     * is queued behind them without a wait */
     int at = 0;
     for (int g = 0; g < r->m->ngroups; g++) {
         const Group *G = &r->groups[g];

@@ -24,6 +24,7 @@
 #include "fsdrt.h"
 #include "jsonout.h"   /* json_put_chars: the writers' string escaping */
 
+#include <math.h>
 #include <stdio.h>
 
 #define ERR_MAX 1024
@@ -90,6 +91,9 @@ struct FsdRun {
     const char *resume;      /* --resume: "latest" or a checkpoint directory; NULL: none */
     const char *hf_names;    /* --hf-names gpt2|llama for --export/--init-from; NULL: fsdpc's */
     double collective_timeout_s;   /* --collective-timeout; < 0: not given (the backend's default) */
+    const char *on_nonfinite;   /* --on-nonfinite stop|skip (NULL: stop) */
+    bool skip_nonfinite;     /* it says skip */
+    int64_t max_skips;       /* --max-skips: non-finite steps skipped in a row before stopping */
     FILE *log;
 
     Group *groups;
@@ -103,6 +107,8 @@ struct FsdRun {
     /* the step */
     int64_t step;            /* the step running, or the next to run */
     bool in_step, done;
+    bool stopped;            /* a non-finite step ended the run (NONFINITE_STATUS) */
+    int64_t skipped;         /* non-finite steps skipped in a row, up to the last step */
     double step_t0, loss_sum;
     int64_t gather_at_step, reduce_at_step;   /* the counters when the step began */
 
@@ -241,7 +247,8 @@ void hf_layout_free(WLayout *l);
 /* Σ g² over every grad shard of this rank. */
 double optim_grad_sumsq(FsdRun *r);
 /* Scales the grad shards by coef, runs the optimizer with learning rate lr
- * for step t (from 1), then zeroes the grad shards. */
+ * for step t (from 1), then zeroes the grad shards; with coef UPDATE_SKIP
+ * only zeroes them. */
 void optim_step(FsdRun *r, double lr, double coef, int64_t t);
 
 /* ── ckpt.c: sharded checkpoints (docs/checkpoint.md) ── */
@@ -374,10 +381,24 @@ void bk_inputs(FsdRun *r, int micro);
  * what fsdrt_add_loss_tensor added) and Σ g² over its grad shards, summed
  * over ranks into v[0] and v[1]; clipping to cfg.grad_clip (clip_coef);
  * the optimizer with learning rate lr for step t (from 1); grad shards
- * zeroed. On CUDA nothing in it waits for the GPU but the read of v (with
+ * zeroed. When v[0] or v[1] is not finite the optimizer does not run
+ * (update_coef): every rank sees the same sums, so all skip together. On CUDA nothing in it waits for the GPU but the read of v (with
  * `offload = cpu`: one wait for the step first, then the update on the
  * host, optim.c). */
 void bk_update(FsdRun *r, double lr, int64_t t, double v[2]);
+
+/* The exit status of a run stopped by a non-finite loss or gradient norm
+ * (docs/runtime.md, "Non-finite steps"): not 1, so a job script can tell a
+ * diverged run from a user's mistake or a failed write. */
+#define NONFINITE_STATUS 4
+
+/* The coefficient bk_update's optimizer takes: UPDATE_SKIP when the step's
+ * summed loss or Σ g² is not finite (the update is skipped: the shards and
+ * the optimizer state stay as they are, only the gradients are zeroed),
+ * else clip_coef's. The CUDA backend computes the same on the device
+ * (cuda_kernels.cu, clip_kernel), so no host wait comes before the
+ * optimizer. */
+#define UPDATE_SKIP (-1.0)
 
 /* torch.nn.utils.clip_grad_norm_: gradients are scaled by clip / (‖g‖ +
  * 1e-6) when that is below 1 (clip 0: never). The CUDA backend computes the
@@ -385,6 +406,11 @@ void bk_update(FsdRun *r, double lr, int64_t t, double v[2]);
 static inline double clip_coef(double clip, double norm)
 {
     return clip > 0 && clip / (norm + 1e-6) < 1 ? clip / (norm + 1e-6) : 1;
+}
+
+static inline double update_coef(double clip, double loss_sum, double sumsq)
+{
+    return isfinite(loss_sum) && isfinite(sumsq) ? clip_coef(clip, sqrt(sumsq)) : UPDATE_SKIP;
 }
 
 #endif

@@ -11,6 +11,7 @@
 #include "internal.h"
 
 #include <math.h>
+#include <string.h>
 
 #ifdef FSD_FLOAT64
 #define SQRT sqrt
@@ -108,6 +109,11 @@ static void sgd(const FsdTrainConfig *c, Group *G, const Segment *s, double lr, 
 
 void optim_step(FsdRun *r, double lr, double coef, int64_t t)
 {
+    if (coef == UPDATE_SKIP) {   /* a non-finite step: nothing learnt, nothing kept */
+        for (int gi = 0; gi < r->m->ngroups; gi++)
+            memset(r->groups[gi].grad, 0, (size_t)r->groups[gi].shard * sizeof(real));
+        return;
+    }
     /* clip_grad_norm_: every gradient times one coefficient, when below 1 */
     const real k = coef < 1 ? (real)coef : 1;
     for (int gi = 0; gi < r->m->ngroups; gi++) {
