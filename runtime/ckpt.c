@@ -188,6 +188,7 @@ struct Ckpt {
     int64_t snap_bytes;
     unsigned char *stage;    /* a sync save's bounded host buffer */
     bool swept;              /* rank 0 removed stale .tmp- directories */
+    int64_t saved;           /* the step of the last checkpoint this run completed, -1: none */
 };
 
 static void pause_ms(int ms)
@@ -572,7 +573,8 @@ static void complete(FsdRun *r)
     else if (r->rank == 0)
         publish(r, c, (const unsigned char *)all);
     free(all);
-    note_errors(r);
+    if (!note_errors(r))
+        c->saved = c->step;
 }
 
 /* Collective: a save in flight completes once every rank's writer is done. */
@@ -595,6 +597,8 @@ static Ckpt *state(FsdRun *r)
             free(c);
             c = NULL;
         }
+        if (c)
+            c->saved = -1;
         r->ckpt = c;
     }
     return r->ckpt;
@@ -732,6 +736,19 @@ void ckpt_finish(FsdRun *r)
 {
     if (r->ckpt && r->ckpt->pending)
         complete(r);
+}
+
+const char *ckpt_save_now(FsdRun *r)
+{
+    ckpt_finish(r);
+    Ckpt *c = r->ckpt;
+    if (!c || c->saved != r->step) {
+        save(r, r->step);
+        c = r->ckpt;
+        if (c && c->pending)   /* an async save: the run ends only once it is complete */
+            complete(r);
+    }
+    return c && c->saved == r->step ? c->dir : NULL;
 }
 
 void ckpt_free(FsdRun *r)
@@ -1159,12 +1176,31 @@ static void load(FsdRun *r, const char *dir, const Meta *M)
     free(host);
 }
 
+bool ckpt_auto(FsdRun *r)
+{
+    char p[PATH_BYTES];
+    snprintf(p, sizeof p, "%s/latest", root_dir(r));
+    double found = r->rank == 0 && exists(p);
+    bk_allreduce_sum(r, &found, 1);   /* rank 0's answer, for every rank */
+    if (!found && r->rank == 0 && !r->quiet) {
+        if (r->init_from)
+            printf("--resume auto: no checkpoint in %s yet: starting fresh from %s\n", root_dir(r),
+                   r->init_from);
+        else
+            printf("--resume auto: no checkpoint in %s yet: starting fresh (seed %lld)\n",
+                   root_dir(r), (long long)r->cfg.seed);
+        fflush(stdout);
+    }
+    return found > 0;
+}
+
 void ckpt_resume(FsdRun *r)
 {
     char dir[PATH_BYTES] = "";
     Meta M = {0};
     if (r->init_from)
-        rt_fail(r, "--resume and --init-from both set the weights: pass one of them");
+        rt_fail(r, "--resume and --init-from both set the weights: pass one of them (or --resume "
+                   "auto: the checkpoint if there is one, else the file)");
     else if (locate(r, dir) && read_meta(r, dir, &M))
         check_files(r, dir, &M);
     /* nothing is loaded unless every rank found the checkpoint whole */

@@ -136,7 +136,9 @@ static void flag_table(FsdRun *r, Flag *f)
         {"ckpt-every", ARG_COUNT, &c->ckpt_every, INT64_MAX / 2, "K", "a checkpoint every K steps and after the last (0: none)"},
         {"ckpt-keep", ARG_COUNT, &c->ckpt_keep, INT64_MAX / 2, "N", "keep the newest N checkpoints (0: all)"},
         {"ckpt-async", ARG_NONE, &c->ckpt_async, 0, NULL, "write checkpoints on a background thread"},
-        {"resume", ARG_MAYBE, &r->resume, 0, "[DIR]", "resume from checkpoint DIR; alone (or `latest`): --ckpt-dir's latest"},
+        {"resume", ARG_MAYBE, &r->resume, 0, "[DIR]",
+         "resume from checkpoint DIR; alone (or `latest`): --ckpt-dir's latest; `auto`: that if it "
+         "exists, else start fresh"},
         {"collective-timeout", ARG_REAL, &r->collective_timeout_s, 0, "SECONDS",
          "end the job when a collective waits this long (600; 0: never)"},
         {"on-nonfinite", ARG_FILE, &r->on_nonfinite, 0, "stop|skip",
@@ -561,6 +563,7 @@ FsdRun *fsdrt_init(int argc, char **argv, const FsdModel *m)
         else if (strcmp(r->on_nonfinite, "stop") != 0)
             rt_fail(r, "--on-nonfinite: '%s' is neither stop nor skip", r->on_nonfinite);
     }
+    r->resume_auto = r->resume && strcmp(r->resume, "auto") == 0;
     agree_or_exit(r);
     if (help) {
         if (r->rank == 0)
@@ -604,6 +607,19 @@ FsdRun *fsdrt_init(int argc, char **argv, const FsdModel *m)
     agree_or_exit(r);
     bk_ready(r);   /* the backend's start-up work for this size: CUDA's pools */
     agree_or_exit(r);
+    /* from here a signal stops the run at a step boundary, with a checkpoint
+     * (--grad-check keeps the default: it has no steps to stop between) */
+    if (!r->grad_check)
+        stop_install(r);
+    /* --resume auto: a requeued job's one command line; --init-from applies
+     * only when there is no checkpoint to continue */
+    if (r->resume_auto) {
+        r->resume = ckpt_auto(r) ? "latest" : NULL;
+        if (r->resume)
+            r->init_from = NULL;
+        else if (r->log && ftruncate(fileno(r->log), 0) != 0)   /* a fresh start's log */
+            rt_fail(r, "cannot write --log file %s: %s", r->log_path, strerror(errno));
+    }
     if (r->resume)
         ckpt_resume(r);   /* weights, optimizer state and the step to run next */
     else if (r->init_from)
@@ -759,7 +775,9 @@ int fsdrt_finalize(FsdRun *r)
         rt_fail(r, "cannot write --log file %s", r->log_path);
     r->log = NULL;
     agree_or_note(r);
-    int status = r->status;
+    /* stopped by a signal: 128 + it, as a shell reports a process it killed
+     * (a scheduler then knows the run did not end by itself) */
+    int status = r->stop_signal ? 128 + r->stop_signal : r->status;
     fflush(stdout);
     free_all(r);
     bk_stop(r);
@@ -1086,15 +1104,22 @@ bool fsdrt_begin_step(FsdRun *r)
 {
     if (r->in_step)
         RT_BUG(r, "fsdrt_begin_step while step %lld is running", (long long)r->step);
-    if (r->step >= r->cfg.steps || r->stopped) {
-        if (!r->done) {
-            r->done = true;
-            ckpt_finish(r);   /* the last checkpoint is complete before the run ends */
-            /* a stopped run has no final weights to export */
-            if (r->export_path && !r->stopped) {
-                weights_export(r, r->export_path);
-                agree_or_note(r);
-            }
+    if (r->done)
+        return false;
+    /* a signal caught on any rank stops every rank here, at the same step,
+     * with a checkpoint of the state after the step that just ran (stop.c);
+     * a run stopped on a non-finite step (r->stopped, the same on every
+     * rank) saves nothing more */
+    const int sig = r->stopped ? 0 : stop_agree(r);
+    if (sig)
+        stop_run(r, sig);
+    if (r->step >= r->cfg.steps || sig || r->stopped) {
+        r->done = true;
+        ckpt_finish(r);   /* the last checkpoint is complete before the run ends */
+        /* a stopped run has no final weights to export */
+        if (r->export_path && r->step >= r->cfg.steps && !r->stopped) {
+            weights_export(r, r->export_path);
+            agree_or_note(r);
         }
         return false;
     }
@@ -1103,6 +1128,7 @@ bool fsdrt_begin_step(FsdRun *r)
     r->step_t0 = rt_now();
     r->gather_at_step = r->counters.gather_bytes;
     r->reduce_at_step = r->counters.reduce_bytes;
+    stop_test_pause(r);
     return true;
 }
 

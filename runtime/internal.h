@@ -89,6 +89,7 @@ struct FsdRun {
     int64_t grad_check;      /* --grad-check N: directions to check, 0: train */
     double grad_check_eps;   /* its central difference's step */
     const char *resume;      /* --resume: "latest" or a checkpoint directory; NULL: none */
+    bool resume_auto;        /* --resume auto: resume is then "latest" or NULL (none yet) */
     const char *hf_names;    /* --hf-names gpt2|llama for --export/--init-from; NULL: fsdpc's */
     double collective_timeout_s;   /* --collective-timeout; < 0: not given (the backend's default) */
     const char *on_nonfinite;   /* --on-nonfinite stop|skip (NULL: stop) */
@@ -123,6 +124,9 @@ struct FsdRun {
     int nopen;
 
     Ckpt *ckpt;              /* ckpt.c's state: the save in flight; NULL before the first */
+
+    int stop_signal;         /* the signal the run stopped on (stop.c), 0: none */
+    int test_step_sleep_ms;  /* FSD_TEST_STEP_SLEEP_MS: tests only */
 
     char err[ERR_MAX];       /* this rank's first error, "" if none */
     int status;              /* what fsdrt_finalize returns */
@@ -271,6 +275,28 @@ double ckpt_after_step(FsdRun *r, bool *worked);
  * --export at the end of the run, and at fsdrt_finalize. */
 void ckpt_finish(FsdRun *r);
 void ckpt_free(FsdRun *r);   /* joins a writer thread still running, frees the snapshot */
+/* A stop (stop.c), collective: completes a save in flight, then saves the
+ * state at r->step unless this run's last checkpoint holds it, waiting
+ * until it is complete. Returns the checkpoint's directory, or NULL when
+ * it could not be written (the failure is printed, r->status is 1). */
+const char *ckpt_save_now(FsdRun *r);
+/* --resume auto, collective: whether --ckpt-dir holds `latest` (rank 0
+ * looks, every rank gets its answer). */
+bool ckpt_auto(FsdRun *r);
+
+/* ── stop.c: stopping on SIGTERM, SIGINT or SIGUSR1 ── */
+
+/* Start-up: the handlers, which only record the first signal (a second
+ * exits at once with 128 + it). */
+void stop_install(FsdRun *r);
+/* Collective, at a step boundary: the signal every rank stops on (if any
+ * rank caught one), else 0. */
+int stop_agree(FsdRun *r);
+/* Saves the checkpoint (ckpt_save_now), records the signal for the exit
+ * status (128 + it) and has rank 0 print how to resume. Collective. */
+void stop_run(FsdRun *r, int sig);
+/* FSD_TEST_STEP_SLEEP_MS: a slow step for tests, cut short by a signal. */
+void stop_test_pause(FsdRun *r);
 
 /* ── ranks.c: the ranks' configurations held against each other ── */
 
