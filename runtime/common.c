@@ -110,7 +110,7 @@ typedef struct Flag {
     const char *meta, *help;
 } Flag;
 
-enum { NFLAGS = 22 };
+enum { NFLAGS = 24 };
 
 static void flag_table(FsdRun *r, Flag *f)
 {
@@ -135,6 +135,8 @@ static void flag_table(FsdRun *r, Flag *f)
         {"ckpt-every", ARG_COUNT, &c->ckpt_every, INT64_MAX / 2, "K", "a checkpoint every K steps and after the last (0: none)"},
         {"ckpt-keep", ARG_COUNT, &c->ckpt_keep, INT64_MAX / 2, "N", "keep the newest N checkpoints (0: all)"},
         {"ckpt-async", ARG_NONE, &c->ckpt_async, 0, NULL, "write checkpoints on a background thread"},
+        {"ckpt-overwrite", ARG_NONE, &r->ckpt_overwrite, 0, NULL, "save into a --ckpt-dir holding another run's checkpoints"},
+        {"ckpt-max-failures", ARG_POSITIVE, &r->ckpt_max_failures, 1 << 20, "N", "stop after N checkpoint saves in a row fail (3)"},
         {"resume", ARG_MAYBE, &r->resume, 0, "[DIR]", "resume from checkpoint DIR; alone (or `latest`): --ckpt-dir's latest"},
         {"hf-names", ARG_FILE, &r->hf_names, 0, "NAMES", "gpt2 or llama: --export/--init-from in Hugging Face's layout"},
         {"help", ARG_NONE, NULL, 0, NULL, "this text"},
@@ -1013,7 +1015,7 @@ bool fsdrt_begin_step(FsdRun *r)
 {
     if (r->in_step)
         RT_BUG(r, "fsdrt_begin_step while step %lld is running", (long long)r->step);
-    if (r->step >= r->cfg.steps) {
+    if (r->step >= r->cfg.steps || r->stop) {
         if (!r->done) {
             r->done = true;
             ckpt_finish(r);   /* the last checkpoint is complete before the run ends */

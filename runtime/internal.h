@@ -89,6 +89,8 @@ struct FsdRun {
     double grad_check_eps;   /* its central difference's step */
     const char *resume;      /* --resume: "latest" or a checkpoint directory; NULL: none */
     const char *hf_names;    /* --hf-names gpt2|llama for --export/--init-from; NULL: fsdpc's */
+    bool ckpt_overwrite;     /* --ckpt-overwrite: write into a directory of another run's checkpoints */
+    int64_t ckpt_max_failures;   /* --ckpt-max-failures: saves failing in a row that stop the run; 0: 3 */
     FILE *log;
 
     Group *groups;
@@ -102,6 +104,7 @@ struct FsdRun {
     /* the step */
     int64_t step;            /* the step running, or the next to run */
     bool in_step, done;
+    bool stop;               /* end the run after this step: ckpt.c's saves keep failing */
     double step_t0, loss_sum;
     int64_t gather_at_step, reduce_at_step;   /* the counters when the step began */
 
