@@ -17,6 +17,8 @@
 #             differences, reference formulas, the nvcc compile check);
 #   runtime   tests/runtime/run.sh: the CPU runtime on 1-4 MPI ranks, fsdata;
 #   ckpt      tests/ckpt/run.sh: checkpoints, resume, resharding, HF weights;
+#             then tests/faults/ckptdir.sh: the checkpoint directory under
+#             faults (failed saves, a crash mid-replacement, two runs);
 #   install   tests/install/run.sh: a trainer built outside the repository;
 #   cuda      tests/cuda/run.sh: the CUDA build without a GPU;
 #   cudasim   tests/cudasim/run.sh: the CUDA backend's host code on a
@@ -40,8 +42,9 @@
 # build/errors/; ...). Parts in different lanes share nothing they write:
 # the shared builds (build/fsdata, build/runtime's libraries) are made
 # before the lanes start, and each suite builds its trainers in a folder of
-# its own (build/ckpt, build/oracle, build/e2e, build/smoke, build/kernels;
-# build/<model>/cpu and cudasim are cudasim's, build/<model>/cuda cuda's).
+# its own (build/ckpt, build/faults-ckpt, build/oracle, build/e2e,
+# build/smoke, build/kernels; build/<model>/cpu and cudasim are cudasim's,
+# build/<model>/cuda cuda's).
 # Each part writes to its own log and scratch folder; its lines are printed
 # as one block, under a header with its time, when it finishes.
 #
@@ -131,7 +134,10 @@ part_fuzz() {
 
 part_kernels() { suite "" tests/kernels/run.sh; }
 part_runtime() { suite "runtime: " env MAKE="$MAKE" tests/runtime/run.sh; }
-part_ckpt()    { suite "ckpt: " env MAKE="$MAKE" tests/ckpt/run.sh; }
+part_ckpt() {
+    suite "ckpt: " env MAKE="$MAKE" tests/ckpt/run.sh
+    suite "faults: " env MAKE="$MAKE" tests/faults/ckptdir.sh
+}
 part_install() { suite "" tests/install/run.sh; }
 part_cuda()    { suite "" env MAKE="$MAKE" tests/cuda/run.sh; }
 part_cudasim() { suite "" env MAKE="$MAKE" tests/cudasim/run.sh; }
