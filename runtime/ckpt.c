@@ -766,7 +766,11 @@ static bool save_failed(FsdRun *r)
 static bool replace(FsdRun *r, Ckpt *c, const char *root, const char *trash)
 {
     const char *old = c->tmp;
-    if (renameat2(AT_FDCWD, c->tmp, AT_FDCWD, c->dir, RENAME_EXCHANGE) != 0) {
+    /* FSD_CKPT_TEST_NO_EXCHANGE (tests only) takes the other way */
+    int swapped = getenv("FSD_CKPT_TEST_NO_EXCHANGE")
+                      ? (errno = EINVAL, -1)
+                      : renameat2(AT_FDCWD, c->tmp, AT_FDCWD, c->dir, RENAME_EXCHANGE);
+    if (swapped != 0) {
         if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) {
             rt_fail(r, "cannot replace %s with %s: %s", c->dir, c->tmp, strerror(errno));
             return false;

@@ -101,6 +101,11 @@ mp $TINY "${RUN[@]}" --steps 4 --ckpt-dir "$K" --ckpt-every 1 --resume "$K/step_
 st=$?
 check "replace: a rerun from step 1 replaces step_000002 … 4 whole, nothing left over" \
     '[ $st = 0 ] && $READ verify "$K/step_000002" >"$TMP/v" && $READ verify "$K/step_000003" >"$TMP/v" && $READ verify "$K/step_000004" >"$TMP/v" && [ -z "$(leftovers "$K")" ]' "$TMP/out"
+FSD_CKPT_TEST_NO_EXCHANGE=1 mp $TINY "${RUN[@]}" --steps 4 --ckpt-dir "$K" --ckpt-every 1 --resume "$K/step_000002" \
+    >"$TMP/out" 2>&1
+st=$?
+check "replace without RENAME_EXCHANGE (old copy to .trash-, new one in): step_000003 and 4 whole, nothing left over" \
+    '[ $st = 0 ] && $READ verify "$K/step_000003" >"$TMP/v" && $READ verify "$K/step_000004" >"$TMP/v" && [ -z "$(leftovers "$K")" ] && [ "$(cat "$K/latest")" = step_000004 ]' "$TMP/out"
 
 # ── 6: one run, one directory ──
 K=$TMP/shared
