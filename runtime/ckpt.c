@@ -23,9 +23,19 @@
  *      DIR, then points DIR/latest at it (temporary file, fsync, rename,
  *      fsync) and only then removes checkpoints past `keep`.
  *
- * A crash before the rename leaves a .tmp- directory nothing reads (the
- * next run's first save removes it) and `latest` on the previous
- * checkpoint; after it, a complete checkpoint. An async save completes at
+ * A crash before the rename leaves a .tmp- directory nothing reads (every
+ * save sweeps such leftovers first) and `latest` on the previous
+ * checkpoint; after it, a complete checkpoint. A checkpoint of the same
+ * step is replaced by an atomic swap where Linux allows, else by two
+ * renames whose interrupted state start-up repairs (recover). A save that
+ * fails (a full disk) is a warning: its files are removed and training goes
+ * on, until --ckpt-max-failures in a row stop the run. meta.json ends with
+ * the CRC32C of the rest of it (meta_crc32c).
+ *
+ * The run that saves holds DIR/.lock (flock) for its life, and every
+ * checkpoint carries its run's lineage, random at a fresh start and kept
+ * by --resume: a second run in the directory, or a fresh run into
+ * another's checkpoints, is refused at start-up. An async save completes at
  * the first step boundary where every rank's writer has finished (one
  * all-reduce of a flag per step while a save is in flight), or when the
  * next save or the end of the run waits for it: at most one is in flight.
@@ -42,6 +52,7 @@
  * through a bounded host buffer, an async one copies them all into its
  * snapshot, and a load converts into a host buffer and copies in.
  */
+#define _GNU_SOURCE   /* renameat2 (RENAME_EXCHANGE), open_memstream */
 #include "internal.h"
 
 #include <dirent.h>
@@ -51,6 +62,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -58,6 +70,7 @@
 #define CKPT_VERSION 1
 #define HEADER_BYTES 64
 #define PATH_BYTES 4096
+#define MAX_FAILURES 3   /* --ckpt-max-failures' default */
 static const char MAGIC[8] = {'F', 'S', 'D', 'P', 'C', 'K', 'P', 'T'};
 
 /* ── CRC32C (Castagnoli, reflected polynomial 0x82F63B78), slicing by 8 ── */
@@ -166,6 +179,7 @@ typedef struct Job {
     unsigned char *stage;
     int64_t stage_bytes;
     int sleep_ms;            /* FSD_CKPT_TEST_SLEEP_MS: tests only */
+    bool test_fail;          /* FSD_CKPT_TEST_FAIL_STEPS: fail after the header, as a full disk */
     /* results, read once the writer is joined (or done, on this thread) */
     bool ok;
     const char *failed;      /* the call that failed */
@@ -187,9 +201,16 @@ struct Ckpt {
     unsigned char *snap;     /* the async snapshot: host memory, not counted */
     int64_t snap_bytes;
     unsigned char *stage;    /* a sync save's bounded host buffer */
-    bool swept;              /* rank 0 removed stale .tmp- directories */
     int64_t saved;           /* the step of the last checkpoint this run completed, -1: none */
+    int failures;            /* saves that failed in a row */
+    bool end_noted;          /* ckpt_finish reported a failed last save */
+    /* rank 0 of a run that saves */
+    bool locked;
+    int lock_fd;             /* DIR/.lock, flock'ed for the run's life */
+    char lineage[24];        /* this run's lineage id: 16 hex digits */
 };
+
+static const JVal *member(const JVal *o, const char *key, JType type);
 
 static void pause_ms(int ms)
 {
@@ -233,6 +254,11 @@ static void *write_job(void *arg)
         j->errnum = errno;
     } else {
         bool ok = write_span(j, fd, j->header, HEADER_BYTES);
+        if (ok && j->test_fail) {
+            j->failed = "write";
+            j->errnum = ENOSPC;
+            ok = false;
+        }
         for (int i = 0; ok && i < j->n; i++) {
             if (j->sleep_ms > 0)   /* a window for the crash test to kill us in */
                 pause_ms(j->sleep_ms);
@@ -309,11 +335,16 @@ static bool mkdir_p(const char *path)
  * never take more than one directory of files with it. */
 static bool remove_dir(const char *path)
 {
+    char f[PATH_BYTES];
+    /* meta.json first: a directory half removed never looks complete (and
+     * recover() never restores one) */
+    snprintf(f, sizeof f, "%s/meta.json", path);
+    if (unlink(f) != 0 && errno != ENOENT && errno != ENOTDIR)
+        return false;
     DIR *d = opendir(path);
     if (!d)
         return errno == ENOENT;
     struct dirent *e;
-    char f[PATH_BYTES];
     bool ok = true;
     while ((e = readdir(d)))
         if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
@@ -338,20 +369,29 @@ static int64_t step_of(const char *name)
     return v;
 }
 
-/* Stale directories of an earlier run that died mid-save or mid-removal. */
-static void sweep(FsdRun *r, const char *root)
+/* Leftovers of saves that failed or were interrupted, and of removals
+ * (.tmp-*, .trash-*, .latest.tmp): every save removes them first, so one
+ * that failed for want of space does not take the space of the next. The
+ * directory's lock makes them this run's or a dead run's. Not removing one
+ * is a warning: the save that needs the room finds out. */
+static void sweep(const char *root)
 {
     DIR *d = opendir(root);
     if (!d)
         return;
     struct dirent *e;
     char p[PATH_BYTES];
-    while ((e = readdir(d)))
-        if (strncmp(e->d_name, ".tmp-step_", 10) == 0 || strncmp(e->d_name, ".trash-step_", 12) == 0) {
-            snprintf(p, sizeof p, "%s/%s", root, e->d_name);
-            if (!remove_dir(p))
-                rt_fail(r, "cannot remove the stale checkpoint directory %s: %s", p, strerror(errno));
-        }
+    while ((e = readdir(d))) {
+        const char *n = e->d_name;
+        if (strncmp(n, ".tmp-", 5) != 0 && strncmp(n, ".trash-", 7) != 0 && strcmp(n, ".latest.tmp") != 0)
+            continue;
+        snprintf(p, sizeof p, "%s/%s", root, n);
+        struct stat st;
+        bool ok = lstat(p, &st) == 0 && (S_ISDIR(st.st_mode) ? remove_dir(p) : unlink(p) == 0);
+        if (!ok && errno != ENOENT)
+            fprintf(stderr, "train: warning: cannot remove the stale checkpoint leftover %s: %s\n", p,
+                    strerror(errno));
+    }
     closedir(d);
 }
 
@@ -396,9 +436,10 @@ static void prune(FsdRun *r, const char *root, int64_t step)
     for (int i = (int)(keep - 1 < n ? keep - 1 : n); i < n; i++) {
         snprintf(p, sizeof p, "%s/step_%06lld", root, (long long)steps[i]);
         snprintf(q, sizeof q, "%s/.trash-step_%06lld", root, (long long)steps[i]);
+        /* a warning: the checkpoint just saved is complete */
         if (rename(p, q) != 0 || !remove_dir(q))
-            rt_fail(r, "cannot remove old checkpoint %s (keep = %lld): %s", p, (long long)keep,
-                    strerror(errno));
+            fprintf(stderr, "train: warning: cannot remove old checkpoint %s (keep = %lld): %s\n", p,
+                    (long long)keep, strerror(errno));
     }
     free(steps);
 }
@@ -434,13 +475,38 @@ static int64_t group_offset(const FsdRun *r, int g, int64_t elem)
     return at;
 }
 
+static bool write_all(int fd, const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t k = write(fd, p, n);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0) {
+            if (k == 0)
+                errno = ENOSPC;
+            return false;
+        }
+        p += k;
+        n -= (size_t)k;
+    }
+    return true;
+}
+
+/* meta.json ends with this line, 30 bytes: the CRC32C of every byte before
+ * it, so an edited field (an offset, a shape) is refused on load. */
+#define META_TAIL "  \"meta_crc32c\": \"%08x\"\n}\n"
+#define META_TAIL_BYTES 30
+
 /* meta.json: everything a reader needs besides the rank files (records:
- * each rank's size and CRC32C, 16 bytes a rank). */
+ * each rank's size and CRC32C, 16 bytes a rank), composed in memory and
+ * sealed with its checksum. */
 static bool write_meta(FsdRun *r, const char *path, const unsigned char *records)
 {
     const FsdModel *m = r->m;
     const int64_t elem = (int64_t)sizeof(real);
-    FILE *f = fopen(path, "w");
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
     if (!f)
         return false;
     fprintf(f, "{\n  \"format\": \"fsdpc-checkpoint\",\n  \"version\": %d,\n  \"model\": ", CKPT_VERSION);
@@ -448,6 +514,7 @@ static bool write_meta(FsdRun *r, const char *path, const unsigned char *records
     fprintf(f, ",\n  \"source\": ");
     json_text(f, m->source ? m->source : "");
     fprintf(f, ",\n  \"model_hash\": \"%016llx\",\n", (unsigned long long)m->hash);
+    fprintf(f, "  \"lineage\": \"%s\",\n", r->ckpt->lineage);
     fprintf(f, "  \"step\": %lld,\n  \"world\": %d,\n", (long long)r->ckpt->step, r->world);
     fprintf(f, "  \"dtype\": \"%s\",\n  \"header_bytes\": %d,\n  \"sections\": [",
             elem == 8 ? "F64" : "F32", HEADER_BYTES);
@@ -490,22 +557,238 @@ static bool write_meta(FsdRun *r, const char *path, const unsigned char *records
         fprintf(f, "    {\"rank\": %d, \"name\": \"rank_%05d.bin\", \"bytes\": %lld, \"crc32c\": \"%08x\"}%s\n",
                 q, q, (long long)get_u64(records + 16 * q), get_u32(records + 16 * q + 8),
                 q + 1 < r->world ? "," : "");
-    fprintf(f, "  ]\n}\n");
-    bool ok = !ferror(f) && fflush(f) == 0 && fsync(fileno(f)) == 0;
-    return (fclose(f) == 0) & ok;
+    fprintf(f, "  ],\n");
+    bool ok = !ferror(f);
+    if ((fclose(f) != 0) | !ok) {
+        free(text);
+        return false;
+    }
+    char tail[META_TAIL_BYTES + 1];
+    snprintf(tail, sizeof tail, META_TAIL, crc32c(0, text, len));
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    ok = fd >= 0 && write_all(fd, text, len) && write_all(fd, tail, META_TAIL_BYTES) && fsync(fd) == 0;
+    if (fd >= 0 && close(fd) != 0)
+        ok = false;
+    free(text);
+    return ok;
+}
+
+/* ── the run's directory: its lock, its lineage, recovery (rank 0) ── */
+
+/* A run that saves holds DIR/.lock (flock) for its life: two runs saving
+ * into one directory would mix their checkpoints and sweep each other's
+ * saves. The file says who holds it; the kernel drops the lock when the
+ * holder exits, however it exits. */
+static bool lock_dir(FsdRun *r, Ckpt *c, const char *root)
+{
+    char p[PATH_BYTES];
+    snprintf(p, sizeof p, "%s/.lock", root);
+    int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        rt_fail(r, "cannot open the lock file %s of checkpoint directory %s: %s", p, root,
+                strerror(errno));
+        return false;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        char who[256];
+        ssize_t k = pread(fd, who, sizeof who - 1, 0);
+        who[k > 0 ? k : 0] = 0;
+        who[strcspn(who, "\n")] = 0;
+        close(fd);
+        if (e == EWOULDBLOCK)
+            rt_fail(r, "checkpoint directory %s is in use by another run (%s, holding %s): two "
+                       "runs saving into one directory would mix their checkpoints; wait for it "
+                       "to end, or pass another --ckpt-dir",
+                    root, who[0] ? who : "pid and host unknown", p);
+        else
+            rt_fail(r, "cannot lock checkpoint directory %s (flock on %s): %s", root, p, strerror(e));
+        return false;
+    }
+    char host[256] = "", who[320];
+    if (gethostname(host, sizeof host - 1) != 0)
+        snprintf(host, sizeof host, "?");
+    int n = snprintf(who, sizeof who, "pid %ld on %s\n", (long)getpid(), host);
+    /* who holds it is for the message above only: a lock file that cannot
+     * be written (a full disk) still locks */
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, who, (size_t)n, 0) != n)
+        errno = 0;
+    c->lock_fd = fd;
+    c->locked = true;
+    return true;
+}
+
+/* 64 random bits as 16 hex digits: a fresh run's lineage id. */
+static void new_lineage(char out[24])
+{
+    uint64_t v = 0;
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || read(fd, &v, sizeof v) != (ssize_t)sizeof v)
+        v = ((uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)getpid() << 32) ^
+            (uint64_t)(rt_now() * 1e9);
+    if (fd >= 0)
+        close(fd);
+    snprintf(out, 24, "%016llx", (unsigned long long)v);
+}
+
+/* A whole small file, NUL-terminated (malloc'ed); NULL if it cannot be read. */
+static char *slurp(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    long size = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    char *text = size >= 0 && size < (1L << 30) && fseek(f, 0, SEEK_SET) == 0
+                     ? malloc((size_t)size + 1) : NULL;
+    if (text && (*n = fread(text, 1, (size_t)size, f)) == (size_t)size)
+        text[*n] = 0;
+    else {
+        free(text);
+        text = NULL;
+    }
+    fclose(f);
+    return text;
+}
+
+/* A run saves only into a directory whose checkpoints are of its lineage:
+ * its own and those of the runs it resumed from. A fresh run has a new
+ * lineage, so it is refused a directory holding any checkpoint, unless
+ * --ckpt-overwrite says to save over them. */
+static void check_lineage(FsdRun *r, const char *root, const char *mine, bool fresh)
+{
+    if (r->ckpt_overwrite)
+        return;
+    DIR *d = opendir(root);
+    if (!d)
+        return;
+    struct dirent *e;
+    char p[PATH_BYTES];
+    while ((e = readdir(d))) {
+        if (step_of(e->d_name) < 0)
+            continue;
+        snprintf(p, sizeof p, "%s/%s/meta.json", root, e->d_name);
+        size_t n;
+        char *text = slurp(p, &n);
+        if (!text)
+            continue;   /* not a complete checkpoint: nothing reads it */
+        JVal v = {0};
+        size_t at;
+        const char *why;
+        const JVal *l = json_parse(text, n, &v, &at, &why) ? member(&v, "lineage", J_STR) : NULL;
+        char theirs[32];
+        snprintf(theirs, sizeof theirs, "%s", l ? l->str : "none");
+        json_free(&v);
+        free(text);
+        if (strcmp(theirs, mine) != 0) {
+            rt_fail(r, "checkpoint directory %s holds checkpoints of another run (%s has lineage "
+                       "%s; this %s run's is %s): saving there would mix the two runs' "
+                       "checkpoints. Resume that run (--resume), pass another --ckpt-dir, or pass "
+                       "--ckpt-overwrite to save over them",
+                    root, e->d_name, theirs, fresh ? "fresh" : "resumed", mine);
+            break;
+        }
+    }
+    closedir(d);
+}
+
+/* `latest` names step_k, which is missing: a crash between the two renames
+ * that replace a checkpoint where RENAME_EXCHANGE is not available. The
+ * copy it named, in .trash-step_k (or else the complete new one in
+ * .tmp-step_k), goes back in its place before anything sweeps it. */
+static void recover(FsdRun *r, const char *root)
+{
+    char p[PATH_BYTES + 300], name[256] = "", dir[PATH_BYTES], from[PATH_BYTES];
+    snprintf(p, sizeof p, "%s/latest", root);
+    FILE *f = fopen(p, "r");
+    if (!f)
+        return;
+    bool ok = fgets(name, sizeof name, f) != NULL;
+    fclose(f);
+    name[strcspn(name, "\r\n")] = 0;
+    if (!ok || step_of(name) < 0)
+        return;
+    snprintf(dir, sizeof dir, "%s/%s", root, name);
+    if (exists(dir))
+        return;
+    static const char *const prefix[] = {".trash-", ".tmp-"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(from, sizeof from, "%s/%s%s", root, prefix[i], name);
+        snprintf(p, sizeof p, "%s/meta.json", from);
+        if (!exists(p))
+            continue;
+        if (rename(from, dir) != 0 || !fsync_dir(root))
+            rt_fail(r, "cannot restore checkpoint %s from %s: %s", dir, from, strerror(errno));
+        else
+            fprintf(stderr, "train: note: %s/latest named %s, which was missing (a crash while it "
+                            "was replaced); restored it from %s\n",
+                    root, name, from);
+        return;
+    }
 }
 
 /* ── saving ── */
 
-/* An agreement point of a save: any rank's error is printed on every
- * rank, the run goes on and exits 1 at the end (as a failed --export). */
-static bool note_errors(FsdRun *r)
+/* An agreement point of a save; true when it failed on some rank. A
+ * failure (a full disk, say) is a warning on every rank: rank 0 removes
+ * what the save wrote, training goes on, and the next save starts afresh;
+ * --ckpt-max-failures saves failing in a row stop the run after this step,
+ * with exit status 1. */
+static bool save_failed(FsdRun *r)
 {
     if (!bk_agree(r))
         return false;
-    fprintf(stderr, "train: %s\n", r->err);
+    Ckpt *c = r->ckpt;
+    const int64_t max = r->ckpt_max_failures > 0 ? r->ckpt_max_failures : MAX_FAILURES;
+    int failures = c ? ++c->failures : (int)max;
+    fprintf(stderr, "train: warning: checkpoint save failed: %s; training goes on (%d of %lld failures in a row before the run stops: --ckpt-max-failures)\n",
+            r->err, failures, (long long)max);
     r->err[0] = 0;
-    r->status = 1;
+    if (c) {
+        c->pending = false;
+        if (r->rank == 0 && c->tmp[0] && !remove_dir(c->tmp) && errno != ENOENT)
+            fprintf(stderr, "train: warning: cannot remove %s: %s\n", c->tmp, strerror(errno));
+    }
+    if (failures >= max) {
+        fprintf(stderr, "train: %d checkpoint saves in a row failed: stopping the run after step %lld; %s/latest names the last complete checkpoint\n",
+                failures, (long long)r->step, root_dir(r));
+        r->saves_failed = true;
+        r->status = 1;
+    }
+    return true;
+}
+
+/* Moves the complete c->tmp to c->dir, which exists: a checkpoint of the
+ * same step from an earlier run (of this lineage: one resumed before it).
+ * Linux's RENAME_EXCHANGE swaps the two at once, so step_k never goes
+ * missing and the old copy ends up in c->tmp; where the file system cannot
+ * (EINVAL), the old one is renamed to .trash- first, and a crash between
+ * the two renames leaves `latest` naming a missing step_k, which the next
+ * run's start-up restores from .trash- (recover). */
+static bool replace(FsdRun *r, Ckpt *c, const char *root, const char *trash)
+{
+    const char *old = c->tmp;
+    /* FSD_CKPT_TEST_NO_EXCHANGE (tests only) takes the other way */
+    int swapped = getenv("FSD_CKPT_TEST_NO_EXCHANGE")
+                      ? (errno = EINVAL, -1)
+                      : renameat2(AT_FDCWD, c->tmp, AT_FDCWD, c->dir, RENAME_EXCHANGE);
+    if (swapped != 0) {
+        if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) {
+            rt_fail(r, "cannot replace %s with %s: %s", c->dir, c->tmp, strerror(errno));
+            return false;
+        }
+        if (rename(c->dir, trash) != 0 || rename(c->tmp, c->dir) != 0) {
+            rt_fail(r, "cannot replace %s with %s: %s", c->dir, c->tmp, strerror(errno));
+            return false;
+        }
+        old = trash;
+    }
+    if (!fsync_dir(root)) {
+        rt_fail(r, "cannot rename %s to %s: %s", c->tmp, c->dir, strerror(errno));
+        return false;
+    }
+    if (!remove_dir(old))   /* the next save's sweep tries again */
+        fprintf(stderr, "train: warning: cannot remove the replaced checkpoint (now %s): %s\n", old,
+                strerror(errno));
     return true;
 }
 
@@ -517,22 +800,19 @@ static void publish(FsdRun *r, Ckpt *c, const unsigned char *records)
     snprintf(meta, sizeof meta, "%s/meta.json", c->tmp);
     snprintf(name, sizeof name, "step_%06lld", (long long)c->step);
     snprintf(trash, sizeof trash, "%s/.trash-%s", root, name);
+    if (!c->lineage[0])   /* ckpt_check gives one to every run that saves */
+        new_lineage(c->lineage);
     if (!write_meta(r, meta, records) || !fsync_dir(c->tmp)) {
         rt_fail(r, "cannot write checkpoint metadata %s: %s", meta, strerror(errno));
         return;
     }
-    /* a checkpoint of the same step from an earlier run is replaced */
-    bool replaced = exists(c->dir);
-    if (replaced && rename(c->dir, trash) != 0) {
-        rt_fail(r, "cannot move the old checkpoint %s aside: %s", c->dir, strerror(errno));
-        return;
-    }
-    if (rename(c->tmp, c->dir) != 0 || !fsync_dir(root)) {
+    if (exists(c->dir)) {
+        if (!replace(r, c, root, trash))
+            return;
+    } else if (rename(c->tmp, c->dir) != 0 || !fsync_dir(root)) {
         rt_fail(r, "cannot rename %s to %s: %s", c->tmp, c->dir, strerror(errno));
         return;
     }
-    if (replaced && !remove_dir(trash))
-        rt_fail(r, "cannot remove the replaced checkpoint %s: %s", trash, strerror(errno));
     write_latest(r, root, name);
     if (!r->err[0])
         prune(r, root, c->step);
@@ -560,8 +840,8 @@ static void complete(FsdRun *r)
     if (!j->ok)
         rt_fail(r, "cannot write checkpoint file %s (%s): %s", j->path, j->failed,
                 strerror(j->errnum));
-    if (note_errors(r))
-        return;   /* the .tmp- directory stays; the next save removes it */
+    if (save_failed(r))
+        return;
     unsigned char rec[16];
     put_u64(rec, (uint64_t)j->total);
     put_u32(rec + 8, j->crc);
@@ -573,8 +853,10 @@ static void complete(FsdRun *r)
     else if (r->rank == 0)
         publish(r, c, (const unsigned char *)all);
     free(all);
-    if (!note_errors(r))
+    if (!save_failed(r)) {
+        c->failures = 0;
         c->saved = c->step;
+    }
 }
 
 /* Collective: a save in flight completes once every rank's writer is done. */
@@ -602,6 +884,24 @@ static Ckpt *state(FsdRun *r)
         r->ckpt = c;
     }
     return r->ckpt;
+}
+
+/* FSD_CKPT_TEST_FAIL_STEPS=K1,K2,... (tests only): the last rank's file of
+ * the checkpoint of step K1, K2, ... fails after its header with ENOSPC,
+ * as on a full disk. */
+static bool test_fails(int64_t step)
+{
+    const char *s = getenv("FSD_CKPT_TEST_FAIL_STEPS");
+    while (s && *s) {
+        char *end;
+        long long k = strtoll(s, &end, 10);
+        if (end == s)
+            break;
+        if (k == step)
+            return true;
+        s = *end == ',' ? end + 1 : end;
+    }
+    return false;
 }
 
 /* Collective: starts the save of the state after step − 1's update. */
@@ -637,15 +937,13 @@ static void save(FsdRun *r, int64_t step)
             if (!mkdir_p(root))
                 rt_fail(r, "cannot create checkpoint directory %s: %s", root, strerror(errno));
             else {
-                if (!c->swept)
-                    sweep(r, root);
-                c->swept = true;
+                sweep(root);
                 if (!remove_dir(c->tmp) || mkdir(c->tmp, 0755) != 0)
                     rt_fail(r, "cannot create %s: %s", c->tmp, strerror(errno));
             }
         }
     }
-    if (note_errors(r))
+    if (save_failed(r))
         return;
 
     const bool async = r->cfg.ckpt_async && c->snap;
@@ -685,6 +983,7 @@ static void save(FsdRun *r, int64_t step)
     j->stage_bytes = STAGE;
     const char *sl = getenv("FSD_CKPT_TEST_SLEEP_MS");
     j->sleep_ms = sl ? atoi(sl) : 0;
+    j->test_fail = r->rank == r->world - 1 && test_fails(step);
     atomic_store(&j->done, 0);
     c->pending = true;
     c->step = step;
@@ -705,8 +1004,21 @@ static void save(FsdRun *r, int64_t step)
 
 void ckpt_check(FsdRun *r)
 {
-    if (r->cfg.ckpt_every > 0 && r->rank == 0 && !mkdir_p(root_dir(r)))
-        rt_fail(r, "cannot create checkpoint directory %s: %s", root_dir(r), strerror(errno));
+    if (r->cfg.ckpt_every <= 0 || r->rank != 0)
+        return;
+    const char *root = root_dir(r);
+    Ckpt *c = state(r);
+    if (!mkdir_p(root))
+        rt_fail(r, "cannot create checkpoint directory %s: %s", root, strerror(errno));
+    else if (!c)
+        rt_fail(r, "out of memory");
+    else if (lock_dir(r, c, root)) {
+        recover(r, root);
+        if (!r->resume) {   /* a resumed run takes its checkpoint's (ckpt_resume) */
+            new_lineage(c->lineage);
+            check_lineage(r, root, c->lineage, true);
+        }
+    }
 }
 
 double ckpt_after_step(FsdRun *r, bool *worked)
@@ -725,7 +1037,7 @@ double ckpt_after_step(FsdRun *r, bool *worked)
             poll_save(r);
         *worked = !c->pending;
     }
-    if (due) {
+    if (due && !r->saves_failed) {   /* not once failures stop the run */
         save(r, next);
         *worked = true;
     }
@@ -734,8 +1046,19 @@ double ckpt_after_step(FsdRun *r, bool *worked)
 
 void ckpt_finish(FsdRun *r)
 {
-    if (r->ckpt && r->ckpt->pending)
+    Ckpt *c = r->ckpt;
+    if (c && c->pending)
         complete(r);
+    /* the run goes on past a failed save, but one whose last save failed
+     * ends without its state saved */
+    if (c && c->failures > 0 && !c->end_noted && !r->saves_failed) {
+        c->end_noted = true;
+        r->status = 1;
+        if (r->rank == 0)
+            fprintf(stderr, "train: the last checkpoint save failed: %s/latest names the last "
+                            "complete checkpoint; exit status 1\n",
+                    root_dir(r));
+    }
 }
 
 const char *ckpt_save_now(FsdRun *r)
@@ -758,6 +1081,8 @@ void ckpt_free(FsdRun *r)
         return;
     if (c->threaded)
         pthread_join(c->thread, NULL);
+    if (c->locked)
+        close(c->lock_fd);   /* the lock goes with it */
     free(c->snap);
     free(c->stage);
     free(c->data);
@@ -780,6 +1105,7 @@ typedef struct MetaFile {
 
 typedef struct Meta {
     int64_t step, world, seed, G, elem, nsec;
+    char lineage[24];
     MetaGroup *groups;
     MetaFile *files;
 } Meta;
@@ -855,9 +1181,35 @@ static bool meta_text(FsdRun *r, const char *dir, char **text, size_t *n, long *
     return true;
 }
 
+/* meta.json's last line holds the CRC32C of every byte before it (META_TAIL). */
+static bool meta_checksum(FsdRun *r, const char *dir, const char *text, size_t n)
+{
+    char want[META_TAIL_BYTES + 1];
+    const char *t = n > META_TAIL_BYTES ? text + n - META_TAIL_BYTES : NULL;
+    if (!t || t[-1] != '\n' || memcmp(t, "  \"meta_crc32c\": \"", 18) != 0 ||
+        strspn(t + 18, "0123456789abcdef") < 8 || memcmp(t + 26, "\"\n}\n", 4) != 0) {
+        rt_fail(r, "checkpoint %s: %s/meta.json does not end with its checksum field meta_crc32c "
+                   "(the CRC32C of the bytes before it): it was edited, or written by an older "
+                   "fsdpc",
+                dir, dir);
+        return false;
+    }
+    uint32_t crc = crc32c(0, text, n - META_TAIL_BYTES);
+    snprintf(want, sizeof want, META_TAIL, crc);
+    if (memcmp(want, t, META_TAIL_BYTES) != 0) {
+        rt_fail(r, "checkpoint %s: %s/meta.json fails its checksum: field meta_crc32c says %.8s, "
+                   "the bytes before it give %08x: the file was changed after it was written",
+                dir, dir, t + 18, crc);
+        return false;
+    }
+    return true;
+}
+
 /* The checkpoint is one of fsdpc's, of the format version this trainer
- * reads, and written for this program's model. */
-static bool meta_identity(FsdRun *r, const char *dir, const JVal *root)
+ * reads, unchanged since it was written, and written for this program's
+ * model. */
+static bool meta_identity(FsdRun *r, const char *dir, const JVal *root, const char *text,
+                          size_t n)
 {
     const FsdModel *m = r->m;
     const JVal *fmt = member(root, "format", J_STR);
@@ -874,6 +1226,8 @@ static bool meta_identity(FsdRun *r, const char *dir, const JVal *root)
                 dir, v && v->type == J_NUM ? v->num : -1.0, CKPT_VERSION);
         return false;
     }
+    if (!meta_checksum(r, dir, text, n))
+        return false;
     const JVal *hash = member(root, "model_hash", J_STR), *model = member(root, "model", J_STR);
     unsigned long long h = hash ? strtoull(hash->str, NULL, 16) : 0;
     if (!hash || h != m->hash) {
@@ -969,6 +1323,44 @@ static bool meta_files(FsdRun *r, const char *dir, const JVal *files, Meta *M, i
     return true;
 }
 
+/* The tensors as a reader cuts them out must be this program's parameters
+ * (the model hash covers them: a difference is an edit). */
+static bool meta_tensors(FsdRun *r, const char *dir, const JVal *tensors)
+{
+    const FsdModel *m = r->m;
+    if (!tensors || tensors->n != m->nparams) {
+        rt_fail(r, "checkpoint %s: %s/meta.json's field tensors lists %d parameters; this "
+                   "program has %d",
+                dir, dir, tensors ? tensors->n : 0, m->nparams);
+        return false;
+    }
+    for (int p = 0; p < m->nparams; p++) {
+        const FsdParamInfo *P = &m->params[p];
+        const JVal *T = &tensors->items[p], *name = member(T, "name", J_STR),
+                   *shape = member(T, "shape", J_ARR);
+        int64_t group, offset, d;
+        const char *field = NULL;
+        if (!name || strcmp(name->str, P->name) != 0)
+            field = "name";
+        else if (!count_of(T, "group", &group) || group != P->group)
+            field = "group";
+        else if (!count_of(T, "offset", &offset) || offset != P->offset)
+            field = "offset";
+        else if (!shape || shape->n != P->rank)
+            field = "shape";
+        for (int k = 0; !field && k < P->rank; k++)
+            if (!json_count(&shape->items[k], &d) || d != P->shape[k])
+                field = "shape";
+        if (field) {
+            rt_fail(r, "checkpoint %s: %s/meta.json's field tensors[%d].%s does not match this "
+                       "program's parameter %s (group %d, offset %lld): the file was edited",
+                    dir, dir, p, field, P->name, P->group, (long long)P->offset);
+            return false;
+        }
+    }
+    return true;
+}
+
 /* Reads and checks meta.json against this program and run: whose
  * checkpoint it is, its top-level fields, the optimizer's sections, the
  * groups' layout and the rank files. */
@@ -988,24 +1380,26 @@ static bool read_meta(FsdRun *r, const char *dir, Meta *M)
         rt_fail(r, "checkpoint %s: meta.json is not valid JSON (byte %zu: %s)", dir, err_at, why);
         goto done;
     }
-    if (!meta_identity(r, dir, &root))
+    if (!meta_identity(r, dir, &root, text, n))
         goto done;
     const JVal *dtype = member(&root, "dtype", J_STR), *secs = member(&root, "sections", J_ARR);
     const JVal *opt = member(&root, "optimizer", J_OBJ), *data = member(&root, "data", J_OBJ);
     const JVal *rng = member(&root, "rng", J_OBJ), *groups = member(&root, "groups", J_ARR);
-    const JVal *files = member(&root, "files", J_ARR);
+    const JVal *files = member(&root, "files", J_ARR), *lineage = member(&root, "lineage", J_STR);
     int64_t hb, file_bytes;
     if (!dtype || (strcmp(dtype->str, "F32") != 0 && strcmp(dtype->str, "F64") != 0) || !secs ||
         !opt || !data || !rng || !groups || !files || !count_of(&root, "step", &M->step) ||
         !count_of(&root, "world", &M->world) || M->world < 1 || M->world > (1 << 24) ||
         !count_of(&root, "header_bytes", &hb) || hb != HEADER_BYTES ||
-        !count_of(rng, "seed", &M->seed) || !count_of(data, "sequences_per_step", &M->G)) {
+        !count_of(rng, "seed", &M->seed) || !count_of(data, "sequences_per_step", &M->G) ||
+        !lineage || lineage->len != 16 || strspn(lineage->str, "0123456789abcdef") != 16) {
         rt_fail(r, "checkpoint %s: meta.json lacks a field of format version %d (or holds a bad "
                    "value): dtype, sections, optimizer, data, rng, groups, files, step, world, "
-                   "header_bytes",
+                   "header_bytes, lineage",
                 dir, CKPT_VERSION);
         goto done;
     }
+    memcpy(M->lineage, lineage->str, 17);
     M->elem = strcmp(dtype->str, "F64") == 0 ? 8 : 4;
     M->nsec = secs->n;
     if (!meta_sections(r, dir, secs))
@@ -1022,7 +1416,8 @@ static bool read_meta(FsdRun *r, const char *dir, Meta *M)
         rt_fail(r, "out of memory reading %s/meta.json", dir);
         goto done;
     }
-    ok = meta_groups(r, dir, groups, M, &file_bytes) && meta_files(r, dir, files, M, file_bytes);
+    ok = meta_groups(r, dir, groups, M, &file_bytes) && meta_files(r, dir, files, M, file_bytes) &&
+         meta_tensors(r, dir, member(&root, "tensors", J_ARR));
 done:
     json_free(&root);
     free(text);
@@ -1201,8 +1596,15 @@ void ckpt_resume(FsdRun *r)
     if (r->init_from)
         rt_fail(r, "--resume and --init-from both set the weights: pass one of them (or --resume "
                    "auto: the checkpoint if there is one, else the file)");
-    else if (locate(r, dir) && read_meta(r, dir, &M))
-        check_files(r, dir, &M);
+    else if (locate(r, dir) && read_meta(r, dir, &M)) {
+        /* the run carries on the checkpoint's lineage, into a directory of it */
+        if (r->ckpt && r->ckpt->locked) {
+            memcpy(r->ckpt->lineage, M.lineage, sizeof M.lineage);
+            check_lineage(r, root_dir(r), M.lineage, false);
+        }
+        if (!r->err[0])
+            check_files(r, dir, &M);
+    }
     /* nothing is loaded unless every rank found the checkpoint whole */
     if (!bk_agree(r)) {
         load(r, dir, &M);

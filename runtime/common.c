@@ -111,7 +111,7 @@ typedef struct Flag {
     const char *meta, *help;
 } Flag;
 
-enum { NFLAGS = 25 };
+enum { NFLAGS = 27 };
 
 static void flag_table(FsdRun *r, Flag *f)
 {
@@ -136,6 +136,8 @@ static void flag_table(FsdRun *r, Flag *f)
         {"ckpt-every", ARG_COUNT, &c->ckpt_every, INT64_MAX / 2, "K", "a checkpoint every K steps and after the last (0: none)"},
         {"ckpt-keep", ARG_COUNT, &c->ckpt_keep, INT64_MAX / 2, "N", "keep the newest N checkpoints (0: all)"},
         {"ckpt-async", ARG_NONE, &c->ckpt_async, 0, NULL, "write checkpoints on a background thread"},
+        {"ckpt-overwrite", ARG_NONE, &r->ckpt_overwrite, 0, NULL, "save into a --ckpt-dir holding another run's checkpoints"},
+        {"ckpt-max-failures", ARG_POSITIVE, &r->ckpt_max_failures, 1 << 20, "N", "stop after N checkpoint saves in a row fail (3)"},
         {"resume", ARG_MAYBE, &r->resume, 0, "[DIR]",
          "resume from checkpoint DIR; alone (or `latest`): --ckpt-dir's latest; `auto`: that if it "
          "exists, else start fresh"},
@@ -1108,12 +1110,12 @@ bool fsdrt_begin_step(FsdRun *r)
         return false;
     /* a signal caught on any rank stops every rank here, at the same step,
      * with a checkpoint of the state after the step that just ran (stop.c);
-     * a run stopped on a non-finite step (r->stopped, the same on every
-     * rank) saves nothing more */
-    const int sig = r->stopped ? 0 : stop_agree(r);
+     * a run stopped on a non-finite step (r->stopped) or by saves that keep
+     * failing (r->saves_failed), the same on every rank, saves nothing more */
+    const int sig = r->stopped || r->saves_failed ? 0 : stop_agree(r);
     if (sig)
         stop_run(r, sig);
-    if (r->step >= r->cfg.steps || sig || r->stopped) {
+    if (r->step >= r->cfg.steps || sig || r->stopped || r->saves_failed) {
         r->done = true;
         ckpt_finish(r);   /* the last checkpoint is complete before the run ends */
         /* a stopped run has no final weights to export */

@@ -95,6 +95,8 @@ struct FsdRun {
     const char *on_nonfinite;   /* --on-nonfinite stop|skip (NULL: stop) */
     bool skip_nonfinite;     /* it says skip */
     int64_t max_skips;       /* --max-skips: non-finite steps skipped in a row before stopping */
+    bool ckpt_overwrite;     /* --ckpt-overwrite: write into a directory of another run's checkpoints */
+    int64_t ckpt_max_failures;   /* --ckpt-max-failures: saves failing in a row that stop the run; 0: 3 */
     FILE *log;
 
     Group *groups;
@@ -110,6 +112,7 @@ struct FsdRun {
     bool in_step, done;
     bool stopped;            /* a non-finite step ended the run (NONFINITE_STATUS) */
     int64_t skipped;         /* non-finite steps skipped in a row, up to the last step */
+    bool saves_failed;       /* end the run after this step: ckpt.c's saves keep failing */
     double step_t0, loss_sum;
     int64_t gather_at_step, reduce_at_step;   /* the counters when the step began */
 

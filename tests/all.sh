@@ -17,8 +17,12 @@
 #             differences, reference formulas, the nvcc compile check);
 #   runtime   tests/runtime/run.sh: the CPU runtime on 1-4 MPI ranks, fsdata;
 #   ckpt      tests/ckpt/run.sh: checkpoints, resume, resharding, HF weights;
-#   faults    tests/faults/nonfinite.sh: non-finite steps (stop, skip),
-#             --log on resume, --steps at or below a checkpoint's step;
+#   faults    tests/faults/*.sh: a run under faults: non-finite steps,
+#             --log on resume (nonfinite.sh); SIGTERM, SIGINT, SIGUSR1 and
+#             --resume auto (signals.sh); the checkpoint directory: failed
+#             saves, a crash mid-replacement, two runs, an edited meta.json
+#             (ckptdir.sh); ranks started with different settings, a stopped
+#             rank (ranks.sh);
 #   install   tests/install/run.sh: a trainer built outside the repository;
 #   cuda      tests/cuda/run.sh: the CUDA build without a GPU;
 #   cudasim   tests/cudasim/run.sh: the CUDA backend's host code on a
@@ -42,8 +46,9 @@
 # build/errors/; ...). Parts in different lanes share nothing they write:
 # the shared builds (build/fsdata, build/runtime's libraries) are made
 # before the lanes start, and each suite builds its trainers in a folder of
-# its own (build/ckpt, build/faults, build/oracle, build/e2e, build/smoke, build/kernels;
-# build/<model>/cpu and cudasim are cudasim's, build/<model>/cuda cuda's).
+# its own (build/ckpt, build/faults*, build/oracle, build/e2e, build/smoke,
+# build/kernels; build/<model>/cpu and cudasim are cudasim's,
+# build/<model>/cuda cuda's).
 # Each part writes to its own log and scratch folder; its lines are printed
 # as one block, under a header with its time, when it finishes.
 #
@@ -134,7 +139,12 @@ part_fuzz() {
 part_kernels() { suite "" tests/kernels/run.sh; }
 part_runtime() { suite "runtime: " env MAKE="$MAKE" tests/runtime/run.sh; }
 part_ckpt()    { suite "ckpt: " env MAKE="$MAKE" tests/ckpt/run.sh; }
-part_faults()  { suite "faults: " env MAKE="$MAKE" tests/faults/nonfinite.sh; }
+part_faults() {
+    local s
+    for s in nonfinite signals ckptdir ranks; do
+        suite "faults: " env MAKE="$MAKE" tests/faults/$s.sh
+    done
+}
 part_install() { suite "" tests/install/run.sh; }
 part_cuda()    { suite "" env MAKE="$MAKE" tests/cuda/run.sh; }
 part_cudasim() { suite "" env MAKE="$MAKE" tests/cudasim/run.sh; }
@@ -177,7 +187,7 @@ show() {
 # oracle about 6 minutes together; kernels 5 minutes, cuda 5.5, cudasim 10.
 case $mode in
 quick)  lanes=("smoke" "docs compiler unit san") ;;
-*)      lanes=("cudasim" "kernels cuda faults" "docs compiler unit san fuzz runtime ckpt install e2e oracle") ;;
+*)      lanes=("cudasim" "kernels cuda" "docs compiler unit san fuzz runtime ckpt faults install e2e oracle") ;;
 esac
 
 if [ $mode = serial ]; then

@@ -12,10 +12,13 @@ As a module:
 As a command (each prints why and exits 1 when its check fails):
     read_ckpt.py info DIR                    what the checkpoint holds
     read_ckpt.py verify DIR                  every file whole, every checksum right
+                                             (meta.json's own meta_crc32c too)
     read_ckpt.py same-as-export DIR F.safetensors
                                              its parameters equal the export, bit for bit
     read_ckpt.py same-state DIR1 DIR2        two checkpoints hold the same state (any worlds)
     read_ckpt.py crc32c TEXT                 CRC32C of TEXT's bytes, in hex
+    read_ckpt.py seal DIR                    rewrite meta.json's meta_crc32c after an edit
+                                             (tests that make a consistent edit)
 """
 import json
 import os
@@ -28,6 +31,9 @@ from fsdfiles import read_safetensors
 # magic, version, rank, world, ngroups, nsections, elem_bytes, step, opt_t, seed, model_hash
 HEADER = struct.Struct("<8sIIIIIIqqqQ")
 MAGIC = b"FSDPCKPT"
+# meta.json's last line: the CRC32C of every byte before it
+META_TAIL = '  "meta_crc32c": "%08x"\n}\n'
+META_TAIL_BYTES = 30
 
 
 def _crc_table():
@@ -63,8 +69,9 @@ class Checkpoint:
             with open(os.path.join(path, "latest")) as f:
                 path = os.path.join(path, f.read().strip())
         self.dir = path
-        with open(os.path.join(path, "meta.json")) as f:
-            self.meta = json.load(f)
+        with open(os.path.join(path, "meta.json"), "rb") as f:
+            self.meta_bytes = f.read()
+        self.meta = json.loads(self.meta_bytes)
         m = self.meta
         if m.get("format") != "fsdpc-checkpoint" or m.get("version") != 1:
             raise CheckpointError(f"{path}: not a version 1 fsdpc checkpoint")
@@ -79,6 +86,11 @@ class Checkpoint:
 
     def verify(self):
         m = self.meta
+        raw, n = self.meta_bytes, META_TAIL_BYTES
+        crc = crc32c(raw[:-n])
+        if len(raw) <= n or raw[-n - 1:-n] != b"\n" or raw[-n:] != (META_TAIL % crc).encode():
+            raise CheckpointError(f"{self.dir}/meta.json: field meta_crc32c is not the CRC32C "
+                                  f"{crc:08x} of the bytes before it: the file was changed")
         for q, entry in enumerate(m["files"]):
             path = os.path.join(self.dir, entry["name"])
             if not os.path.exists(path):
@@ -148,6 +160,12 @@ def main(argv):
     try:
         if cmd == "crc32c":
             print(f"{crc32c(args[0].encode()):08x}")
+        elif cmd == "seal":
+            path = os.path.join(args[0], "meta.json")
+            with open(path, "rb") as f:
+                body = f.read()[:-META_TAIL_BYTES]
+            with open(path, "wb") as f:
+                f.write(body + (META_TAIL % crc32c(body)).encode())
         elif cmd == "info":
             ck = Checkpoint(args[0])
             m = ck.meta

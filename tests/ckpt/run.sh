@@ -191,10 +191,11 @@ refuse "--resume with --init-from" "--resume and --init-from both set the weight
 K=$TMP/keep
 mkdir -p "$K/.tmp-step_000003"
 cp -r "$TMP/sync/step_000020" "$K/step_000050"   # a later run's, complete
-mp 2 $TINY "${RUN[@]}" --steps 8 --ckpt-dir "$K" --ckpt-every 2 --ckpt-keep 2 >"$TMP/out" 2>&1
+# (--ckpt-overwrite: step_000050 is another lineage's, which a fresh run refuses)
+mp 2 $TINY "${RUN[@]}" --steps 8 --ckpt-dir "$K" --ckpt-every 2 --ckpt-keep 2 --ckpt-overwrite >"$TMP/out" 2>&1
 st=$?
 check "keep = 2: step_000006 and step_000008 stay, 2 and 4 are removed, another run's step_000050 untouched, stale .tmp- swept" \
-    '[ $st = 0 ] && [ "$(cd "$K" && ls -A | tr "\n" " ")" = "latest step_000006 step_000008 step_000050 " ] && [ "$(cat "$K/latest")" = step_000008 ]' "$TMP/out"
+    '[ $st = 0 ] && [ "$(cd "$K" && ls -A | tr "\n" " ")" = ".lock latest step_000006 step_000008 step_000050 " ] && [ "$(cat "$K/latest")" = step_000008 ]' "$TMP/out"
 
 # ── safetensors with Hugging Face's names ──
 mp 1 $TINY --steps 0 --export "$TMP/plain.st" --quiet &&
