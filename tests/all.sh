@@ -182,9 +182,10 @@ show() {
     fi
 }
 
-# The lanes, longest first. Sequential times on two idle cores: compiler
-# 10 s, unit 2 s, san 20 s, fuzz 40 s, runtime, ckpt, install, e2e and
-# oracle about 6 minutes together; kernels 5 minutes, cuda 5.5, cudasim 10.
+# The lanes, longest first. Times measured side by side on two cores:
+# cudasim 17 minutes; kernels 9, cuda 7; compiler 35 s, unit 3 s, san 35 s,
+# fuzz 66 s, runtime 2 minutes, ckpt 2, faults 3, install 5 s, e2e 7,
+# oracle 2.
 case $mode in
 quick)  lanes=("smoke" "docs compiler unit san") ;;
 *)      lanes=("cudasim" "kernels cuda" "docs compiler unit san fuzz runtime ckpt faults install e2e oracle") ;;
