@@ -17,7 +17,8 @@
  * Output (train.cu, or the dumps asked for) goes to -o FILE or stdout. A file
  * named by -o is written under a temporary name and renamed only when the
  * whole compile succeeded, so an error never leaves a partial or stale
- * output behind.
+ * output behind; a device or pipe (-o /dev/null) is written directly, never
+ * renamed over. A write that fails (a full disk) is an error, exit 1.
  */
 #include "fsdpc.h"
 
@@ -200,24 +201,53 @@ static int parse_options(int argc, char **argv, Options *o)
     return 0;
 }
 
+/* Whether `path` may be written under a temporary name and renamed into
+ * place: it is a regular file or does not exist yet. A device or pipe
+ * (/dev/null, /dev/full, /dev/stdout, a FIFO) is written directly instead:
+ * renaming over it would replace it with a file (as root, /dev/null). */
+static bool renamable(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) != 0 || S_ISREG(st.st_mode);
+}
+
+/* Closes f, written as `name`, and says why when anything written to it
+ * was lost (a full disk, /dev/full): a write that failed earlier (ferror),
+ * or the last buffer's (fflush, fclose). Standard output is flushed, not
+ * closed. Returns whether all of it was written. */
+static bool close_written(FILE *f, const char *name)
+{
+    errno = 0;
+    bool ok = fflush(f) == 0 && !ferror(f);
+    int err = errno;
+    if (f != stdout && fclose(f) != 0 && ok) {
+        ok = false;
+        err = errno;
+    }
+    if (!ok)
+        fprintf(stderr, "fsdpc: cannot write %s: %s\n", name,
+                err ? strerror(err) : "a write failed");
+    return ok;
+}
+
 /* The trace goes to its own file, written under a temporary name and
- * renamed when complete, like -o. */
+ * renamed when complete, like -o (a device or pipe directly). */
 static int write_trace(const char *path, Sim *sim)
 {
-    char *tmp = arena_printf("%s.tmp.%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
+    char *tmp = renamable(path) ? arena_printf("%s.tmp.%ld", path, (long)getpid()) : NULL;
+    const char *name = tmp ? tmp : path;
+    FILE *f = fopen(name, "wb");
     if (!f) {
-        fprintf(stderr, "fsdpc: cannot write %s: %s\n", tmp, strerror(errno));
+        fprintf(stderr, "fsdpc: cannot write %s: %s\n", name, strerror(errno));
         return 1;
     }
     sim_trace(f, sim);
-    bool bad = ferror(f) != 0;
-    if (fclose(f) != 0 || bad) {
-        fprintf(stderr, "fsdpc: cannot write %s: %s\n", tmp, strerror(errno));
-        remove(tmp);
+    if (!close_written(f, name)) {
+        if (tmp)
+            remove(tmp);
         return 1;
     }
-    if (rename(tmp, path) != 0) {
+    if (tmp && rename(tmp, path) != 0) {
         fprintf(stderr, "fsdpc: cannot rename %s to %s: %s\n", tmp, path, strerror(errno));
         remove(tmp);
         return 1;
@@ -241,11 +271,9 @@ static FILE *output(Output *o)
         return o->f;
     if (!o->path)
         return o->f = stdout;
-    /* A device or pipe (-o /dev/null, -o /dev/stdout) is written directly:
-     * renaming over it would replace it with a file (as root, /dev/null). */
-    struct stat st;
+    /* a device or pipe (-o /dev/null, -o /dev/stdout) directly */
     const char *name = o->path;
-    if (stat(o->path, &st) != 0 || S_ISREG(st.st_mode))
+    if (renamable(o->path))
         name = o->tmp = arena_printf("%s.tmp.%ld", o->path, (long)getpid());
     if (!(o->f = fopen(name, "wb"))) {
         fprintf(stderr, "fsdpc: cannot write %s: %s\n", name, strerror(errno));
@@ -264,11 +292,8 @@ static int finish(Output *o, bool ok)
     if (!o->f)
         return ok ? 0 : 1;
     if (!o->tmp)
-        return fflush(o->f) == 0 && ok ? 0 : 1;
-    bool wrote = fclose(o->f) == 0;
-    if (!ok || !wrote) {
-        if (!wrote)
-            fprintf(stderr, "fsdpc: cannot write %s: %s\n", o->tmp, strerror(errno));
+        return close_written(o->f, o->path ? o->path : "standard output") && ok ? 0 : 1;
+    if (!close_written(o->f, o->tmp) || !ok) {
         remove(o->tmp);
         return 1;
     }
