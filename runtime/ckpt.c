@@ -331,6 +331,19 @@ static bool mkdir_p(const char *path)
     return true;
 }
 
+/* Says why the checkpoint directory `root` could not be made: most often
+ * a file (or device) of that name, which is never written over. */
+static void root_failed(FsdRun *r, const char *root, int err)
+{
+    struct stat st;
+    if (stat(root, &st) == 0 && !S_ISDIR(st.st_mode))
+        rt_fail(r, "--ckpt-dir %s is not a directory (a %s); checkpoints are directories inside "
+                   "it: name a directory, or move the file away",
+                root, S_ISREG(st.st_mode) ? "file" : S_ISFIFO(st.st_mode) ? "FIFO" : "device or socket");
+    else
+        rt_fail(r, "cannot create checkpoint directory %s: %s", root, strerror(err));
+}
+
 /* Removes a checkpoint directory: plain files only, so a wrong path can
  * never take more than one directory of files with it. */
 static bool remove_dir(const char *path)
@@ -935,7 +948,7 @@ static void save(FsdRun *r, int64_t step)
         snprintf(c->dir, sizeof c->dir, "%s/step_%06lld", root, (long long)step);
         if (r->rank == 0) {
             if (!mkdir_p(root))
-                rt_fail(r, "cannot create checkpoint directory %s: %s", root, strerror(errno));
+                root_failed(r, root, errno);
             else {
                 sweep(root);
                 if (!remove_dir(c->tmp) || mkdir(c->tmp, 0755) != 0)
@@ -1004,12 +1017,22 @@ static void save(FsdRun *r, int64_t step)
 
 void ckpt_check(FsdRun *r)
 {
-    if (r->cfg.ckpt_every <= 0 || r->rank != 0)
+    if (r->rank != 0)
         return;
     const char *root = root_dir(r);
+    struct stat st;
+    /* a --ckpt-dir named (or a train section's) that is no directory is
+     * refused at start-up with checkpoints off too: a signal's stop saves
+     * there, and --resume reads there (the default, ckpt, only when used) */
+    if (r->cfg.ckpt_dir && r->cfg.ckpt_dir[0] && stat(root, &st) == 0 && !S_ISDIR(st.st_mode)) {
+        root_failed(r, root, ENOTDIR);
+        return;
+    }
+    if (r->cfg.ckpt_every <= 0)
+        return;
     Ckpt *c = state(r);
     if (!mkdir_p(root))
-        rt_fail(r, "cannot create checkpoint directory %s: %s", root, strerror(errno));
+        root_failed(r, root, errno);
     else if (!c)
         rt_fail(r, "out of memory");
     else if (lock_dir(r, c, root)) {

@@ -20,6 +20,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static void free_all(FsdRun *r);
@@ -492,8 +493,18 @@ static void free_all(FsdRun *r)
  * run left unfinished (no newline), where it is cut; this run's lines
  * follow. So a run resumed from an older checkpoint than its last logs each
  * step once. Rank 0, which alone has the log open. */
+/* Whether the log is a regular file: one to cut. A device or pipe (--log
+ * /dev/stdout) is written as it is, with nothing to cut. */
+static bool log_is_file(FsdRun *r)
+{
+    struct stat st;
+    return fstat(fileno(r->log), &st) == 0 && S_ISREG(st.st_mode);
+}
+
 static void log_resume(FsdRun *r)
 {
+    if (!log_is_file(r))
+        return;
     if (fseek(r->log, 0, SEEK_SET) != 0) {
         rt_fail(r, "cannot read --log file %s: %s", r->log_path, strerror(errno));
         return;
@@ -599,6 +610,9 @@ FsdRun *fsdrt_init(int argc, char **argv, const FsdModel *m)
      * steps it will run again); a fresh one starts it anew */
     if (r->rank == 0 && r->log_path && !(r->log = fopen(r->log_path, r->resume ? "a+" : "w")))
         rt_fail(r, "cannot write --log file %s: %s", r->log_path, strerror(errno));
+    /* refused now, not after the last step */
+    if (r->rank == 0 && r->export_path)
+        weights_export_path_ok(r, r->export_path);
     ckpt_check(r);
     agree_or_exit(r);
     /* before the first collective whose count or size depends on them */
@@ -619,7 +633,7 @@ FsdRun *fsdrt_init(int argc, char **argv, const FsdModel *m)
         r->resume = ckpt_auto(r) ? "latest" : NULL;
         if (r->resume)
             r->init_from = NULL;
-        else if (r->log && ftruncate(fileno(r->log), 0) != 0)   /* a fresh start's log */
+        else if (r->log && log_is_file(r) && ftruncate(fileno(r->log), 0) != 0)   /* a fresh start's log */
             rt_fail(r, "cannot write --log file %s: %s", r->log_path, strerror(errno));
     }
     if (r->resume)
@@ -757,8 +771,10 @@ static void write_trace(FsdRun *r)
             if (alln > 2)
                 fwrite(all + 2, 1, (size_t)alln - 2, f);
             fprintf(f, "\n]}\n");
+            errno = 0;
             if (ferror(f) | (fclose(f) != 0))
-                rt_fail(r, "cannot write --trace-out file %s", r->trace_path);
+                rt_fail(r, "cannot write --trace-out file %s: %s", r->trace_path,
+                        errno ? strerror(errno) : "a write failed");
         }
     }
     free(all);
@@ -773,8 +789,10 @@ int fsdrt_finalize(FsdRun *r)
         write_trace(r);
         agree_or_note(r);
     }
+    errno = 0;
     if (r->log && (ferror(r->log) | (fclose(r->log) != 0)))
-        rt_fail(r, "cannot write --log file %s", r->log_path);
+        rt_fail(r, "cannot write --log file %s: %s", r->log_path,
+                errno ? strerror(errno) : "a write failed");
     r->log = NULL;
     agree_or_note(r);
     /* stopped by a signal: 128 + it, as a shell reports a process it killed

@@ -28,11 +28,25 @@
  * large file costs no memory up front. Every token is checked against the
  * vocabulary at start-up, each rank scanning its own 1/world of the file,
  * so a bad token stops the run before the first step, not in step 40,000.
+ *
+ * A mapped file must not change while the run reads it: a truncated one
+ * makes a read of the lost pages raise SIGBUS, which would kill the job
+ * with no word of why, and one rewritten in place feeds the run other
+ * tokens than those checked. So only regular files are taken (a FIFO
+ * would block every rank in open, a device cannot be mapped), the file is
+ * checked (fstat: size and modification time) before every micro-batch is
+ * loaded, and a SIGBUS inside a mapping — a change between two checks, or
+ * during the start-up scan — ends the process with a message naming the
+ * file (docs/runtime.md, "Files").
  */
+#define _XOPEN_SOURCE 700   /* SA_SIGINFO, st_mtim */
 #include "internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -57,12 +71,82 @@ static inline uint32_t token(const TokenFile *f, int64_t i)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
+/* ── SIGBUS in a mapping ── */
+
+/* The mapped files, each with the message its SIGBUS prints, made when it
+ * is mapped: the handler may only write(2) and _exit. */
+enum { NMAPPED = 2, BUS_MSG_BYTES = 4608 };
+static struct {
+    const unsigned char *volatile begin, *volatile end;
+    char msg[BUS_MSG_BYTES];
+    size_t msg_bytes;
+} mapped[NMAPPED];
+static struct sigaction bus_before;   /* the handler this one replaced */
+static bool bus_installed;
+
+static void on_bus(int sig, siginfo_t *si, void *ctx)
+{
+    const unsigned char *at = si->si_addr;
+    for (int k = 0; k < NMAPPED; k++)
+        if (mapped[k].begin && at >= mapped[k].begin && at < mapped[k].end) {
+            ssize_t n = write(STDERR_FILENO, mapped[k].msg, mapped[k].msg_bytes);
+            (void)n;
+            _exit(1);
+        }
+    /* not a token file's: the previous handler (MPI's, or the default)
+     * takes the fault when the instruction runs again; one sent by kill
+     * does not run again, so it is raised anew */
+    sigaction(SIGBUS, &bus_before, NULL);
+    if (si->si_code <= 0)
+        raise(sig);
+}
+
+/* Enters f's mapping in the table (and installs the handler, once). */
+static void watch_bus(FsdRun *r, TokenFile *f)
+{
+    f->bus_slot = -1;
+    for (int k = 0; k < NMAPPED && f->bus_slot < 0; k++)
+        if (!mapped[k].begin)
+            f->bus_slot = k;
+    if (f->bus_slot < 0)
+        return;   /* data and val are all there are */
+    int n = snprintf(mapped[f->bus_slot].msg, BUS_MSG_BYTES,
+                     "train: rank %d: data file %s changed under the run: part of its mapping is "
+                     "gone (SIGBUS reading it; truncated?). A token file must stay as it is until "
+                     "the run ends: write a new one under another name\n",
+                     r->rank, f->path);
+    mapped[f->bus_slot].msg_bytes = n < 0 ? 0 : n >= BUS_MSG_BYTES ? BUS_MSG_BYTES - 1 : (size_t)n;
+    mapped[f->bus_slot].end = (const unsigned char *)f->map + f->map_bytes;
+    mapped[f->bus_slot].begin = f->map;
+    if (!bus_installed) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = on_bus;
+        sa.sa_flags = SA_SIGINFO;
+        sigemptyset(&sa.sa_mask);
+        if (sigaction(SIGBUS, &sa, &bus_before) == 0)
+            bus_installed = true;
+        else
+            rt_fail(r, "cannot install the SIGBUS handler for data file %s: %s", f->path,
+                    strerror(errno));
+    }
+}
+
+static int64_t mtime_ns(const struct stat *st)
+{
+    return (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
+}
+
 void data_open(FsdRun *r, TokenFile *f, const char *path)
 {
     const int64_t T = r->m->seq, V = r->m->vocab;
     memset(f, 0, sizeof *f);
     f->path = path;
-    int fd = open(path, O_RDONLY);
+    f->fd = -1;
+    f->bus_slot = -1;
+    /* O_NONBLOCK: a FIFO opens at once (to be refused below) instead of
+     * waiting for a writer; it changes nothing for a regular file */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) {
         rt_fail(r, "cannot open data file %s: %s", path, strerror(errno));
         return;
@@ -74,7 +158,10 @@ void data_open(FsdRun *r, TokenFile *f, const char *path)
         return;
     }
     if (!S_ISREG(st.st_mode)) {
-        rt_fail(r, "data file %s is not a regular file", path);
+        rt_fail(r, "data file %s is not a regular file (%s); token files are mapped: copy the "
+                   "tokens into a file (fsdata) and name it",
+                path, S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISDIR(st.st_mode) ? "a directory"
+                                                      : "a device or socket");
         close(fd);
         return;
     }
@@ -86,14 +173,17 @@ void data_open(FsdRun *r, TokenFile *f, const char *path)
         return;
     }
     void *map = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0);
-    int mmap_errno = errno;
-    close(fd);   /* the mapping keeps the file */
     if (map == MAP_FAILED) {
-        rt_fail(r, "cannot map data file %s: %s", path, strerror(mmap_errno));
+        rt_fail(r, "cannot map data file %s: %s", path, strerror(errno));
+        close(fd);
         return;
     }
+    f->fd = fd;
+    f->size = size;
+    f->mtime_ns = mtime_ns(&st);
     f->map = map;
     f->map_bytes = (size_t)size;
+    watch_bus(r, f);
     const unsigned char *h = map;
     int32_t magic = le32(h), version = le32(h + 4), ntok = le32(h + 8);
     if (magic != MAGIC) {
@@ -149,14 +239,52 @@ void data_open(FsdRun *r, TokenFile *f, const char *path)
 
 void data_close(TokenFile *f)
 {
-    if (f->map)
+    if (f->map) {   /* else never mapped: fd and bus_slot mean nothing */
+        if (f->bus_slot >= 0)
+            mapped[f->bus_slot].begin = NULL;
         munmap(f->map, f->map_bytes);
+        close(f->fd);
+    }
     memset(f, 0, sizeof *f);
+}
+
+/* The file as mapped, or the job ends: in the middle of a step the ranks
+ * cannot agree on an error (the others wait in the step's collectives), so
+ * this rank says why and aborts the job, as an internal error does. One
+ * fstat per micro-batch; FSD_TEST_DATA_NO_RECHECK (tests only) skips it,
+ * so a test reaches the SIGBUS handler. */
+static void check_unchanged(FsdRun *r, const TokenFile *f)
+{
+    static int skip = -1;
+    if (skip < 0)
+        skip = getenv("FSD_TEST_DATA_NO_RECHECK") != NULL;
+    struct stat st;
+    if (skip)
+        return;
+    if (fstat(f->fd, &st) != 0) {
+        fprintf(stderr, "train: rank %d: cannot stat data file %s: %s\n", r->rank, f->path,
+                strerror(errno));
+        bk_abort(r);
+    }
+    if (st.st_size != f->size || mtime_ns(&st) != f->mtime_ns) {
+        char what[96];
+        if (st.st_size != f->size)
+            snprintf(what, sizeof what, "size %lld -> %lld bytes", (long long)f->size,
+                     (long long)st.st_size);
+        else
+            snprintf(what, sizeof what, "same size, %lld bytes, but modified", (long long)f->size);
+        fprintf(stderr, "train: rank %d: data file %s changed under the run (%s) before step %lld; "
+                        "a token file must stay as it is until the run ends: write a new one "
+                        "under another name\n",
+                r->rank, f->path, what, (long long)r->step);
+        bk_abort(r);
+    }
 }
 
 void data_load(FsdRun *r, int micro)
 {
     const TokenFile *f = &r->data;
+    check_unchanged(r, f);
     const int64_t B = r->cfg.micro_batch, T = r->m->seq, W = r->world;
     const int64_t G = B * r->cfg.grad_accum * W;
     const int64_t first = r->step * G + ((int64_t)micro * W + r->rank) * B;

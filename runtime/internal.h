@@ -62,6 +62,9 @@ typedef struct TokenFile {
     const unsigned char *tokens;   /* after the 256-int32 header */
     int version;                   /* 1: uint16 tokens, 2: uint32 */
     int64_t ntok, nseq;            /* tokens; whole sequences of T + 1 */
+    int fd;                        /* kept open to notice a change (data_load) */
+    int64_t size, mtime_ns;        /* as mapped */
+    int bus_slot;                  /* its entry in data.c's SIGBUS table, or -1 */
 } TokenFile;
 
 /* One finished slice of the trace. */
@@ -179,7 +182,8 @@ static inline int64_t unsharded_bytes(const FsdRun *r, const Group *G)
  * tokens; errors go to rt_fail (the caller agrees on them). */
 void data_open(FsdRun *r, TokenFile *f, const char *path);
 void data_close(TokenFile *f);
-/* Fills r->idx and r->targets for micro-batch `micro` of step r->step. */
+/* Fills r->idx and r->targets for micro-batch `micro` of step r->step. A
+ * data file changed since it was mapped ends the job with a message. */
 void data_load(FsdRun *r, int micro);
 
 /* ── weights.c: initialisation, safetensors ── */
@@ -192,6 +196,9 @@ void weights_init(FsdRun *r);                          /* this rank's shards */
 void weights_direction(FsdRun *r, uint64_t stream, real *const *dst);
 void weights_import(FsdRun *r, const char *path);      /* this rank's shards */
 void weights_export(FsdRun *r, const char *path);      /* collective */
+/* Whether --export may write `path` (a regular file or none: never a
+ * device or FIFO, which its rename would replace); else rt_fail. */
+bool weights_export_path_ok(FsdRun *r, const char *path);
 
 /* ── json.c: a small JSON reader (safetensors headers, checkpoint metadata) ── */
 

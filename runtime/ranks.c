@@ -90,11 +90,16 @@ static void put_file(Text *t, const char *name, const char *path)
         put(t, name, NULL, "none");
         return;
     }
-    int fd = open(path, O_RDONLY);
+    /* O_NONBLOCK: a FIFO opens at once instead of waiting for a writer */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0) {
+    bool stated = fd >= 0 && fstat(fd, &st) == 0;
+    if (!stated || !S_ISREG(st.st_mode)) {
         /* the file's own check reports it; here it is only a value */
-        put(t, name, path, "unreadable (%s)", strerror(errno));
+        if (stated)
+            put(t, name, path, "not a regular file");
+        else
+            put(t, name, path, "unreadable (%s)", strerror(errno));
         if (fd >= 0)
             close(fd);
         return;

@@ -30,9 +30,11 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* ── initialisation ── */
@@ -308,9 +310,23 @@ void weights_import(FsdRun *r, const char *path)
     WLayout L;
     if (!hf_layout(r, r->hf_names, &L))
         return;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
+    /* O_NONBLOCK: a FIFO opens at once, to be refused, instead of waiting
+     * for a writer on every rank; the file is read by seeking */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    struct stat st;
+    FILE *f = NULL;
+    if (fd < 0 || fstat(fd, &st) != 0)
         rt_fail(r, "cannot open --init-from file %s: %s", path, strerror(errno));
+    else if (!S_ISREG(st.st_mode))
+        rt_fail(r, "--init-from file %s is not a regular file (%s); safetensors are read by "
+                   "seeking: name a file",
+                path, S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISDIR(st.st_mode) ? "a directory"
+                                                      : "a device or socket");
+    else if (!(f = fdopen(fd, "rb")))
+        rt_fail(r, "cannot open --init-from file %s: %s", path, strerror(errno));
+    if (!f) {
+        if (fd >= 0)
+            close(fd);
         hf_layout_free(&L);
         return;
     }
@@ -438,6 +454,21 @@ static bool write_floats(FILE *f, int64_t at, const real *src, int64_t n, int64_
     return true;
 }
 
+bool weights_export_path_ok(FsdRun *r, const char *path)
+{
+    /* the file is written under a temporary name and renamed over `path`,
+     * which would replace a device or FIFO with a file (as root,
+     * /dev/null): only a regular file, or a new one, is taken */
+    struct stat st;
+    if (stat(path, &st) != 0 || S_ISREG(st.st_mode))
+        return true;
+    rt_fail(r, "--export %s is not a regular file (%s); the weights are written beside it and "
+               "renamed over it, which would replace it: name a file",
+            path, S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISDIR(st.st_mode) ? "a directory"
+                                                  : "a device or socket");
+    return false;
+}
+
 void weights_export(FsdRun *r, const char *path)
 {
     const FsdModel *m = r->m;
@@ -452,6 +483,8 @@ void weights_export(FsdRun *r, const char *path)
     if (!hf_layout(r, r->hf_names, &L))
         return;
     bool writing = r->rank == 0;   /* rank 0 stops writing at its first error, not gathering */
+    if (writing && !weights_export_path_ok(r, path))   /* checked at start-up, and again now */
+        writing = false;
     if (writing) {
         snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
         if (!export_header(&L, &hdr, &hdr_n) || !(begin = malloc(sizeof *begin * (size_t)(L.ntensors + 1)))) {
