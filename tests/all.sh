@@ -22,7 +22,8 @@
 #             --resume auto (signals.sh); the checkpoint directory: failed
 #             saves, a crash mid-replacement, two runs, an edited meta.json
 #             (ckptdir.sh); ranks started with different settings, a stopped
-#             rank (ranks.sh);
+#             rank (ranks.sh); resuming with another global batch, from the
+#             next unseen sequence (resume_batch.sh);
 #   install   tests/install/run.sh: a trainer built outside the repository;
 #   cuda      tests/cuda/run.sh: the CUDA build without a GPU;
 #   cudasim   tests/cudasim/run.sh: the CUDA backend's host code on a
@@ -141,7 +142,7 @@ part_runtime() { suite "runtime: " env MAKE="$MAKE" tests/runtime/run.sh; }
 part_ckpt()    { suite "ckpt: " env MAKE="$MAKE" tests/ckpt/run.sh; }
 part_faults() {
     local s
-    for s in nonfinite signals ckptdir ranks; do
+    for s in nonfinite signals ckptdir ranks resume_batch; do
         suite "faults: " env MAKE="$MAKE" tests/faults/$s.sh
     done
 }
