@@ -194,6 +194,7 @@ struct Ckpt {
     bool threaded;           /* a writer thread to join */
     pthread_t thread;
     int64_t step;            /* the step the save in flight holds */
+    int64_t seq;             /* and its data position: the next sequence (meta.json's next_seq) */
     char tmp[PATH_BYTES / 2], dir[PATH_BYTES / 2];   /* room for a file name after them */
     Job job;
     const void **data;
@@ -535,9 +536,12 @@ static bool write_meta(FsdRun *r, const char *path, const unsigned char *records
         fprintf(f, "%s\"%s\"", s ? ", " : "", section_name(r, s));
     fprintf(f, "],\n  \"optimizer\": {\"name\": \"%s\", \"t\": %lld},\n",
             r->cfg.optimizer == FSD_ADAMW ? "adamw" : "sgd", (long long)r->ckpt->step);
-    fprintf(f, "  \"data\": {\"next_step\": %lld, \"sequences_per_step\": %lld, \"micro_batch\": %lld, "
-               "\"grad_accum\": %lld, \"seq\": %lld},\n",
-            (long long)r->ckpt->step, (long long)(r->cfg.micro_batch * r->cfg.grad_accum * r->world),
+    /* next_seq is where the data goes on; sequences_per_step is only this
+     * run's G (a resumed run may take another) */
+    fprintf(f, "  \"data\": {\"next_step\": %lld, \"next_seq\": %lld, \"sequences_per_step\": %lld, "
+               "\"micro_batch\": %lld, \"grad_accum\": %lld, \"seq\": %lld},\n",
+            (long long)r->ckpt->step, (long long)r->ckpt->seq,
+            (long long)(r->cfg.micro_batch * r->cfg.grad_accum * r->world),
             (long long)r->cfg.micro_batch, (long long)r->cfg.grad_accum, (long long)m->seq);
     fprintf(f, "  \"rng\": {\"seed\": %lld},\n", (long long)r->cfg.seed);
     fprintf(f, "  \"groups\": [\n");
@@ -917,8 +921,9 @@ static bool test_fails(int64_t step)
     return false;
 }
 
-/* Collective: starts the save of the state after step − 1's update. */
-static void save(FsdRun *r, int64_t step)
+/* Collective: starts the save of the state after step − 1's update, whose
+ * next sequence in the data order is seq. */
+static void save(FsdRun *r, int64_t step, int64_t seq)
 {
     enum { STAGE = 16 << 20 };
     const FsdModel *m = r->m;
@@ -1000,6 +1005,7 @@ static void save(FsdRun *r, int64_t step)
     atomic_store(&j->done, 0);
     c->pending = true;
     c->step = step;
+    c->seq = seq;
     if (r->cfg.ckpt_async) {
         /* completed at a later step boundary, on every rank alike; a rank
          * that could not snapshot or start a thread writes its file now */
@@ -1061,7 +1067,8 @@ double ckpt_after_step(FsdRun *r, bool *worked)
         *worked = !c->pending;
     }
     if (due && !r->saves_failed) {   /* not once failures stop the run */
-        save(r, next);
+        /* step r->step is done but not yet counted: its G sequences are */
+        save(r, next, r->seq + r->cfg.micro_batch * r->cfg.grad_accum * r->world);
         *worked = true;
     }
     return (rt_now() - t0) * 1e3;
@@ -1089,7 +1096,7 @@ const char *ckpt_save_now(FsdRun *r)
     ckpt_finish(r);
     Ckpt *c = r->ckpt;
     if (!c || c->saved != r->step) {
-        save(r, r->step);
+        save(r, r->step, r->seq);
         c = r->ckpt;
         if (c && c->pending)   /* an async save: the run ends only once it is complete */
             complete(r);
@@ -1128,6 +1135,7 @@ typedef struct MetaFile {
 
 typedef struct Meta {
     int64_t step, world, seed, G, elem, nsec;
+    int64_t next_seq;        /* the data position; -1: not recorded (an older checkpoint) */
     char lineage[24];
     MetaGroup *groups;
     MetaFile *files;
@@ -1423,6 +1431,14 @@ static bool read_meta(FsdRun *r, const char *dir, Meta *M)
         goto done;
     }
     memcpy(M->lineage, lineage->str, 17);
+    /* next_seq came after sequences_per_step: without it, the position is
+     * the one the writer's data order gave step `step`, step × its G */
+    M->next_seq = -1;
+    if (json_get(data, "next_seq") &&
+        (!count_of(data, "next_seq", &M->next_seq) || M->next_seq < 0)) {
+        rt_fail(r, "checkpoint %s: meta.json's field data.next_seq is not a count of sequences", dir);
+        goto done;
+    }
     M->elem = strcmp(dtype->str, "F64") == 0 ? 8 : 4;
     M->nsec = secs->n;
     if (!meta_sections(r, dir, secs))
@@ -1633,17 +1649,28 @@ void ckpt_resume(FsdRun *r)
         load(r, dir, &M);
         r->step = M.step;
         r->cfg.seed = M.seed;   /* the initialisation it came from, for the next checkpoint */
+        /* the data goes on at the next sequence not yet trained on, whatever
+         * this run's G; a checkpoint from before next_seq was recorded gives
+         * the position its writer's order had, step × its G */
+        r->seq = M.next_seq >= 0 ? M.next_seq : M.step * M.G;
         const int64_t G = r->cfg.micro_batch * r->cfg.grad_accum * r->world;
         if (r->rank == 0 && !r->err[0]) {
+            if (M.next_seq < 0)
+                fprintf(stderr, "train: note: checkpoint %s does not record its data position "
+                                "(data.next_seq: written by an older fsdpc); going on from "
+                                "sequence %lld, step %lld x the %lld sequences a step it was "
+                                "written with\n",
+                        dir, (long long)r->seq, (long long)M.step, (long long)M.G);
             if (G != M.G)
                 fprintf(stderr, "train: note: checkpoint %s was written taking %lld sequences a "
-                                "step; this run takes %lld (micro-batch x grad-accum x world), so "
-                                "its step %lld starts at sequence %lld of the data\n",
-                        dir, (long long)M.G, (long long)G, (long long)M.step,
-                        (long long)(M.step * G));
+                                "step; this run takes %lld (micro-batch x grad-accum x world), "
+                                "going on where the data stopped: step %lld reads sequences "
+                                "%lld to %lld\n",
+                        dir, (long long)M.G, (long long)G, (long long)M.step, (long long)r->seq,
+                        (long long)(r->seq + G - 1));
             if (!r->quiet)
-                printf("resumed from %s: step %lld, written by %lld ranks\n", dir,
-                       (long long)M.step, (long long)M.world);
+                printf("resumed from %s: step %lld, sequence %lld, written by %lld ranks\n", dir,
+                       (long long)M.step, (long long)r->seq, (long long)M.world);
         }
     }
     free(M.groups);

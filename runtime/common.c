@@ -1246,7 +1246,8 @@ void fsdrt_end_step(FsdRun *r)
     double ckpt_ms = r->stopped ? 0 : ckpt_after_step(r, &ckpt_worked);
 
     double secs = rt_now() - r->step_t0;
-    int64_t tokens = c->micro_batch * c->grad_accum * r->world * r->m->seq;
+    const int64_t G = c->micro_batch * c->grad_accum * r->world;   /* this step's sequences */
+    int64_t tokens = G * r->m->seq;
     double tok_s = secs > 0 ? (double)tokens / secs : 0;
     int64_t gathered = r->counters.gather_bytes - r->gather_at_step;
     int64_t reduced = r->counters.reduce_bytes - r->reduce_at_step;
@@ -1281,10 +1282,11 @@ void fsdrt_end_step(FsdRun *r)
             fprintf(r->log,
                     "{\"step\": %lld, \"loss\": %s, \"lr\": %.9g, \"grad_norm\": %s, "
                     "\"tokens_per_s\": %.1f, \"step_ms\": %.3f, \"mem_peak_bytes\": %lld, "
-                    "\"comm_bytes\": %lld, \"gather_bytes\": %lld, \"reduce_bytes\": %lld%s}\n",
+                    "\"comm_bytes\": %lld, \"gather_bytes\": %lld, \"reduce_bytes\": %lld, "
+                    "\"first_seq\": %lld%s}\n",
                     (long long)r->step, ls, lr, ns, tok_s, secs * 1e3,
                     (long long)r->counters.peak_alloc_bytes, (long long)(gathered + reduced),
-                    (long long)gathered, (long long)reduced, ck);
+                    (long long)gathered, (long long)reduced, (long long)r->seq, ck);
             fflush(r->log);
         }
         if (r->stopped)
@@ -1293,5 +1295,6 @@ void fsdrt_end_step(FsdRun *r)
     if (r->stopped)
         r->status = NONFINITE_STATUS;
     r->step++;
+    r->seq += G;   /* a skipped step's sequences are consumed all the same */
     r->in_step = false;
 }

@@ -14,10 +14,16 @@
  *                  inputs and the last T the targets (sequences overlap by
  *                  one token: the last target of j is the first input of
  *                  j + 1);
- *   step s         consumes sequences s·G … s·G + G − 1, where
- *                  G = B × grad_accum × world;
+ *   position       the data is read in sequence order, each step taking
+ *                  the next G = B × grad_accum × world: step s consumes
+ *                  sequences p_s … p_s + G − 1, where p_s (r->seq) is the
+ *                  number consumed before it. A run of one G has
+ *                  p_s = s·G; a checkpoint records p of its step (meta.json's
+ *                  next_seq), and a run resumed from it at step k takes
+ *                  p_k from there and then adds its own G a step, so a
+ *                  different G neither skips nor repeats a sequence;
  *   micro-batch m  of step s, on rank r, is the B sequences
- *                  s·G + (m·world + r)·B + b, for b = 0 … B − 1;
+ *                  p_s + (m·world + r)·B + b, for b = 0 … B − 1;
  *   wrap-around    every sequence index is taken modulo the number of whole
  *                  sequences in the file, ⌊(tokens − 1) / T⌋.
  *
@@ -286,8 +292,7 @@ void data_load(FsdRun *r, int micro)
     const TokenFile *f = &r->data;
     check_unchanged(r, f);
     const int64_t B = r->cfg.micro_batch, T = r->m->seq, W = r->world;
-    const int64_t G = B * r->cfg.grad_accum * W;
-    const int64_t first = r->step * G + ((int64_t)micro * W + r->rank) * B;
+    const int64_t first = r->seq + ((int64_t)micro * W + r->rank) * B;
     for (int64_t b = 0; b < B; b++) {
         int64_t at = (first + b) % f->nseq * T;
         int32_t *x = r->idx + b * T, *y = r->targets + b * T;

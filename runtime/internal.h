@@ -112,6 +112,10 @@ struct FsdRun {
 
     /* the step */
     int64_t step;            /* the step running, or the next to run */
+    /* the data position: the first sequence of step r->step in the data
+     * order, not wrapped; it advances by the step's G after every step, so
+     * a resumed run goes on from its checkpoint's whatever its own G */
+    int64_t seq;
     bool in_step, done;
     bool stopped;            /* a non-finite step ended the run (NONFINITE_STATUS) */
     int64_t skipped;         /* non-finite steps skipped in a row, up to the last step */
@@ -182,8 +186,9 @@ static inline int64_t unsharded_bytes(const FsdRun *r, const Group *G)
  * tokens; errors go to rt_fail (the caller agrees on them). */
 void data_open(FsdRun *r, TokenFile *f, const char *path);
 void data_close(TokenFile *f);
-/* Fills r->idx and r->targets for micro-batch `micro` of step r->step. A
- * data file changed since it was mapped ends the job with a message. */
+/* Fills r->idx and r->targets for micro-batch `micro` of step r->step,
+ * whose first sequence is r->seq. A data file changed since it was mapped
+ * ends the job with a message. */
 void data_load(FsdRun *r, int micro);
 
 /* ── weights.c: initialisation, safetensors ── */
@@ -278,7 +283,7 @@ void ckpt_resume(FsdRun *r);
 void ckpt_check(FsdRun *r);
 /* After step r->step's update (collective): completes a finished
  * background save, starts the save due after this step (the checkpoint then
- * holds step r->step + 1). Returns the milliseconds training was blocked,
+ * holds step r->step + 1 and next sequence r->seq + G). Returns the milliseconds training was blocked,
  * and whether a save started or completed. */
 double ckpt_after_step(FsdRun *r, bool *worked);
 /* Waits for a save in flight and completes it (collective): before

@@ -23,7 +23,8 @@
 #             saves, a crash mid-replacement, two runs, an edited meta.json
 #             (ckptdir.sh); ranks started with different settings, a stopped
 #             rank (ranks.sh); devices and FIFOs as outputs and inputs, a
-#             data file changed under a run (paths.sh);
+#             data file changed under a run (paths.sh); resuming with another
+#             global batch, from the next unseen sequence (resume_batch.sh);
 #   install   tests/install/run.sh: a trainer built outside the repository;
 #   cuda      tests/cuda/run.sh: the CUDA build without a GPU;
 #   cudasim   tests/cudasim/run.sh: the CUDA backend's host code on a
@@ -142,7 +143,7 @@ part_runtime() { suite "runtime: " env MAKE="$MAKE" tests/runtime/run.sh; }
 part_ckpt()    { suite "ckpt: " env MAKE="$MAKE" tests/ckpt/run.sh; }
 part_faults() {
     local s
-    for s in nonfinite signals ckptdir ranks paths; do
+    for s in nonfinite signals ckptdir ranks paths resume_batch; do
         suite "faults: " env MAKE="$MAKE" tests/faults/$s.sh
     done
 }

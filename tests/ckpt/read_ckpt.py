@@ -11,6 +11,7 @@ As a module:
 
 As a command (each prints why and exits 1 when its check fails):
     read_ckpt.py info DIR                    what the checkpoint holds
+    read_ckpt.py next-seq DIR                its data position: the next sequence to train on
     read_ckpt.py verify DIR                  every file whole, every checksum right
                                              (meta.json's own meta_crc32c too)
     read_ckpt.py same-as-export DIR F.safetensors
@@ -79,6 +80,14 @@ class Checkpoint:
         self.elem = struct.calcsize(self.fmt)
         self.sections = m["sections"]
         self._flat = {}
+
+    @property
+    def next_seq(self):
+        """The data position: the next sequence of the data order to train on
+        (docs/checkpoint.md, "Data loader position"); a checkpoint without
+        data.next_seq (an older fsdpc's) is at step x its sequences a step."""
+        d = self.meta["data"]
+        return d["next_seq"] if "next_seq" in d else self.meta["step"] * d["sequences_per_step"]
 
     def _rank_bytes(self, q):
         with open(os.path.join(self.dir, self.meta["files"][q]["name"]), "rb") as f:
@@ -170,9 +179,12 @@ def main(argv):
             ck = Checkpoint(args[0])
             m = ck.meta
             print(f"{ck.dir}: model {m['model']} (hash {m['model_hash']}), step {m['step']}, "
+                  f"next sequence {ck.next_seq}, "
                   f"world {m['world']}, {m['dtype']}, sections {', '.join(ck.sections)}, "
                   f"{len(m['tensors'])} tensors in {len(m['groups'])} groups, "
                   f"{sum(e['bytes'] for e in m['files'])} bytes")
+        elif cmd == "next-seq":
+            print(Checkpoint(args[0]).next_seq)
         elif cmd == "verify":
             ck = Checkpoint(args[0])
             ck.verify()
@@ -184,6 +196,9 @@ def main(argv):
                         die(f"group {g}: negative adamw.v")
             if m["optimizer"]["t"] != m["step"] or m["data"]["next_step"] != m["step"]:
                 die(f"t {m['optimizer']['t']} / next_step {m['data']['next_step']} != step {m['step']}")
+            n = m["data"].get("next_seq", 0)
+            if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+                die(f"data.next_seq {n!r} is not a count of sequences")
         elif cmd == "same-as-export":
             ck = Checkpoint(args[0])
             ck.verify()

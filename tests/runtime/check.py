@@ -117,7 +117,7 @@ def cmd_logs(a, b, tol):
         die(f"{a} has {len(la)} steps, {b} has {len(lb)}")
     tol = float(tol)
     keys = {"step", "loss", "lr", "grad_norm", "tokens_per_s", "step_ms", "mem_peak_bytes", "comm_bytes",
-            "gather_bytes", "reduce_bytes"}
+            "gather_bytes", "reduce_bytes", "first_seq"}
     for x, y in zip(la, lb):
         if set(x) != keys:
             die(f"{a}: keys {sorted(x)}")
@@ -125,6 +125,9 @@ def cmd_logs(a, b, tol):
             die(f"{a}: step {x['step']}: comm_bytes is not gather_bytes + reduce_bytes")
         if x["step"] != y["step"] or x["lr"] != y["lr"]:
             die(f"step {x['step']}: step/lr differ: {x} vs {y}")
+        # the same G reads the same sequences (docs/design.md#data-order)
+        if x["first_seq"] != y["first_seq"]:
+            die(f"step {x['step']}: first_seq {x['first_seq']} vs {y['first_seq']}")
         for k in ("loss", "grad_norm"):
             if abs(x[k] - y[k]) > tol * abs(x[k]):
                 die(f"step {x['step']}: {k} {x[k]!r} vs {y[k]!r} (relative {tol})")
