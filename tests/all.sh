@@ -22,7 +22,9 @@
 #             --resume auto (signals.sh); the checkpoint directory: failed
 #             saves, a crash mid-replacement, two runs, an edited meta.json
 #             (ckptdir.sh); ranks started with different settings, a stopped
-#             rank (ranks.sh);
+#             rank (ranks.sh); tiny and tiny_llama on 1-3 ranks with
+#             checkpoints under ASan and UBSan, the runtime built with
+#             RT_SAN=1 (sanitize.sh);
 #   install   tests/install/run.sh: a trainer built outside the repository;
 #   cuda      tests/cuda/run.sh: the CUDA build without a GPU;
 #   cudasim   tests/cudasim/run.sh: the CUDA backend's host code on a
@@ -141,7 +143,7 @@ part_runtime() { suite "runtime: " env MAKE="$MAKE" tests/runtime/run.sh; }
 part_ckpt()    { suite "ckpt: " env MAKE="$MAKE" tests/ckpt/run.sh; }
 part_faults() {
     local s
-    for s in nonfinite signals ckptdir ranks; do
+    for s in nonfinite signals ckptdir ranks sanitize; do
         suite "faults: " env MAKE="$MAKE" tests/faults/$s.sh
     done
 }
@@ -184,7 +186,7 @@ show() {
 
 # The lanes, longest first. Times measured side by side on two cores:
 # cudasim 17 minutes; kernels 9, cuda 7; compiler 35 s, unit 3 s, san 35 s,
-# fuzz 66 s, runtime 2 minutes, ckpt 2, faults 3, install 5 s, e2e 7,
+# fuzz 66 s, runtime 2 minutes, ckpt 2, faults 4, install 5 s, e2e 7,
 # oracle 2.
 case $mode in
 quick)  lanes=("smoke" "docs compiler unit san") ;;
