@@ -16,6 +16,10 @@
 #                   lane, cudasim's (tests/all.sh; --serial runs them one
 #                   after another)
 #   make SANITIZE=1 build only the sanitizer build, build/san/fsdpc
+#   make runtime RT_SAN=1, make trainer FSD=... RT_SAN=1
+#                   the CPU runtime and a trainer with ASan and UBSan
+#                   (build/runtime-san, build/<model>/cpu-san);
+#                   tests/faults/sanitize.sh runs them on 1-3 ranks
 #   make fuzz       fuzz the compiler for FUZZ_SECONDS (libFuzzer, clang)
 #   make golden     regenerate the golden files (read the diff before committing)
 #   make bench      fsdpc's CPU trainer against PyTorch, compile times and the
@@ -164,7 +168,22 @@ fuzz: setup $(FUZZ_B)/fuzz_frontend
 # runtime/jsonout.c (JSON string escaping) needs only libc, and the compiler
 # links it (above).
 MPICC    ?= mpicc
-RT       := build/runtime
+# RT_SAN=1: the same libraries built with AddressSanitizer and UBSan, at -O1
+# with frame pointers, into build/runtime-san (CPU backend only); `make
+# trainer ... RT_SAN=1` builds a trainer against them, itself instrumented,
+# into build/<model>/cpu-san. Any report stops the process (no recovery);
+# tests/faults/sanitize.sh runs tiny and tiny_llama under them.
+RT_SAN   ?=
+ifeq ($(RT_SAN),1)
+  RT       := build/runtime-san
+  RT_SANFLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
+  ifneq ($(filter runtime-cuda runtime-cudasim trainer-cudasim,$(MAKECMDGOALS)),)
+    $(error RT_SAN=1 builds the CPU runtime only; cudasim has CUDASIM_SAN=1)
+  endif
+else
+  RT       := build/runtime
+  RT_SANFLAGS :=
+endif
 RT_SRCS  := base.c common.c ranks.c cpu.c data.c weights.c arena.c json.c jsonout.c hfnames.c ckpt.c optim.c \
             stop.c
 RT_HDRS  := runtime/fsdrt.h runtime/internal.h runtime/half.h runtime/jsonout.h
@@ -183,10 +202,10 @@ $(RT)/libfsdrt_cpu64.a: $(addprefix $(RT)/obj64/,$(RT_SRCS:.c=.o))
 	ar rcs $@ $^
 $(RT)/obj/%.o: runtime/%.c $(RT_HDRS)
 	@mkdir -p $(@D)
-	$(MPICC) $(RT_CFLAGS) -c -o $@ $<
+	$(MPICC) $(RT_CFLAGS) $(RT_SANFLAGS) -c -o $@ $<
 $(RT)/obj64/%.o: runtime/%.c $(RT_HDRS)
 	@mkdir -p $(@D)
-	$(MPICC) $(RT_CFLAGS) -DFSD_FLOAT64 -c -o $@ $<
+	$(MPICC) $(RT_CFLAGS) $(RT_SANFLAGS) -DFSD_FLOAT64 -c -o $@ $<
 
 # ── the CUDA runtime ──
 #   make runtime-cuda [ARCH=sm_80,sm_90]   → build/runtime/libfsdrt_cuda.a
@@ -272,11 +291,13 @@ cuda-build-vars:
 # gradient checks (-DFSD_FLOAT64), into build/<model>/cpu64/; BACKEND=cuda
 # builds it with nvcc against the CUDA runtime for ARCH (default sm_80,sm_90),
 # into build/<model>/cuda/ (docs/cuda.md); with MPI=0, against the runtime
-# without MPI, and without `setup` (which would install MPI).
+# without MPI, and without `setup` (which would install MPI). RT_SAN=1
+# builds a cpu or cpu64 trainer with ASan and UBSan against build/runtime-san
+# (above), into build/<model>/cpu-san (cpu64-san).
 FSD      ?= examples/tiny.fsd
 BACKEND  ?= cpu
 MODEL    := $(basename $(notdir $(FSD)))
-TRAINER  := build/$(MODEL)/$(BACKEND)
+TRAINER  := build/$(MODEL)/$(BACKEND)$(if $(RT_SANFLAGS),-san)
 TRAINER_FLAGS_cpu   :=
 TRAINER_FLAGS_cpu64 := -DFSD_FLOAT64
 TRAINER_LIB_cpu     := $(RT)/libfsdrt_cpu.a
@@ -285,6 +306,7 @@ TRAINER_LIB_cpu64   := $(RT)/libfsdrt_cpu64.a
 .PHONY: trainer
 trainer: $(if $(filter cuda,$(BACKEND)),$(if $(filter 0,$(MPI)),,setup),setup)
 	@case "$(BACKEND)" in cpu|cpu64|cuda) ;; *) echo "make trainer: BACKEND=$(BACKEND) is not one of cpu, cpu64, cuda"; exit 1;; esac
+	@case "$(BACKEND)$(RT_SAN)" in cuda1) echo "make trainer: RT_SAN=1 builds the CPU runtime only (BACKEND=cpu or cpu64)"; exit 1;; esac
 	@$(MAKE) --no-print-directory $(B)/fsdpc $(if $(filter cuda,$(BACKEND)),runtime-cuda,runtime)
 	@mkdir -p $(TRAINER)
 	$(B)/fsdpc $(FSD) -o $(TRAINER)/train.cu
@@ -292,8 +314,8 @@ ifeq ($(BACKEND),cuda)
 	$(NVCC) -x cu $(NVCC_FLAGS) -Iruntime $(TRAINER)/train.cu -L$(RT) -l$(CU_LIB) $(CUDA_LIBS) \
 	  -o $(TRAINER)/train
 else
-	$(MPICC) -x c -std=c11 $(RT_CFLAGS) $(TRAINER_FLAGS_$(BACKEND)) -Iruntime \
-	  $(TRAINER)/train.cu -x none $(TRAINER_LIB_$(BACKEND)) $(RT_LIBS) -o $(TRAINER)/train
+	$(MPICC) -x c -std=c11 $(RT_CFLAGS) $(RT_SANFLAGS) $(TRAINER_FLAGS_$(BACKEND)) -Iruntime \
+	  $(TRAINER)/train.cu -x none $(TRAINER_LIB_$(BACKEND)) $(RT_LIBS) $(RT_SANFLAGS) -o $(TRAINER)/train
 endif
 	@echo "built $(TRAINER)/train (source: $(TRAINER)/train.cu)"
 

@@ -25,6 +25,9 @@
 #             rank (ranks.sh); devices and FIFOs as outputs and inputs, a
 #             data file changed under a run (paths.sh); resuming with another
 #             global batch, from the next unseen sequence (resume_batch.sh);
+#   rtsan     tests/faults/sanitize.sh: tiny and tiny_llama on 1-3 ranks with
+#             checkpoints under ASan and UBSan, the runtime built with
+#             RT_SAN=1;
 #   install   tests/install/run.sh: a trainer built outside the repository;
 #   cuda      tests/cuda/run.sh: the CUDA build without a GPU;
 #   cudasim   tests/cudasim/run.sh: the CUDA backend's host code on a
@@ -152,6 +155,7 @@ part_cuda()    { suite "" env MAKE="$MAKE" tests/cuda/run.sh; }
 part_cudasim() { suite "" env MAKE="$MAKE" tests/cudasim/run.sh; }
 part_e2e()     { suite "e2e: " env MAKE="$MAKE" tests/e2e/run.sh; }
 part_oracle()  { suite "oracle: " env MAKE="$MAKE" tests/oracle/run.sh; }
+part_rtsan()   { suite "rtsan: " env MAKE="$MAKE" tests/faults/sanitize.sh; }
 part_smoke()   { suite "" env MAKE="$MAKE" tests/smoke/run.sh; }
 
 # ── running them ──
@@ -186,11 +190,11 @@ show() {
 
 # The lanes, longest first. Times measured side by side on two cores:
 # cudasim 17 minutes; kernels 9, cuda 7; compiler 35 s, unit 3 s, san 35 s,
-# fuzz 66 s, runtime 2 minutes, ckpt 2, faults 3, install 5 s, e2e 7,
+# fuzz 66 s, runtime 2 minutes, ckpt 2, faults 4, install 5 s, e2e 7,
 # oracle 2.
 case $mode in
 quick)  lanes=("smoke" "docs compiler unit san") ;;
-*)      lanes=("cudasim" "kernels cuda" "docs compiler unit san fuzz runtime ckpt faults install e2e oracle") ;;
+*)      lanes=("cudasim" "kernels cuda rtsan" "docs compiler unit san fuzz runtime ckpt faults install e2e oracle") ;;
 esac
 
 if [ $mode = serial ]; then
