@@ -47,6 +47,7 @@ typedef struct Emit {
     int nbuf[2];       /* buffer events of the one- and three-micro-batch steps */
     const char **var;  /* by tensor id: the C local of an arena tensor */
     const char **pvar; /* by parameter index: its enumerator, P_... */
+    const char **gvar; /* by group index: its enumerator, G_... */
     int lines;         /* newlines written so far: train.cu's line for #line */
 } Emit;
 
@@ -188,9 +189,9 @@ static const char *unique(const char **taken, int *ntaken, const char *base)
     return id;
 }
 
-/* C names for every parameter and arena tensor, from one set so that no
- * enumerator and local can meet: parameters first, in index order, then
- * tensors in id order; where two would share a name, the later one gets
+/* C names for every group, parameter and arena tensor, from one set so
+ * that no enumerator and local can meet: groups first, then parameters, in
+ * index order, then tensors in id order; where two would share a name, the later one gets
  * the first free suffix _2, _3, ... (the model's second residual sum in a
  * block, both "blocks.0.add", becomes blocks_0_add_2). The same model
  * gives the same names on every run. */
@@ -198,8 +199,12 @@ static void c_names(Emit *e)
 {
     Model *m = e->m;
     Graph *g = e->g;
-    const char **taken = arena_alloc(sizeof(char *) * (size_t)(m->nparams + g->ntensors));
+    const char **taken =
+        arena_alloc(sizeof(char *) * (size_t)(m->ngroups + m->nparams + g->ntensors));
     int ntaken = 0;
+    e->gvar = arena_alloc(sizeof(char *) * (size_t)m->ngroups);
+    for (int i = 0; i < m->ngroups; i++)
+        e->gvar[i] = unique(taken, &ntaken, c_ident("G_", m->groups[i]->name));
     e->pvar = arena_alloc(sizeof(char *) * (size_t)(m->nparams ? m->nparams : 1));
     e->var = arena_alloc(sizeof(char *) * (size_t)(g->ntensors ? g->ntensors : 1));
     for (int i = 0; i < m->nparams; i++)
@@ -425,15 +430,20 @@ static void emit_op(Emit *e, const OpNode *op)
 
 static void emit_event(Emit *e, const Event *ev)
 {
-    const char *gname = ev->group >= 0 ? e->m->groups[ev->group]->name : "";
+    static const char *const call[EV_COUNT] = {
+        [EV_ALL_GATHER] = "fsdrt_all_gather",   [EV_WAIT_GATHER] = "fsdrt_wait_gather",
+        [EV_RESHARD] = "fsdrt_reshard",         [EV_ALLOC_GRADS] = "fsdrt_alloc_grads",
+        [EV_REDUCE_SCATTER] = "fsdrt_reduce_scatter", [EV_WAIT_REDUCE] = "fsdrt_wait_reduce",
+        [EV_FREE_GRADS] = "fsdrt_free_grads",
+    };
     switch (ev->kind) {
-    case EV_ALL_GATHER: P("    fsdrt_all_gather(r, %d);      /* %s */\n", ev->group, gname); break;
-    case EV_WAIT_GATHER: P("    fsdrt_wait_gather(r, %d);     /* %s */\n", ev->group, gname); break;
-    case EV_RESHARD: P("    fsdrt_reshard(r, %d);         /* %s */\n", ev->group, gname); break;
-    case EV_ALLOC_GRADS: P("    fsdrt_alloc_grads(r, %d);     /* %s */\n", ev->group, gname); break;
-    case EV_REDUCE_SCATTER: P("    fsdrt_reduce_scatter(r, %d);  /* %s */\n", ev->group, gname); break;
-    case EV_WAIT_REDUCE: P("    fsdrt_wait_reduce(r, %d);     /* %s */\n", ev->group, gname); break;
-    case EV_FREE_GRADS: P("    fsdrt_free_grads(r, %d);      /* %s */\n", ev->group, gname); break;
+    case EV_ALL_GATHER:
+    case EV_WAIT_GATHER:
+    case EV_RESHARD:
+    case EV_ALLOC_GRADS:
+    case EV_REDUCE_SCATTER:
+    case EV_WAIT_REDUCE:
+    case EV_FREE_GRADS: P("    %s(r, %s);\n", call[ev->kind], e->gvar[ev->group]); break;
     case EV_COMPUTE: emit_op(e, ev->op); break;
     case EV_GRAD_NORM:
     case EV_OPTIMIZER: break;   /* fsdrt_end_step runs them, group by group */
@@ -499,6 +509,11 @@ static void emit_tables(Emit *e)
 {
     Model *m = e->m;
     Graph *g = e->g;
+    P("/* shard groups by index into groups[]: fsdrt_all_gather(r, G_...), ... */\n");
+    P("enum {\n");
+    for (int i = 0; i < m->ngroups; i++)
+        P("    %s,\n", e->gvar[i]);
+    P("};\n\n");
     if (m->nparams) {
         P("/* parameters by index into params[]: fsdrt_param(r, P_...), fsdrt_grad */\n");
         P("enum {\n");
@@ -509,8 +524,8 @@ static void emit_tables(Emit *e)
     P("static const FsdParamInfo params[%d] = {\n", m->nparams);
     for (int i = 0; i < m->nparams; i++) {
         Param *p = m->params[i];
-        P("    {\"%s\", %d, %" PRId64 ", %d, {%" PRId64 ", %" PRId64 "}, %" PRId64 ", %s, %s},\n",
-          p->name, p->group, p->offset, p->rank, p->shape[0], p->rank > 1 ? p->shape[1] : 1,
+        P("    {\"%s\", %s, %" PRId64 ", %d, {%" PRId64 ", %" PRId64 "}, %" PRId64 ", %s, %s},\n",
+          p->name, e->gvar[p->group], p->offset, p->rank, p->shape[0], p->rank > 1 ? p->shape[1] : 1,
           p->numel,
           p->init == INIT_NORMAL ? "FSD_INIT_NORMAL" : p->init == INIT_ZEROS ? "FSD_INIT_ZEROS"
                                                                             : "FSD_INIT_ONES",

@@ -70,6 +70,13 @@
 
 /* ──── the model ──── */
 
+/* shard groups by index into groups[]: fsdrt_all_gather(r, G_...), ... */
+enum {
+    G_blocks_0,
+    G_blocks_1,
+    G_root,
+};
+
 /* parameters by index into params[]: fsdrt_param(r, P_...), fsdrt_grad */
 enum {
     P_tok_weight,
@@ -111,42 +118,42 @@ enum {
 };
 
 static const FsdParamInfo params[36] = {
-    {"tok.weight", 2, 0, 2, {256, 64}, 16384, FSD_INIT_NORMAL, true},
-    {"pos.weight", 2, 16384, 2, {64, 64}, 4096, FSD_INIT_NORMAL, true},
-    {"blocks.0.ln1.weight", 0, 0, 1, {64, 1}, 64, FSD_INIT_ONES, false},
-    {"blocks.0.ln1.bias", 0, 64, 1, {64, 1}, 64, FSD_INIT_ZEROS, false},
-    {"blocks.0.attn.q.weight", 0, 128, 2, {64, 64}, 4096, FSD_INIT_NORMAL, true},
-    {"blocks.0.attn.q.bias", 0, 4224, 1, {64, 1}, 64, FSD_INIT_ZEROS, false},
-    {"blocks.0.attn.k.weight", 0, 4288, 2, {64, 64}, 4096, FSD_INIT_NORMAL, true},
-    {"blocks.0.attn.k.bias", 0, 8384, 1, {64, 1}, 64, FSD_INIT_ZEROS, false},
-    {"blocks.0.attn.v.weight", 0, 8448, 2, {64, 64}, 4096, FSD_INIT_NORMAL, true},
-    {"blocks.0.attn.v.bias", 0, 12544, 1, {64, 1}, 64, FSD_INIT_ZEROS, false},
-    {"blocks.0.attn.o.weight", 0, 12608, 2, {64, 64}, 4096, FSD_INIT_NORMAL, true},
-    {"blocks.0.attn.o.bias", 0, 16704, 1, {64, 1}, 64, FSD_INIT_ZEROS, false},
-    {"blocks.0.ln2.weight", 0, 16768, 1, {64, 1}, 64, FSD_INIT_ONES, false},
-    {"blocks.0.ln2.bias", 0, 16832, 1, {64, 1}, 64, FSD_INIT_ZEROS, false},
-    {"blocks.0.mlp.fc.weight", 0, 16896, 2, {256, 64}, 16384, FSD_INIT_NORMAL, true},
-    {"blocks.0.mlp.fc.bias", 0, 33280, 1, {256, 1}, 256, FSD_INIT_ZEROS, false},
-    {"blocks.0.mlp.proj.weight", 0, 33536, 2, {64, 256}, 16384, FSD_INIT_NORMAL, true},
-    {"blocks.0.mlp.proj.bias", 0, 49920, 1, {64, 1}, 64, FSD_INIT_ZEROS, false},
-    {"blocks.1.ln1.weight", 1, 0, 1, {64, 1}, 64, FSD_INIT_ONES, false},
-    {"blocks.1.ln1.bias", 1, 64, 1, {64, 1}, 64, FSD_INIT_ZEROS, false},
-    {"blocks.1.attn.q.weight", 1, 128, 2, {64, 64}, 4096, FSD_INIT_NORMAL, true},
-    {"blocks.1.attn.q.bias", 1, 4224, 1, {64, 1}, 64, FSD_INIT_ZEROS, false},
-    {"blocks.1.attn.k.weight", 1, 4288, 2, {64, 64}, 4096, FSD_INIT_NORMAL, true},
-    {"blocks.1.attn.k.bias", 1, 8384, 1, {64, 1}, 64, FSD_INIT_ZEROS, false},
-    {"blocks.1.attn.v.weight", 1, 8448, 2, {64, 64}, 4096, FSD_INIT_NORMAL, true},
-    {"blocks.1.attn.v.bias", 1, 12544, 1, {64, 1}, 64, FSD_INIT_ZEROS, false},
-    {"blocks.1.attn.o.weight", 1, 12608, 2, {64, 64}, 4096, FSD_INIT_NORMAL, true},
-    {"blocks.1.attn.o.bias", 1, 16704, 1, {64, 1}, 64, FSD_INIT_ZEROS, false},
-    {"blocks.1.ln2.weight", 1, 16768, 1, {64, 1}, 64, FSD_INIT_ONES, false},
-    {"blocks.1.ln2.bias", 1, 16832, 1, {64, 1}, 64, FSD_INIT_ZEROS, false},
-    {"blocks.1.mlp.fc.weight", 1, 16896, 2, {256, 64}, 16384, FSD_INIT_NORMAL, true},
-    {"blocks.1.mlp.fc.bias", 1, 33280, 1, {256, 1}, 256, FSD_INIT_ZEROS, false},
-    {"blocks.1.mlp.proj.weight", 1, 33536, 2, {64, 256}, 16384, FSD_INIT_NORMAL, true},
-    {"blocks.1.mlp.proj.bias", 1, 49920, 1, {64, 1}, 64, FSD_INIT_ZEROS, false},
-    {"ln_f.weight", 2, 20480, 1, {64, 1}, 64, FSD_INIT_ONES, false},
-    {"ln_f.bias", 2, 20544, 1, {64, 1}, 64, FSD_INIT_ZEROS, false},
+    {"tok.weight", G_root, 0, 2, {256, 64}, 16384, FSD_INIT_NORMAL, true},
+    {"pos.weight", G_root, 16384, 2, {64, 64}, 4096, FSD_INIT_NORMAL, true},
+    {"blocks.0.ln1.weight", G_blocks_0, 0, 1, {64, 1}, 64, FSD_INIT_ONES, false},
+    {"blocks.0.ln1.bias", G_blocks_0, 64, 1, {64, 1}, 64, FSD_INIT_ZEROS, false},
+    {"blocks.0.attn.q.weight", G_blocks_0, 128, 2, {64, 64}, 4096, FSD_INIT_NORMAL, true},
+    {"blocks.0.attn.q.bias", G_blocks_0, 4224, 1, {64, 1}, 64, FSD_INIT_ZEROS, false},
+    {"blocks.0.attn.k.weight", G_blocks_0, 4288, 2, {64, 64}, 4096, FSD_INIT_NORMAL, true},
+    {"blocks.0.attn.k.bias", G_blocks_0, 8384, 1, {64, 1}, 64, FSD_INIT_ZEROS, false},
+    {"blocks.0.attn.v.weight", G_blocks_0, 8448, 2, {64, 64}, 4096, FSD_INIT_NORMAL, true},
+    {"blocks.0.attn.v.bias", G_blocks_0, 12544, 1, {64, 1}, 64, FSD_INIT_ZEROS, false},
+    {"blocks.0.attn.o.weight", G_blocks_0, 12608, 2, {64, 64}, 4096, FSD_INIT_NORMAL, true},
+    {"blocks.0.attn.o.bias", G_blocks_0, 16704, 1, {64, 1}, 64, FSD_INIT_ZEROS, false},
+    {"blocks.0.ln2.weight", G_blocks_0, 16768, 1, {64, 1}, 64, FSD_INIT_ONES, false},
+    {"blocks.0.ln2.bias", G_blocks_0, 16832, 1, {64, 1}, 64, FSD_INIT_ZEROS, false},
+    {"blocks.0.mlp.fc.weight", G_blocks_0, 16896, 2, {256, 64}, 16384, FSD_INIT_NORMAL, true},
+    {"blocks.0.mlp.fc.bias", G_blocks_0, 33280, 1, {256, 1}, 256, FSD_INIT_ZEROS, false},
+    {"blocks.0.mlp.proj.weight", G_blocks_0, 33536, 2, {64, 256}, 16384, FSD_INIT_NORMAL, true},
+    {"blocks.0.mlp.proj.bias", G_blocks_0, 49920, 1, {64, 1}, 64, FSD_INIT_ZEROS, false},
+    {"blocks.1.ln1.weight", G_blocks_1, 0, 1, {64, 1}, 64, FSD_INIT_ONES, false},
+    {"blocks.1.ln1.bias", G_blocks_1, 64, 1, {64, 1}, 64, FSD_INIT_ZEROS, false},
+    {"blocks.1.attn.q.weight", G_blocks_1, 128, 2, {64, 64}, 4096, FSD_INIT_NORMAL, true},
+    {"blocks.1.attn.q.bias", G_blocks_1, 4224, 1, {64, 1}, 64, FSD_INIT_ZEROS, false},
+    {"blocks.1.attn.k.weight", G_blocks_1, 4288, 2, {64, 64}, 4096, FSD_INIT_NORMAL, true},
+    {"blocks.1.attn.k.bias", G_blocks_1, 8384, 1, {64, 1}, 64, FSD_INIT_ZEROS, false},
+    {"blocks.1.attn.v.weight", G_blocks_1, 8448, 2, {64, 64}, 4096, FSD_INIT_NORMAL, true},
+    {"blocks.1.attn.v.bias", G_blocks_1, 12544, 1, {64, 1}, 64, FSD_INIT_ZEROS, false},
+    {"blocks.1.attn.o.weight", G_blocks_1, 12608, 2, {64, 64}, 4096, FSD_INIT_NORMAL, true},
+    {"blocks.1.attn.o.bias", G_blocks_1, 16704, 1, {64, 1}, 64, FSD_INIT_ZEROS, false},
+    {"blocks.1.ln2.weight", G_blocks_1, 16768, 1, {64, 1}, 64, FSD_INIT_ONES, false},
+    {"blocks.1.ln2.bias", G_blocks_1, 16832, 1, {64, 1}, 64, FSD_INIT_ZEROS, false},
+    {"blocks.1.mlp.fc.weight", G_blocks_1, 16896, 2, {256, 64}, 16384, FSD_INIT_NORMAL, true},
+    {"blocks.1.mlp.fc.bias", G_blocks_1, 33280, 1, {256, 1}, 256, FSD_INIT_ZEROS, false},
+    {"blocks.1.mlp.proj.weight", G_blocks_1, 33536, 2, {64, 256}, 16384, FSD_INIT_NORMAL, true},
+    {"blocks.1.mlp.proj.bias", G_blocks_1, 49920, 1, {64, 1}, 64, FSD_INIT_ZEROS, false},
+    {"ln_f.weight", G_root, 20480, 1, {64, 1}, 64, FSD_INIT_ONES, false},
+    {"ln_f.bias", G_root, 20544, 1, {64, 1}, 64, FSD_INIT_ZEROS, false},
 };
 
 static const FsdGroupInfo groups[3] = {
@@ -350,14 +357,14 @@ static void micro_any(FsdRun *r)
     act *d_pos_out = fsdrt_act(r, 66);              /* f32[64, 64] */
     (void)B;
 
-    fsdrt_all_gather(r, 2);      /* root */
-    fsdrt_all_gather(r, 0);      /* blocks.0 */
-    fsdrt_wait_gather(r, 2);     /* root */
+    fsdrt_all_gather(r, G_root);
+    fsdrt_all_gather(r, G_blocks_0);
+    fsdrt_wait_gather(r, G_root);
     OP("embed tok", embed_fwd(tok_out, fsdrt_param(r, P_tok_weight), fsdrt_idx(r), B * 64, 64, 256));  /* examples/tiny.fsd:20 */
     OP("embed pos", embed_fwd(pos_out, fsdrt_param(r, P_pos_weight), fsdrt_positions(r), 64, 64, 64));  /* examples/tiny.fsd:21 */
     OP("add tiny", add_fwd(add, tok_out, pos_out, B * 4096, 4096));  /* examples/tiny.fsd:27 */
-    fsdrt_all_gather(r, 1);      /* blocks.1 */
-    fsdrt_wait_gather(r, 0);     /* blocks.0 */
+    fsdrt_all_gather(r, G_blocks_1);
+    fsdrt_wait_gather(r, G_blocks_0);
     OP("layernorm blocks.0.ln1", layernorm_fwd(blocks_0_ln1_out, blocks_0_ln1_mean, blocks_0_ln1_rstd, add, fsdrt_param(r, P_blocks_0_ln1_weight), fsdrt_param(r, P_blocks_0_ln1_bias), B * 64, 64, 1e-05));  /* examples/tiny.fsd:8 */
     OP("matmul_bias blocks.0.attn.q", fsdrt_gemm_bias(r, false, true, B * 64, 64, 64, blocks_0_ln1_out, 64, fsdrt_param(r, P_blocks_0_attn_q_weight), 64, fsdrt_param(r, P_blocks_0_attn_q_bias), blocks_0_attn_q_out, 64));  /* examples/tiny.fsd:9 */
     OP("matmul_bias blocks.0.attn.k", fsdrt_gemm_bias(r, false, true, B * 64, 64, 64, blocks_0_ln1_out, 64, fsdrt_param(r, P_blocks_0_attn_k_weight), 64, fsdrt_param(r, P_blocks_0_attn_k_bias), blocks_0_attn_k_out, 64));  /* examples/tiny.fsd:9 */
@@ -367,8 +374,8 @@ static void micro_any(FsdRun *r)
     OP("add_layernorm blocks.0.ln2", add_layernorm_fwd(blocks_0_add, blocks_0_ln2_out, blocks_0_ln2_mean, blocks_0_ln2_rstd, add, blocks_0_attn_o_out, fsdrt_param(r, P_blocks_0_ln2_weight), fsdrt_param(r, P_blocks_0_ln2_bias), B * 64, 64, 1e-05));  /* examples/tiny.fsd:10 */
     OP("matmul_bias_gelu blocks.0.mlp.fc", if (!fsdrt_gemm_bias_gelu(r, false, true, B * 64, 256, 64, blocks_0_ln2_out, 64, fsdrt_param(r, P_blocks_0_mlp_fc_weight), 64, fsdrt_param(r, P_blocks_0_mlp_fc_bias), blocks_0_mlp_fc_out, blocks_0_mlp_gelu, 256)) gelu_fwd(blocks_0_mlp_gelu, blocks_0_mlp_fc_out, B * 16384));  /* examples/tiny.fsd:11 */
     OP("matmul_bias blocks.0.mlp.proj", fsdrt_gemm_bias(r, false, true, B * 64, 64, 256, blocks_0_mlp_gelu, 256, fsdrt_param(r, P_blocks_0_mlp_proj_weight), 256, fsdrt_param(r, P_blocks_0_mlp_proj_bias), blocks_0_mlp_proj_out, 64));  /* examples/tiny.fsd:11 */
-    fsdrt_reshard(r, 0);         /* blocks.0 */
-    fsdrt_wait_gather(r, 1);     /* blocks.1 */
+    fsdrt_reshard(r, G_blocks_0);
+    fsdrt_wait_gather(r, G_blocks_1);
     OP("add_layernorm blocks.1.ln1", add_layernorm_fwd(blocks_0_add_2, blocks_1_ln1_out, blocks_1_ln1_mean, blocks_1_ln1_rstd, blocks_0_add, blocks_0_mlp_proj_out, fsdrt_param(r, P_blocks_1_ln1_weight), fsdrt_param(r, P_blocks_1_ln1_bias), B * 64, 64, 1e-05));  /* examples/tiny.fsd:8 */
     OP("matmul_bias blocks.1.attn.q", fsdrt_gemm_bias(r, false, true, B * 64, 64, 64, blocks_1_ln1_out, 64, fsdrt_param(r, P_blocks_1_attn_q_weight), 64, fsdrt_param(r, P_blocks_1_attn_q_bias), blocks_1_attn_q_out, 64));  /* examples/tiny.fsd:9 */
     OP("matmul_bias blocks.1.attn.k", fsdrt_gemm_bias(r, false, true, B * 64, 64, 64, blocks_1_ln1_out, 64, fsdrt_param(r, P_blocks_1_attn_k_weight), 64, fsdrt_param(r, P_blocks_1_attn_k_bias), blocks_1_attn_k_out, 64));  /* examples/tiny.fsd:9 */
@@ -378,22 +385,22 @@ static void micro_any(FsdRun *r)
     OP("add_layernorm blocks.1.ln2", add_layernorm_fwd(blocks_1_add, blocks_1_ln2_out, blocks_1_ln2_mean, blocks_1_ln2_rstd, blocks_0_add_2, blocks_1_attn_o_out, fsdrt_param(r, P_blocks_1_ln2_weight), fsdrt_param(r, P_blocks_1_ln2_bias), B * 64, 64, 1e-05));  /* examples/tiny.fsd:10 */
     OP("matmul_bias_gelu blocks.1.mlp.fc", if (!fsdrt_gemm_bias_gelu(r, false, true, B * 64, 256, 64, blocks_1_ln2_out, 64, fsdrt_param(r, P_blocks_1_mlp_fc_weight), 64, fsdrt_param(r, P_blocks_1_mlp_fc_bias), blocks_1_mlp_fc_out, blocks_1_mlp_gelu, 256)) gelu_fwd(blocks_1_mlp_gelu, blocks_1_mlp_fc_out, B * 16384));  /* examples/tiny.fsd:11 */
     OP("matmul_bias blocks.1.mlp.proj", fsdrt_gemm_bias(r, false, true, B * 64, 64, 256, blocks_1_mlp_gelu, 256, fsdrt_param(r, P_blocks_1_mlp_proj_weight), 256, fsdrt_param(r, P_blocks_1_mlp_proj_bias), blocks_1_mlp_proj_out, 64));  /* examples/tiny.fsd:11 */
-    fsdrt_reshard(r, 1);         /* blocks.1 */
+    fsdrt_reshard(r, G_blocks_1);
     OP("add_layernorm ln_f", add_layernorm_fwd(blocks_1_add_2, ln_f_out, ln_f_mean, ln_f_rstd, blocks_1_add, blocks_1_mlp_proj_out, fsdrt_param(r, P_ln_f_weight), fsdrt_param(r, P_ln_f_bias), B * 64, 64, 1e-05));  /* examples/tiny.fsd:23 */
     OP("matmul head", fsdrt_gemm(r, false, true, B * 64, 256, 64, 1, ln_f_out, 64, fsdrt_param(r, P_tok_weight), 64, 0, head_out, 256));  /* examples/tiny.fsd:24 */
     OP("cross_entropy tiny", cross_entropy_fwd(loss, logits_lse, head_out, fsdrt_targets(r), B * 64, 256); fsdrt_add_loss_tensor(r, loss));  /* examples/tiny.fsd:29 */
     OP("cross_entropy_bwd tiny", cross_entropy_bwd(d_head_out, false, head_out, fsdrt_targets(r), logits_lse, B * 64, 256, fsdrt_loss_scale(r)));  /* examples/tiny.fsd:29 */
-    fsdrt_all_gather(r, 1);      /* blocks.1 */
+    fsdrt_all_gather(r, G_blocks_1);
     OP("matmul_dx head", fsdrt_gemm(r, false, false, B * 64, 64, 256, 1, d_head_out, 256, fsdrt_param(r, P_tok_weight), 64, 0, d_ln_f_out, 64));  /* examples/tiny.fsd:24 */
-    fsdrt_alloc_grads(r, 2);     /* root */
+    fsdrt_alloc_grads(r, G_root);
     OP("matmul_dw head", fsdrt_gemm(r, true, false, 256, 64, B * 64, 1, d_head_out, 256, ln_f_out, 64, 1, fsdrt_grad(r, P_tok_weight), 64));  /* examples/tiny.fsd:24 */
     OP("layernorm_bwd ln_f", layernorm_bwd(d_blocks_1_add, false, fsdrt_grad(r, P_ln_f_weight), fsdrt_grad(r, P_ln_f_bias), d_ln_f_out, blocks_1_add_2, fsdrt_param(r, P_ln_f_weight), ln_f_mean, ln_f_rstd, B * 64, 64));  /* examples/tiny.fsd:23 */
-    fsdrt_reshard(r, 2);         /* root */
+    fsdrt_reshard(r, G_root);
     OP("copy tiny", copy(d_blocks_1_add_2, false, d_blocks_1_add, B * 4096));  /* examples/tiny.fsd:15 */
-    fsdrt_alloc_grads(r, 1);     /* blocks.1 */
+    fsdrt_alloc_grads(r, G_blocks_1);
     OP("bias_bwd blocks.1.mlp.proj", bias_bwd(fsdrt_grad(r, P_blocks_1_mlp_proj_bias), d_blocks_1_add, B * 64, 64));  /* examples/tiny.fsd:11 */
-    fsdrt_all_gather(r, 0);      /* blocks.0 */
-    fsdrt_wait_gather(r, 1);     /* blocks.1 */
+    fsdrt_all_gather(r, G_blocks_0);
+    fsdrt_wait_gather(r, G_blocks_1);
     OP("matmul_dx blocks.1.mlp.proj", fsdrt_gemm(r, false, false, B * 64, 256, 64, 1, d_blocks_1_add, 64, fsdrt_param(r, P_blocks_1_mlp_proj_weight), 256, 0, d_blocks_1_mlp_gelu, 256));  /* examples/tiny.fsd:11 */
     OP("matmul_dw blocks.1.mlp.proj", fsdrt_gemm(r, true, false, 64, 256, B * 64, 1, d_blocks_1_add, 64, blocks_1_mlp_gelu, 256, 1, fsdrt_grad(r, P_blocks_1_mlp_proj_weight), 256));  /* examples/tiny.fsd:11 */
     OP("gelu_bwd blocks.1.mlp", gelu_bwd(d_blocks_1_mlp_fc_out, false, d_blocks_1_mlp_gelu, blocks_1_mlp_fc_out, B * 16384));  /* examples/tiny.fsd:11 */
@@ -416,12 +423,12 @@ static void micro_any(FsdRun *r)
     OP("matmul_dx blocks.1.attn.q", fsdrt_gemm(r, false, false, B * 64, 64, 64, 1, d_blocks_1_attn_q_out, 64, fsdrt_param(r, P_blocks_1_attn_q_weight), 64, 1, d_blocks_1_ln1_out, 64));  /* examples/tiny.fsd:9 */
     OP("matmul_dw blocks.1.attn.q", fsdrt_gemm(r, true, false, 64, 64, B * 64, 1, d_blocks_1_attn_q_out, 64, blocks_1_ln1_out, 64, 1, fsdrt_grad(r, P_blocks_1_attn_q_weight), 64));  /* examples/tiny.fsd:9 */
     OP("layernorm_bwd blocks.1.ln1", layernorm_bwd(d_blocks_0_add, true, fsdrt_grad(r, P_blocks_1_ln1_weight), fsdrt_grad(r, P_blocks_1_ln1_bias), d_blocks_1_ln1_out, blocks_0_add_2, fsdrt_param(r, P_blocks_1_ln1_weight), blocks_1_ln1_mean, blocks_1_ln1_rstd, B * 64, 64));  /* examples/tiny.fsd:8 */
-    fsdrt_reshard(r, 1);         /* blocks.1 */
-    fsdrt_reduce_scatter(r, 1);  /* blocks.1 */
+    fsdrt_reshard(r, G_blocks_1);
+    fsdrt_reduce_scatter(r, G_blocks_1);
     OP("copy tiny", copy(d_blocks_0_add_2, false, d_blocks_0_add, B * 4096));  /* examples/tiny.fsd:15 */
-    fsdrt_alloc_grads(r, 0);     /* blocks.0 */
+    fsdrt_alloc_grads(r, G_blocks_0);
     OP("bias_bwd blocks.0.mlp.proj", bias_bwd(fsdrt_grad(r, P_blocks_0_mlp_proj_bias), d_blocks_0_add, B * 64, 64));  /* examples/tiny.fsd:11 */
-    fsdrt_wait_gather(r, 0);     /* blocks.0 */
+    fsdrt_wait_gather(r, G_blocks_0);
     OP("matmul_dx blocks.0.mlp.proj", fsdrt_gemm(r, false, false, B * 64, 256, 64, 1, d_blocks_0_add, 64, fsdrt_param(r, P_blocks_0_mlp_proj_weight), 256, 0, d_blocks_0_mlp_gelu, 256));  /* examples/tiny.fsd:11 */
     OP("matmul_dw blocks.0.mlp.proj", fsdrt_gemm(r, true, false, 64, 256, B * 64, 1, d_blocks_0_add, 64, blocks_0_mlp_gelu, 256, 1, fsdrt_grad(r, P_blocks_0_mlp_proj_weight), 256));  /* examples/tiny.fsd:11 */
     OP("gelu_bwd blocks.0.mlp", gelu_bwd(d_blocks_0_mlp_fc_out, false, d_blocks_0_mlp_gelu, blocks_0_mlp_fc_out, B * 16384));  /* examples/tiny.fsd:11 */
@@ -444,18 +451,18 @@ static void micro_any(FsdRun *r)
     OP("matmul_dx blocks.0.attn.q", fsdrt_gemm(r, false, false, B * 64, 64, 64, 1, d_blocks_0_attn_q_out, 64, fsdrt_param(r, P_blocks_0_attn_q_weight), 64, 1, d_blocks_0_ln1_out, 64));  /* examples/tiny.fsd:9 */
     OP("matmul_dw blocks.0.attn.q", fsdrt_gemm(r, true, false, 64, 64, B * 64, 1, d_blocks_0_attn_q_out, 64, blocks_0_ln1_out, 64, 1, fsdrt_grad(r, P_blocks_0_attn_q_weight), 64));  /* examples/tiny.fsd:9 */
     OP("layernorm_bwd blocks.0.ln1", layernorm_bwd(d_add, true, fsdrt_grad(r, P_blocks_0_ln1_weight), fsdrt_grad(r, P_blocks_0_ln1_bias), d_blocks_0_ln1_out, add, fsdrt_param(r, P_blocks_0_ln1_weight), blocks_0_ln1_mean, blocks_0_ln1_rstd, B * 64, 64));  /* examples/tiny.fsd:8 */
-    fsdrt_reshard(r, 0);         /* blocks.0 */
-    fsdrt_reduce_scatter(r, 0);  /* blocks.0 */
-    fsdrt_wait_reduce(r, 1);     /* blocks.1 */
-    fsdrt_free_grads(r, 1);      /* blocks.1 */
+    fsdrt_reshard(r, G_blocks_0);
+    fsdrt_reduce_scatter(r, G_blocks_0);
+    fsdrt_wait_reduce(r, G_blocks_1);
+    fsdrt_free_grads(r, G_blocks_1);
     OP("reduce_to tiny", reduce_to(d_pos_out, false, d_add, B * 4096, 4096));  /* examples/tiny.fsd:27 */
     OP("embed_bwd pos", embed_bwd(fsdrt_grad(r, P_pos_weight), d_pos_out, fsdrt_positions(r), 64, 64, 64));  /* examples/tiny.fsd:21 */
     OP("embed_bwd tok", embed_bwd(fsdrt_grad(r, P_tok_weight), d_add, fsdrt_idx(r), B * 64, 64, 256));  /* examples/tiny.fsd:20 */
-    fsdrt_reduce_scatter(r, 2);  /* root */
-    fsdrt_wait_reduce(r, 0);     /* blocks.0 */
-    fsdrt_free_grads(r, 0);      /* blocks.0 */
-    fsdrt_wait_reduce(r, 2);     /* root */
-    fsdrt_free_grads(r, 2);      /* root */
+    fsdrt_reduce_scatter(r, G_root);
+    fsdrt_wait_reduce(r, G_blocks_0);
+    fsdrt_free_grads(r, G_blocks_0);
+    fsdrt_wait_reduce(r, G_root);
+    fsdrt_free_grads(r, G_root);
 }
 
 /* one step: every micro-batch of it, in order */
