@@ -1188,28 +1188,20 @@ static bool count_of(const JVal *o, const char *key, int64_t *out)
     return json_count(json_get(o, key), out);
 }
 
-/* meta.json's bytes: false, the failure recorded, when there is no file;
- * else *text (malloc'ed, NULL if it could not be read) holds *n of its
- * *size bytes, and the parse that follows reports a short read. */
-static bool meta_text(FsdRun *r, const char *dir, char **text, size_t *n, long *size)
+/* meta.json's bytes (slurp): false, the failure recorded, when there is no
+ * file to read; else *text holds its *n bytes, or is NULL when they could
+ * not all be read, which the parse that follows reports. */
+static bool meta_text(FsdRun *r, const char *dir, char **text, size_t *n)
 {
     char path[PATH_BYTES + 300];
     snprintf(path, sizeof path, "%s/meta.json", dir);
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        rt_fail(r, "cannot resume from %s: it has no meta.json (%s), so it is not a complete "
-                   "checkpoint",
-                dir, strerror(errno));
-        return false;
-    }
-    *text = NULL;
     *n = 0;
-    *size = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
-    if (*size > 0 && *size < (1L << 30) && fseek(f, 0, SEEK_SET) == 0 &&
-        (*text = malloc((size_t)*size)))
-        *n = fread(*text, 1, (size_t)*size, f);
-    fclose(f);
-    return true;
+    if ((*text = slurp(path, n)) || access(path, R_OK) == 0)
+        return true;
+    rt_fail(r, "cannot resume from %s: it has no meta.json (%s), so it is not a complete "
+               "checkpoint",
+            dir, strerror(errno));
+    return false;
 }
 
 /* meta.json's last line holds the CRC32C of every byte before it (META_TAIL). */
@@ -1400,14 +1392,13 @@ static bool read_meta(FsdRun *r, const char *dir, Meta *M)
     const FsdModel *m = r->m;
     char *text;
     size_t n;
-    long size;
-    if (!meta_text(r, dir, &text, &n, &size))
+    if (!meta_text(r, dir, &text, &n))
         return false;
     JVal root = {0};
     size_t err_at = 0;
     const char *why = "empty";
     bool ok = false;
-    if (!text || n != (size_t)size || !json_parse(text, n, &root, &err_at, &why)) {
+    if (!text || n == 0 || !json_parse(text, n, &root, &err_at, &why)) {
         rt_fail(r, "checkpoint %s: meta.json is not valid JSON (byte %zu: %s)", dir, err_at, why);
         goto done;
     }

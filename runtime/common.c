@@ -488,11 +488,6 @@ static void free_all(FsdRun *r)
     r->log = NULL;
 }
 
-/* --log on --resume: the file keeps its lines of the steps before the one
- * resumed from, up to the first line of a later step, or a line a killed
- * run left unfinished (no newline), where it is cut; this run's lines
- * follow. So a run resumed from an older checkpoint than its last logs each
- * step once. Rank 0, which alone has the log open. */
 /* Whether the log is a regular file: one to cut. A device or pipe (--log
  * /dev/stdout) is written as it is, with nothing to cut. */
 static bool log_is_file(FsdRun *r)
@@ -501,6 +496,11 @@ static bool log_is_file(FsdRun *r)
     return fstat(fileno(r->log), &st) == 0 && S_ISREG(st.st_mode);
 }
 
+/* --log on --resume: the file keeps its lines of the steps before the one
+ * resumed from, up to the first line of a later step, or a line a killed
+ * run left unfinished (no newline), where it is cut; this run's lines
+ * follow. So a run resumed from an older checkpoint than its last logs each
+ * step once. Rank 0, which alone has the log open. */
 static void log_resume(FsdRun *r)
 {
     if (!log_is_file(r))
@@ -1190,15 +1190,15 @@ static double lr_at(const FsdTrainConfig *c, int64_t s)
     return c->min_lr + 0.5 * (1 + cos(pi * progress)) * (c->lr - c->min_lr);
 }
 
-/* Why the run stops at this step, and what to try (rank 0, standard
- * error): the loss and the norm are global, so one line says it for every
- * rank. The status is NONFINITE_STATUS. */
 /* nan, inf or -inf, without the sign printf gives a NaN */
 static const char *nonfinite_name(double x)
 {
     return isnan(x) ? "nan" : x > 0 ? "inf" : "-inf";
 }
 
+/* Why the run stops at this step, and what to try (rank 0, standard
+ * error): the loss and the norm are global, so one line says it for every
+ * rank. The status is NONFINITE_STATUS. */
 static void stop_message(FsdRun *r, double loss, double norm, double lr)
 {
     const bool bad_loss = !isfinite(loss);

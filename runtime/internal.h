@@ -283,8 +283,9 @@ void ckpt_resume(FsdRun *r);
 void ckpt_check(FsdRun *r);
 /* After step r->step's update (collective): completes a finished
  * background save, starts the save due after this step (the checkpoint then
- * holds step r->step + 1 and next sequence r->seq + G). Returns the milliseconds training was blocked,
- * and whether a save started or completed. */
+ * holds step r->step + 1 and next sequence r->seq + G). Returns the
+ * milliseconds training was blocked, and whether a save started or
+ * completed. */
 double ckpt_after_step(FsdRun *r, bool *worked);
 /* Waits for a save in flight and completes it (collective): before
  * --export at the end of the run, and at fsdrt_finalize. */
@@ -423,9 +424,10 @@ void bk_inputs(FsdRun *r, int micro);
  * over ranks into v[0] and v[1]; clipping to cfg.grad_clip (clip_coef);
  * the optimizer with learning rate lr for step t (from 1); grad shards
  * zeroed. When v[0] or v[1] is not finite the optimizer does not run
- * (update_coef): every rank sees the same sums, so all skip together. On CUDA nothing in it waits for the GPU but the read of v (with
- * `offload = cpu`: one wait for the step first, then the update on the
- * host, optim.c). */
+ * (update_coef): every rank sees the same sums, so all skip together. On
+ * CUDA nothing in it waits for the GPU but the read of v (with `offload =
+ * cpu`: one wait for the step first, then the update on the host,
+ * optim.c). */
 void bk_update(FsdRun *r, double lr, int64_t t, double v[2]);
 
 /* The exit status of a run stopped by a non-finite loss or gradient norm
