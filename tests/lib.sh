@@ -54,3 +54,18 @@ need_tools() {
         fi
     done
 }
+
+# build_trainer LABEL TARGET...: runs `$MAKE -s TARGET...` (a trainer: `trainer
+# FSD=... TRAINER=build/SUITE/...`, this suite's own folder), which must
+# succeed without a compiler warning; otherwise bad "LABEL (errors or
+# warnings)" with the build's output, and a non-zero status.
+build_trainer() {
+    local label=$1
+    shift
+    if ${MAKE:-make} --no-print-directory -s "$@" >"$TMP/build" 2>&1 &&
+            ! grep -q "warning:" "$TMP/build"; then
+        return 0
+    fi
+    bad "$label (errors or warnings)" "$TMP/build"
+    return 1
+}

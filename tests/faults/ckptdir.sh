@@ -20,11 +20,8 @@ SHOW_LINES=20
 . tests/lib.sh
 
 need_tools "checkpoint fault tests" mpicc mpirun python3
-if ! $MAKE --no-print-directory -s trainer FSD=examples/tiny.fsd BACKEND=cpu TRAINER=build/faults-ckpt/tiny \
-        >"$TMP/build" 2>&1 || grep -q "warning:" "$TMP/build"; then
-    bad "build: make trainer FSD=examples/tiny.fsd (errors or warnings)" "$TMP/build"
-    done_
-fi
+build_trainer "build: make trainer FSD=examples/tiny.fsd" trainer FSD=examples/tiny.fsd \
+    BACKEND=cpu TRAINER=build/faults-ckpt/tiny || done_
 $MAKE --no-print-directory -s build/fsdata >/dev/null 2>&1
 
 TINY=build/faults-ckpt/tiny/train

@@ -63,11 +63,8 @@ fi
 
 # ── the trainer ──
 need_tools "trainer path tests" mpicc mpirun python3 truncate mkfifo timeout
-if ! $MAKE --no-print-directory -s trainer FSD=examples/tiny.fsd BACKEND=cpu TRAINER=build/faults-paths/tiny \
-        >"$TMP/build" 2>&1 || grep -q "warning:" "$TMP/build"; then
-    bad "build: make trainer FSD=examples/tiny.fsd (errors or warnings)" "$TMP/build"
-    done_
-fi
+build_trainer "build: make trainer FSD=examples/tiny.fsd" trainer FSD=examples/tiny.fsd \
+    BACKEND=cpu TRAINER=build/faults-paths/tiny || done_
 ok "build: tiny's trainer without warnings"
 
 TINY=build/faults-paths/tiny/train

@@ -21,12 +21,8 @@ SHOW_LINES=20
 . tests/lib.sh
 
 need_tools "resume-batch fault tests" mpicc mpirun python3
-if ! { $MAKE --no-print-directory -s build/fsdata &&
-       $MAKE --no-print-directory -s trainer FSD=examples/tiny.fsd BACKEND=cpu TRAINER=build/faults-seq/tiny; } \
-        >"$TMP/build" 2>&1 || grep -q "warning:" "$TMP/build"; then
-    bad "build: make trainer FSD=examples/tiny.fsd (errors or warnings)" "$TMP/build"
-    done_
-fi
+build_trainer "build: make trainer FSD=examples/tiny.fsd" build/fsdata trainer FSD=examples/tiny.fsd \
+    BACKEND=cpu TRAINER=build/faults-seq/tiny || done_
 
 TINY=build/faults-seq/tiny/train
 READ="python3 tests/ckpt/read_ckpt.py"

@@ -26,11 +26,8 @@ SHOW_LINES=20
 . tests/lib.sh
 
 need_tools "signal tests" mpicc mpirun python3 pgrep
-if ! $MAKE --no-print-directory -s trainer FSD=examples/tiny.fsd BACKEND=cpu TRAINER=build/faults-sig/tiny \
-        >"$TMP/build" 2>&1 || grep -q "warning:" "$TMP/build"; then
-    bad "build: make trainer FSD=examples/tiny.fsd (errors or warnings)" "$TMP/build"
-    done_
-fi
+build_trainer "build: make trainer FSD=examples/tiny.fsd" trainer FSD=examples/tiny.fsd \
+    BACKEND=cpu TRAINER=build/faults-sig/tiny || done_
 ok "build: tiny's trainer without warnings"
 
 TINY=build/faults-sig/tiny/train

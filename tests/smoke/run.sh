@@ -24,11 +24,8 @@ SHOW_LINES=20
 . tests/lib.sh
 
 need_tools "smoke tests" mpicc mpirun python3
-if ! $MAKE --no-print-directory -s build/fsdata trainer FSD=examples/tiny.fsd BACKEND=cpu \
-        TRAINER=build/smoke/tiny >"$TMP/build" 2>&1 || grep -q "warning:" "$TMP/build"; then
-    bad "smoke: make trainer FSD=examples/tiny.fsd (errors or warnings)" "$TMP/build"
-    done_
-fi
+build_trainer "smoke: make trainer FSD=examples/tiny.fsd" build/fsdata trainer FSD=examples/tiny.fsd \
+    BACKEND=cpu TRAINER=build/smoke/tiny || done_
 ok "smoke: tiny's trainer builds without warnings"
 
 T=build/smoke/tiny/train
