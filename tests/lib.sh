@@ -69,3 +69,25 @@ build_trainer() {
     bad "$label (errors or warnings)" "$TMP/build"
     return 1
 }
+
+# MPIRUN: mpirun as every suite starts it: --oversubscribe (up to 4 ranks on
+# two cores), --allow-run-as-root when run as root, and two settings that keep
+# Open MPI's own bookkeeping out of the results:
+#   orte_tmpdir_base  its session directory goes in the suite's $TMP, removed
+#                     when the suite ends, instead of /tmp/ompi.<host>.<uid>,
+#                     where every mpirun a test kills leaves a pid.N folder
+#                     that a later mpirun given the same pid would meet again
+#                     (pid_max is 32768 on the machines that run this);
+#   orte_allowed_exit_without_sync  on a loaded machine, Open MPI 4.1's
+#                     mpirun now and then reports a rank that did finish
+#                     MPI_Finalize as "exiting improperly" (seen in runs of
+#                     make test beside other work; Open MPI's issue 7833
+#                     reports the same on one idle machine); with
+#                     the setting a rank's exit status counts, so a rank that
+#                     exits non-zero, on a signal or through MPI_Abort still
+#                     fails the run, and only a rank that exits 0 without
+#                     MPI_Finalize goes unnoticed (the runtime ends MPI in
+#                     one place, bk_stop, on every path that returns).
+MPIRUN=(mpirun --oversubscribe --mca orte_allowed_exit_without_sync 1)
+[ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
+[ -n "${TMP:-}" ] && MPIRUN+=(--mca orte_tmpdir_base "$TMP")

@@ -38,8 +38,6 @@ HFL=build/ckpt/hf_llama/train
 READ="python3 tests/ckpt/read_ckpt.py"
 HF="python3 tests/ckpt/check_hf.py"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-MPIRUN=(mpirun --oversubscribe)
-[ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
 mp() { local w=$1; shift; timeout 120 "${MPIRUN[@]}" -np "$w" "$@"; }
 D=$TMP/data.bin
 build/fsdata synth "$D" --tokens 60000 >/dev/null

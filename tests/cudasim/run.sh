@@ -56,8 +56,7 @@ OUT=$TMP
 . tests/lib.sh       # the counters, ok, bad, done_ (after: they replace lib.sh's)
 
 STEPS=${CUDASIM_STEPS:-20}
-MPI=(mpirun --oversubscribe)
-[ "$(id -u)" = 0 ] && MPI+=(--allow-run-as-root)
+MPI=("${MPIRUN[@]}")
 
 # ── 1. builds ──
 if ! $MAKE --no-print-directory build/fsdpc build/fsdata runtime >"$TMP/base.log" 2>&1; then

@@ -41,8 +41,6 @@ fi
 FSDPC=build/fsdpc
 CHECK="python3 tests/e2e/check.py"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-MPIRUN=(mpirun --oversubscribe)
-[ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
 # mp W CMD...: CMD on W ranks, with a time limit so a hang is a failure
 mp() { local w=$1; shift; timeout 120 "${MPIRUN[@]}" -np "$w" "$@"; }
 

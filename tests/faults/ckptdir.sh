@@ -27,8 +27,6 @@ $MAKE --no-print-directory -s build/fsdata >/dev/null 2>&1
 TINY=build/faults-ckpt/tiny/train
 READ="python3 tests/ckpt/read_ckpt.py"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-MPIRUN=(mpirun --oversubscribe)
-[ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
 mp() { timeout 120 "${MPIRUN[@]}" -np 2 "$@"; }
 D=$TMP/data.bin
 build/fsdata synth "$D" --tokens 30000 >/dev/null

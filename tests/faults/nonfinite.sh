@@ -39,8 +39,6 @@ ok "build: tiny without warnings"
 TINY=build/faults/tiny/train
 READ="python3 tests/ckpt/read_ckpt.py"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-MPIRUN=(mpirun --oversubscribe)
-[ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
 mp() { local w=$1; shift; timeout 60 "${MPIRUN[@]}" -np "$w" "$@"; }
 D=$TMP/data.bin
 build/fsdata synth "$D" --tokens 60000 >/dev/null

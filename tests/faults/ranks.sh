@@ -26,8 +26,6 @@ if ! { $MAKE --no-print-directory -s runtime build/fsdata &&
 fi
 T=$PWD/build/faults-ranks/tiny/train
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-MPIRUN=(mpirun --oversubscribe)
-[ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
 
 build/fsdata synth "$TMP/a.bin" --tokens 20000 --vocab 64 --seed 1 >/dev/null
 build/fsdata synth "$TMP/b.bin" --tokens 20000 --vocab 64 --seed 2 >/dev/null

@@ -27,8 +27,6 @@ build_trainer "build: make trainer FSD=examples/tiny.fsd" build/fsdata trainer F
 TINY=build/faults-seq/tiny/train
 READ="python3 tests/ckpt/read_ckpt.py"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-MPIRUN=(mpirun --oversubscribe)
-[ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
 mp() { local n=$1; shift; timeout 120 "${MPIRUN[@]}" -np "$n" "$@"; }
 D=$TMP/data.bin
 build/fsdata synth "$D" --tokens 30000 >/dev/null

@@ -52,8 +52,6 @@ check "build: every object of $L and the trainers call ASan and UBSan" \
          nm build/faults-san/$m/train | grep -q __asan_init || exit 1; done )'
 
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-MPIRUN=(mpirun --oversubscribe)
-[ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
 SAN_ENV=(ASAN_OPTIONS=halt_on_error=1:detect_leaks=1:exitcode=86:fast_unwind_on_malloc=0
          LSAN_OPTIONS=suppressions=$PWD/tests/faults/lsan.supp
          UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:exitcode=86)

@@ -33,8 +33,6 @@ ok "build: tiny's trainer without warnings"
 TINY=build/faults-sig/tiny/train
 READ="python3 tests/ckpt/read_ckpt.py"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-MPIRUN=(mpirun --oversubscribe)
-[ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
 mp() { local w=$1; shift; timeout 120 "${MPIRUN[@]}" -np "$w" "$@"; }
 D=$TMP/data.bin
 build/fsdata synth "$D" --tokens 20000 >/dev/null

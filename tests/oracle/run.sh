@@ -53,8 +53,6 @@ need_tools "oracle" mpicc mpirun
 rm -rf "$OUT"
 mkdir -p "$OUT"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-MPIRUN=(mpirun --oversubscribe)
-[ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
 # mp W CMD...: CMD on W ranks, with a time limit so a hang is a failure
 mp() { local w=$1; shift; timeout 120 "${MPIRUN[@]}" -np "$w" "$@"; }
 

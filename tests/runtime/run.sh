@@ -31,8 +31,6 @@ TRAIN=build/runtime/trainer
 TRAIN64=build/runtime/trainer64
 CHECK="python3 tests/runtime/check.py"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-MPIRUN=(mpirun --oversubscribe)
-[ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
 
 # mp W CMD...: CMD on W ranks, with a time limit so a hang is a failure
 mp() { local w=$1; shift; timeout 60 "${MPIRUN[@]}" -np "$w" "$@"; }

@@ -30,8 +30,6 @@ ok "smoke: tiny's trainer builds without warnings"
 
 T=build/smoke/tiny/train
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-MPIRUN=(mpirun --oversubscribe)
-[ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
 mp() { local w=$1; shift; timeout 120 "${MPIRUN[@]}" -np "$w" "$@"; }
 D=$TMP/data.bin
 build/fsdata synth "$D" --tokens 60000 >/dev/null
