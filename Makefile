@@ -95,17 +95,19 @@ $(B)/obj/lexer.o: $(GEN)/lexer.c $(GEN)/parser.h compiler/fsdpc.h
 # Unit tests that link the compiler's passes directly.
 $(B)/test_schedule: tests/unit/test_schedule.c $(OBJS)
 	$(CC) $(CFLAGS) $(WARN) $(INC) $(LDFLAGS) -o $@ $^ -lm -ldl
+$(B)/test_pattern: tests/unit/test_pattern.c $(OBJS)
+	$(CC) $(CFLAGS) $(WARN) $(INC) $(LDFLAGS) -o $@ $^ -lm -ldl
 
 setup:
 	@tools/setup.sh
 
 check: setup
-	@$(MAKE) --no-print-directory all build/test_schedule SANITIZE=
+	@$(MAKE) --no-print-directory all build/test_schedule build/test_pattern SANITIZE=
 	@$(MAKE) --no-print-directory all SANITIZE=1
 	@MAKE="$(MAKE)" tests/all.sh --quick
 
 test: setup
-	@$(MAKE) --no-print-directory all build/test_schedule SANITIZE=
+	@$(MAKE) --no-print-directory all build/test_schedule build/test_pattern SANITIZE=
 	@$(MAKE) --no-print-directory all SANITIZE=1
 	@MAKE="$(MAKE)" tests/all.sh
 

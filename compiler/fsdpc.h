@@ -696,14 +696,28 @@ typedef enum {
 typedef struct Event {
     EventKind kind;
     Phase phase;
-    int micro;              /* micro-batch index, -1 for the optimizer phase */
+    int micro;              /* micro-batch index, -1 for the optimizer phase; in a
+                               pattern, 1 stands for micro-batches 1 .. n-2 */
     int group;              /* -1 for compute and grad_norm */
     OpNode *op;             /* EV_COMPUTE */
 } Event;
 
+/* One step of n micro-batches, written as a pattern
+ * (docs/compiler.md#the-micro-batch-pattern): its first micro-batch
+ * (micro 0), the middle one (micro 1) once, standing for micro-batches
+ * 1 .. n-2, which all run the same events, and its last (micro n-1),
+ * then the optimizer phase. For n <= 3 that is every
+ * micro-batch and repeat is 1; a full expansion (schedule_build_full)
+ * writes all n with repeat 1. A consumer counts an event schedule_runs
+ * times per step (bytes, time, FLOPs), may take a maximum over the events
+ * as the step's (the verifier checks that the middle micro-batch leaves the
+ * state it found, so every repetition replays alike), and must not assume
+ * that nev grows with n or that micro indices are consecutive. */
 typedef struct Schedule {
     Plan *plan;
-    int micro_batches;      /* the step this schedule is: plan->micro_batches when built */
+    int micro_batches;      /* n, the step this schedule is: plan->micro_batches when built */
+    int repeat;             /* times micro-batch 1's events run per step: n - 2 for a
+                               pattern of n >= 4 micro-batches, else 1 */
     Event *ev;
     int nev, cap;
 } Schedule;
@@ -712,9 +726,18 @@ const char *event_name(EventKind k);
 bool op_reads_params(const OpNode *op);
 bool op_writes_grads(const OpNode *op);
 StreamId event_stream(EventKind k);
-/* The events of one step of `micro_batches` micro-batches under the plan's
- * groups and policies. */
+/* One step of `micro_batches` micro-batches under the plan's groups and
+ * policies, as a pattern of at most three micro-batches (above). */
 Schedule *schedule_build(Plan *p, int micro_batches);
+/* The same step with every micro-batch written out (repeat 1): what the
+ * tests hold the pattern's consumers to. Its size grows with the step. */
+Schedule *schedule_build_full(Plan *p, int micro_batches);
+/* Times event e runs in one step of s: s->repeat for micro-batch 1's
+ * events, 1 for the others. */
+static inline int64_t schedule_runs(const Schedule *s, const Event *e)
+{
+    return e->micro == 1 ? s->repeat : 1;
+}
 /* Replays the schedule against the plan's rules; prints each violation to
  * err (when not NULL) and returns how many there were. */
 int schedule_verify(Schedule *s, FILE *err);
@@ -809,7 +832,12 @@ double sim_collective_seconds(const SimCluster *c, int64_t bytes);
 typedef struct Sim {
     Schedule *sched;
     SimCluster cluster;
-    double *start_s, *end_s;     /* by event; a wait's span is the time it held compute */
+    double *start_s, *end_s;     /* by event; a wait's span is the time it held compute;
+                                    a pattern's micro-batch 1: its first run */
+    double elided_from_s, elided_to_s; /* a pattern's runs of micro-batch 1 after the first:
+                                    from the first's end to the last micro-batch's start */
+    int replayed_runs;           /* runs of micro-batch 1 replayed before the steady
+                                    state added the rest at once (sim.c's replay_middle) */
     bool *mem_bound;             /* by event: a compute event limited by HBM */
     double step_s;               /* when the last stream finishes */
     double compute_s;            /* compute-stream work (ops, grad norm, optimizer) */

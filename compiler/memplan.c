@@ -247,7 +247,15 @@ static int64_t reduce_buffer_bytes(const MemPlan *mp, const ShardGroup *sg)
  * activations are those live at the last compute op so far in this
  * micro-batch (none before its first op); workspace counts during a
  * compute event only. Buffer states are flags, not counts, so a malformed
- * schedule (the verifier's business) cannot drive them negative. */
+ * schedule (the verifier's business) cannot drive them negative.
+ *
+ * A pattern's micro-batch 1 is replayed once for all its repetitions:
+ * what is live after an event depends on the buffer flags and the
+ * micro-batch's own ops alone, and schedule_verify holds micro-batch 1 to
+ * leaving every flag as it found it, so each repetition leaves the same
+ * bytes live after each event as the first. The step's peak and every
+ * maximum below are therefore the pattern's (tests/unit/test_pattern.c
+ * holds them to the full expansion's). */
 static void replay(MemPlan *mp)
 {
     Schedule *s = mp->sched;
@@ -408,11 +416,15 @@ static const char *const phase_names[] = {"forward", "backward", "optimizer"};
 
 static const char *event_desc(const MemPlan *mp, int i)
 {
-    const Event *e = &mp->sched->ev[i];
-    Model *m = mp->sched->plan->m;
+    const Schedule *s = mp->sched;
+    const Event *e = &s->ev[i];
+    Model *m = s->plan->m;
     const char *when = e->micro >= 0
                            ? arena_printf("%s, micro-batch %d", phase_names[e->phase], e->micro)
                            : phase_names[e->phase];
+    if (schedule_runs(s, e) > 1)
+        when = arena_printf("%s, micro-batch 1, standing for 1 to %d", phase_names[e->phase],
+                            s->micro_batches - 2);
     const char *what;
     if (e->op)
         what = arena_printf("compute op %d %s%s%s", e->op->index, op_name(e->op->kind),

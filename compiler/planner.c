@@ -190,7 +190,9 @@ static void auto_groups(Model *m, Graph *g, int64_t bucket)
  * the per-collective latency fewer times. The user's size is the upper bound
  * (it bounds the unsharded memory); sizes N, N/2, N/4, ... down to 1 MiB, at
  * most 8 of them, are each planned and simulated on the cluster, and the
- * fastest is kept (the larger on a tie: fewer collectives). */
+ * fastest is kept (the larger on a tie: fewer collectives). Each is
+ * simulated as the step's pattern of micro-batches, exact for any
+ * grad_accum at the cost of three (docs/compiler.md#the-micro-batch-pattern). */
 enum { MAX_BUCKET_TRIES = 8 };
 
 static Plan *choose_buckets(Model *m, Graph *g, const SimCluster *c)

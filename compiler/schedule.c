@@ -27,6 +27,12 @@
  *             after forward, as FSDP2 does).
  * After the last micro-batch: the global gradient norm, then the optimizer
  * on each group's shard.
+ *
+ * A step of n micro-batches is written as a pattern, first, middle and
+ * last, the middle standing for micro-batches 1 .. n-2 (Schedule.repeat),
+ * so nothing downstream grows with grad_accum
+ * (docs/compiler.md#the-micro-batch-pattern); schedule_build_full writes
+ * every micro-batch, for the tests.
  */
 #include "fsdpc.h"
 
@@ -205,20 +211,55 @@ static void micro_batch(Builder *b, int micro)
     finish_reduce(b, micro);
 }
 
-Schedule *schedule_build(Plan *p, int micro_batches)
+/* Writes micro-batches `micros` (step indices, ascending) of a step of
+ * n, then the optimizer phase. The builder's state carries from one
+ * micro-batch to the next as the step would carry it; skipping the
+ * micro-batches between the middle and the last is sound because the
+ * middle leaves the state it found (schedule_verify checks it). */
+static Schedule *build(Plan *p, int n, const int *micros, int nmicros, int repeat)
 {
     Schedule *s = arena_alloc(sizeof *s);
     s->plan = p;
     int G = p->m->ngroups;
     Builder b = {s, p, G, arena_alloc((size_t)G), arena_alloc((size_t)G), arena_alloc((size_t)G),
                  arena_alloc((size_t)G), -1};
-    s->micro_batches = micro_batches;
-    for (int micro = 0; micro < s->micro_batches; micro++)
-        micro_batch(&b, micro);
+    s->micro_batches = n;
+    s->repeat = repeat;
+    for (int k = 0; k < nmicros; k++)
+        micro_batch(&b, micros[k]);
     emit(s, EV_GRAD_NORM, PH_OPTIMIZER, -1, -1, NULL);
     for (int gi = 0; gi < G; gi++)
         emit(s, EV_OPTIMIZER, PH_OPTIMIZER, -1, p->fwd_order[gi]->index, NULL);
     return s;
+}
+
+/* The pattern: micro-batches are alike but for the first (nothing is
+ * gathered or allocated yet) and the last (it reduce-scatters what
+ * accumulated unsharded, and reshards what reshard_after_backward = false
+ * kept). Every micro-batch ends with nothing in flight (each all-gather is
+ * waited in the phase that issued it, finish_reduce waits the last
+ * reduce-scatter), and its end state depends on the policies and on
+ * whether it is the last, not on the state it found, so micro-batches
+ * 1 .. n-2 all start from the state micro-batch 0 leaves and run the same
+ * events; the last starts from it too. So n = 1 is [only], n = 2
+ * [first, last], n >= 3 [first, middle x (n - 2), last]. */
+Schedule *schedule_build(Plan *p, int micro_batches)
+{
+    int n = micro_batches;
+    if (n <= 3) {
+        int micros[3] = {0, 1, 2};
+        return build(p, n, micros, n, 1);
+    }
+    int micros[3] = {0, 1, n - 1};
+    return build(p, n, micros, 3, n - 2);
+}
+
+Schedule *schedule_build_full(Plan *p, int micro_batches)
+{
+    int *micros = arena_alloc(sizeof(int) * (size_t)micro_batches);
+    for (int k = 0; k < micro_batches; k++)
+        micros[k] = k;
+    return build(p, micro_batches, micros, micro_batches, 1);
 }
 
 /* ── verifier ──
@@ -236,7 +277,12 @@ Schedule *schedule_build(Plan *p, int micro_batches)
  *   - every collective is waited exactly once; every buffer is freed exactly
  *     once and only when it is live; nothing is in flight or live at the end;
  *   - the optimizer runs once per group, after the gradient norm, which runs
- *     after every reduce-scatter was waited.
+ *     after every reduce-scatter was waited;
+ *   - the micro-batches come in order, 0 to n - 1, or in a pattern 0, 1 and
+ *     n - 1, where micro-batch 1 stands for 1 .. n - 2: then it must leave
+ *     every group's state (gathered, gradients allocated, reduce-scatters
+ *     in flight) as it found it, so that each repetition replays alike and
+ *     checking one checks them all; its reduce-scatters count n - 2 times.
  * The events name no rank and no data-dependent branch exists, so every
  * rank issues the same collectives in the same order. */
 int schedule_verify(Schedule *s, FILE *err)
@@ -252,8 +298,19 @@ int schedule_verify(Schedule *s, FILE *err)
     int *writes_left = arena_alloc(sizeof(int) * (size_t)G), *writes_total = arena_alloc(sizeof(int) * (size_t)G);
     int *rs_count = arena_alloc(sizeof(int) * (size_t)G), *opt_count = arena_alloc(sizeof(int) * (size_t)G);
     bool *ran = arena_alloc((size_t)g->nops);
+    /* the state micro-batch 1 found, to hold its end to when it repeats */
+    int *pstate_in = arena_alloc(sizeof(int) * (size_t)G);
+    bool *grads_in = arena_alloc((size_t)G), *rs_flight_in = arena_alloc((size_t)G);
     bool norm_done = false;
-    int micro = -2;
+    int micro = -2, want_micro = 0;
+    int n = s->micro_batches;
+    if (s->repeat != 1 && !(n >= 4 && s->repeat == n - 2)) {
+        bad++;
+        if (err)
+            fprintf(err, "schedule verify: micro-batch 1 repeats %d times in a step of %d; "
+                         "expected 1, or n - 2 with n >= 4\n",
+                    s->repeat, n);
+    }
     for (int i = 0; i < g->nops; i++)
         if (g->ops[i]->group >= 0 && op_writes_grads(g->ops[i]))
             writes_total[g->ops[i]->group]++;
@@ -285,7 +342,25 @@ int schedule_verify(Schedule *s, FILE *err)
                             fprintf(err, "schedule verify: micro-batch %d never runs op %d (%s)\n",
                                     micro, k, op_name(g->ops[k]->kind));
                     }
+            if (micro == 1 && s->repeat > 1)
+                for (int k = 0; k < G; k++)
+                    if (pstate[k] != pstate_in[k] || grads[k] != grads_in[k] ||
+                        rs_flight[k] != rs_flight_in[k])
+                        BAD("micro-batch 1 repeats %d times but leaves group %s otherwise "
+                            "than it found it",
+                            s->repeat, m->groups[k]->name);
+            if (e->micro >= 0 && e->micro != want_micro)
+                BAD("micro-batch %d follows micro-batch %d; expected %d", e->micro, micro,
+                    want_micro);
+            if (e->micro < 0 && want_micro != n)
+                BAD("the optimizer phase follows micro-batch %d of %d", micro, n);
             micro = e->micro;
+            want_micro = micro < 0 ? n : micro == 1 ? 1 + s->repeat : micro + 1;
+            if (micro == 1) {
+                memcpy(pstate_in, pstate, sizeof(int) * (size_t)G);
+                memcpy(grads_in, grads, (size_t)G);
+                memcpy(rs_flight_in, rs_flight, (size_t)G);
+            }
             memset(ran, 0, (size_t)g->nops);
             for (int k = 0; k < G; k++) {
                 rs_done[k] = false;
@@ -357,7 +432,7 @@ int schedule_verify(Schedule *s, FILE *err)
                 BAD("issued before the last micro-batch while accumulating unsharded");
             rs_flight[gi] = true;
             rs_done[gi] = true;
-            rs_count[gi]++;
+            rs_count[gi] += (int)schedule_runs(s, e);
             break;
         case EV_WAIT_REDUCE:
             if (!rs_flight[gi])
@@ -442,16 +517,26 @@ void schedule_dump(FILE *out, Schedule *s, int64_t world, MemPlan *mp)
 {
     Plan *p = s->plan;
     Model *m = p->m;
-    int64_t total[2] = {0, 0};
+    int64_t total[2] = {0, 0}, per_step = 0;
     for (int i = 0; i < s->nev; i++) {
         Event *e = &s->ev[i];
         if (e->kind == EV_ALL_GATHER || e->kind == EV_REDUCE_SCATTER)
-            total[e->kind == EV_REDUCE_SCATTER] += event_comm_bytes(s, e, world);
+            total[e->kind == EV_REDUCE_SCATTER] +=
+                event_comm_bytes(s, e, world) * schedule_runs(s, e);
+        per_step += schedule_runs(s, e);
     }
-    fprintf(out, "schedule %s for world %" PRId64 ": %d events, %d micro-batch%s of %" PRId64
-                 "\n",
-            m->name, world, s->nev, s->micro_batches, s->micro_batches == 1 ? "" : "es",
-            p->micro_batch);
+    if (s->repeat == 1)
+        fprintf(out, "schedule %s for world %" PRId64 ": %d events, %d micro-batch%s of %" PRId64
+                     "\n",
+                m->name, world, s->nev, s->micro_batches, s->micro_batches == 1 ? "" : "es",
+                p->micro_batch);
+    else
+        fprintf(out, "schedule %s for world %" PRId64 ": %d events written for %" PRId64
+                     " a step, %d micro-batches of %" PRId64 "\n"
+                     "  micro-batches 1 to %d run the same events: written once, as "
+                     "micro-batch 1 (x %d)\n",
+                m->name, world, s->nev, per_step, s->micro_batches, p->micro_batch,
+                s->micro_batches - 2, s->repeat);
     fprintf(out, "  per rank per step: all-gather %s bytes, reduce-scatter %s bytes\n",
             fmt_count(total[0]), fmt_count(total[1]));
     if (!m->shard.reshard_after_backward)
@@ -461,6 +546,13 @@ void schedule_dump(FILE *out, Schedule *s, int64_t world, MemPlan *mp)
             "event", "group", "op", "bytes/rank", mp ? "   live bytes" : "");
     for (int i = 0; i < s->nev; i++) {
         Event *e = &s->ev[i];
+        if (s->repeat > 1 && e->micro >= 0 && (i == 0 || s->ev[i - 1].micro != e->micro))
+            fprintf(out, "%6s  %s\n", "",
+                    e->micro == 0   ? "micro-batch 0, the first"
+                    : e->micro == 1 ? arena_printf("micro-batch 1, run x %d: micro-batches 1 "
+                                                   "to %d, alike",
+                                                   s->repeat, s->micro_batches - 2)
+                                    : arena_printf("micro-batch %d, the last", e->micro));
         fprintf(out, "%6d  %-9s ", i, phase_names[e->phase]);
         if (e->micro >= 0)
             fprintf(out, "%3d", e->micro);
@@ -480,8 +572,8 @@ void schedule_dump_json(FILE *out, Schedule *s, int64_t world, MemPlan *mp)
     Plan *p = s->plan;
     Model *m = p->m;
     fprintf(out, "{\"model\": \"%s\", \"world\": %" PRId64 ", \"micro_batches\": %d, "
-                 "\"micro_batch\": %" PRId64 ",\n \"groups\": [",
-            m->name, world, s->micro_batches, p->micro_batch);
+                 "\"micro_batch\": %" PRId64 ", \"repeat\": %d,\n \"groups\": [",
+            m->name, world, s->micro_batches, p->micro_batch, s->repeat);
     for (int i = 0; i < m->ngroups; i++)
         fprintf(out, "%s\"%s\"", i ? ", " : "", m->groups[i]->name);
     fputs("],\n \"events\": [\n", out);
@@ -498,7 +590,8 @@ void schedule_dump_json(FILE *out, Schedule *s, int64_t world, MemPlan *mp)
         if (e->op)
             fprintf(out, ", \"op\": %d, \"op_kind\": \"%s\", \"layer\": \"%s\"", e->op->index,
                     op_name(e->op->kind), e->op->layer ? e->op->layer->path : "");
-        fprintf(out, ", \"bytes\": %" PRId64, event_comm_bytes(s, e, world));
+        fprintf(out, ", \"bytes\": %" PRId64 ", \"runs\": %" PRId64,
+                event_comm_bytes(s, e, world), schedule_runs(s, e));
         if (mp)
             fprintf(out, ", \"live\": %" PRId64, mp->live_after[i]);
         fprintf(out, "}%s\n", i + 1 < s->nev ? "," : "");

@@ -425,11 +425,25 @@ typedef struct {
 
 /* One collective stream's flights in order. `first` is the earliest that
  * may still be running at the compute stream's time, which only moves
- * forward, so the flights before it need no second look. */
+ * forward, so the flights before it need no second look (and a pattern's
+ * replay drops them between micro-batches: see forget_flights). */
 typedef struct {
     Flight *f;
-    int n, first;
+    int n, first, cap;
 } Flights;
+
+static void push_flight(Flights *q, Flight f)
+{
+    if (q->n == q->cap) {
+        int cap = q->cap ? 2 * q->cap : 64;
+        Flight *n = arena_alloc(sizeof(Flight) * (size_t)cap);
+        if (q->n)
+            memcpy(n, q->f, sizeof(Flight) * (size_t)q->n);
+        q->f = n;
+        q->cap = cap;
+    }
+    q->f[q->n++] = f;
+}
 
 /* The channels, so the SMs, NCCL gives a ring over the whole world. */
 static int nccl_channels(const SimCluster *c)
@@ -491,6 +505,229 @@ static double contended_seconds(const Sim *sim, Flights flights[STREAM_COUNT], d
  * stream until that group's latest collective of its kind has finished;
  * the time it holds is exposed communication. Reshard, allocation and free
  * events are bookkeeping and take no time. */
+
+/* What the replay carries from one event to the next: each stream's
+ * clock, when each group's latest all-gather and reduce-scatter finish,
+ * and the collectives in flight. */
+typedef struct {
+    double now[STREAM_COUNT];
+    double *gather_done, *reduce_done;   /* by group */
+    Flights flights[STREAM_COUNT];       /* by stream; the compute stream's stays empty */
+} Replay;
+
+/* Replays event i of the schedule from state r, adding to the step's
+ * totals; its start and end are recorded when `record` (the first time a
+ * pattern's event runs). */
+static void replay_event(Sim *sim, Replay *r, int i, bool record)
+{
+    Schedule *s = sim->sched;
+    const Event *e = &s->ev[i];
+    double start = r->now[STREAM_COMPUTE], dur = 0;
+    CostCat cat = CAT_COUNT;
+    bool mem_bound = false;
+    switch (e->kind) {
+    case EV_COMPUTE:
+    case EV_GRAD_NORM:
+    case EV_OPTIMIZER: {
+        Work w;
+        double latency;
+        cat = event_work(sim, e, &w, &latency);
+        dur = contended_seconds(sim, r->flights, start, w) + latency;
+        mem_bound = w.memory_s > w.compute_s;
+        break;
+    }
+    case EV_ALL_GATHER:
+    case EV_REDUCE_SCATTER: {
+        StreamId st = event_stream(e->kind);
+        int64_t bytes = event_comm_bytes(s, e, sim->cluster.world);
+        if (r->now[st] > start)
+            start = r->now[st];
+        dur = sim_collective_seconds(&sim->cluster, bytes);
+        if (dur > 0)
+            push_flight(&r->flights[st], flight(sim, start, dur, bytes));
+        r->now[st] = start + dur;
+        (e->kind == EV_ALL_GATHER ? r->gather_done : r->reduce_done)[e->group] = r->now[st];
+        sim->busy_s[st] += dur;
+        sim->bytes[st] += bytes;
+        break;
+    }
+    case EV_WAIT_GATHER:
+    case EV_WAIT_REDUCE: {
+        double done = (e->kind == EV_WAIT_GATHER ? r->gather_done : r->reduce_done)[e->group];
+        if (done > start) {
+            dur = done - start;
+            if (e->kind == EV_WAIT_GATHER)
+                sim->exposed_gather_s += dur;
+            else
+                sim->exposed_reduce_s += dur;
+        }
+        break;
+    }
+    case EV_RESHARD:
+    case EV_ALLOC_GRADS:
+    case EV_FREE_GRADS:
+        break;
+    case EV_COUNT:
+        fsd_unreachable();
+    }
+    if (record) {
+        sim->start_s[i] = start;
+        sim->end_s[i] = start + dur;
+        sim->mem_bound[i] = mem_bound;
+    }
+    if (event_stream(e->kind) == STREAM_COMPUTE)
+        r->now[STREAM_COMPUTE] = start + dur;
+    if (cat != CAT_COUNT) {
+        sim->compute_s += dur;
+        sim->busy_s[STREAM_COMPUTE] += dur;
+        sim->cat_s[cat] += dur;
+    }
+}
+
+/* Drops the flights that ended by the compute stream's time: nothing
+ * later runs beside them (flights on a stream end in order). */
+static void forget_flights(Replay *r)
+{
+    for (int st = STREAM_GATHER; st < STREAM_COUNT; st++) {
+        Flights *q = &r->flights[st];
+        int k = 0;
+        while (k < q->n && q->f[k].end_s <= r->now[STREAM_COMPUTE])
+            k++;
+        if (k > 0)
+            memmove(q->f, q->f + k, sizeof(Flight) * (size_t)(q->n - k));
+        q->n -= k;
+        q->first = 0;
+    }
+}
+
+/* The state as the rest of a replay sees it, relative to the compute
+ * stream's time t: a stream clock, or a collective's end, at or before t
+ * delays nothing (whatever comes next starts at t or later), so each is
+ * max(0, x - t); and the flights still running, relative to t. Two states
+ * with the same key replay the same events alike, shifted by the
+ * difference of their t (the replay depends on time differences only).
+ * Written into k, which grows as needed; call after forget_flights. */
+typedef struct {
+    double *v;
+    int n, cap;
+} StateKey;
+
+static void state_key(const Replay *r, int ngroups, StateKey *k)
+{
+    double t = r->now[STREAM_COMPUTE];
+    int n = 2 + 2 * ngroups + 2;
+    for (int st = STREAM_GATHER; st < STREAM_COUNT; st++)
+        n += 4 * r->flights[st].n;
+    if (n > k->cap) {
+        k->cap = 2 * n;
+        k->v = arena_alloc(sizeof(double) * (size_t)k->cap);
+    }
+    double *v = k->v;
+    int j = 0;
+    for (int st = STREAM_GATHER; st < STREAM_COUNT; st++)
+        v[j++] = fmax(0, r->now[st] - t);
+    for (int g = 0; g < ngroups; g++) {
+        v[j++] = fmax(0, r->gather_done[g] - t);
+        v[j++] = fmax(0, r->reduce_done[g] - t);
+    }
+    for (int st = STREAM_GATHER; st < STREAM_COUNT; st++) {
+        const Flights *q = &r->flights[st];
+        v[j++] = q->n;
+        for (int f = 0; f < q->n; f++) {
+            v[j++] = q->f[f].start_s - t;
+            v[j++] = q->f[f].end_s - t;
+            v[j++] = q->f[f].sm_share;
+            v[j++] = q->f[f].hbm_share;
+        }
+    }
+    k->n = j;
+}
+
+/* Whether two keys are the same state: equal up to the rounding of times
+ * measured from different origins (a relative 1e-13 of the later one's
+ * time t, far below anything the dumps print). */
+static bool same_state(const StateKey *a, const StateKey *b, double t)
+{
+    if (a->n != b->n)
+        return false;
+    for (int i = 0; i < a->n; i++)
+        if (fabs(a->v[i] - b->v[i]) > 1e-13 * t)
+            return false;
+    return true;
+}
+
+/* Moves every time of the state dt later. */
+static void shift_state(Replay *r, int ngroups, double dt)
+{
+    for (int st = 0; st < STREAM_COUNT; st++) {
+        r->now[st] += dt;
+        for (int f = 0; f < r->flights[st].n; f++) {
+            r->flights[st].f[f].start_s += dt;
+            r->flights[st].f[f].end_s += dt;
+        }
+    }
+    for (int g = 0; g < ngroups; g++) {
+        r->gather_done[g] += dt;
+        r->reduce_done[g] += dt;
+    }
+}
+
+/* The step's totals grown by k times what they grew by from `before` to
+ * `after` (one run of micro-batch 1). */
+static void add_runs(Sim *sim, const Sim *before, const Sim *after, int64_t k)
+{
+    double kd = (double)k;
+    sim->compute_s += kd * (after->compute_s - before->compute_s);
+    for (int c = 0; c < CAT_COUNT; c++)
+        sim->cat_s[c] += kd * (after->cat_s[c] - before->cat_s[c]);
+    sim->exposed_gather_s += kd * (after->exposed_gather_s - before->exposed_gather_s);
+    sim->exposed_reduce_s += kd * (after->exposed_reduce_s - before->exposed_reduce_s);
+    for (int st = 0; st < STREAM_COUNT; st++) {
+        sim->busy_s[st] += kd * (after->busy_s[st] - before->busy_s[st]);
+        sim->bytes[st] += k * (after->bytes[st] - before->bytes[st]);
+    }
+}
+
+/* A pattern's micro-batch 1 (events [from, to)) runs s->repeat times. Its
+ * timing may depend on what the one before left running (collectives
+ * overlapping the next micro-batch's compute), so it is replayed run after
+ * run until a run leaves the state it found, relative to the compute
+ * stream's time (state_key); from then on every run is the same, shifted
+ * by that run's duration, and the rest are added at once: the clocks move
+ * by their number times the duration, the totals by their number times
+ * the run's. Today every micro-batch ends with nothing in flight (every
+ * all-gather is waited in its phase, the last reduce-scatter at the
+ * micro-batch's end), so the first run already leaves the state it found;
+ * a schedule that prefetched across micro-batches would take a few runs
+ * more. The first run is the one recorded for the dumps and the trace. */
+static void replay_middle(Sim *sim, Replay *r, int from, int to)
+{
+    int G = sim->sched->plan->m->ngroups;
+    StateKey keys[2] = {{0}}, *key = &keys[0], *next = &keys[1];
+    forget_flights(r);
+    state_key(r, G, key);
+    for (int run = 1; run <= sim->sched->repeat; run++) {
+        Sim before = *sim;
+        double t0 = r->now[STREAM_COMPUTE];
+        for (int i = from; i < to; i++)
+            replay_event(sim, r, i, run == 1);
+        sim->replayed_runs = run;
+        if (run == 1)
+            sim->elided_from_s = r->now[STREAM_COMPUTE];
+        forget_flights(r);
+        state_key(r, G, next);
+        int64_t left = sim->sched->repeat - run;
+        if (left > 0 && same_state(key, next, r->now[STREAM_COMPUTE])) {
+            Sim after = *sim;
+            shift_state(r, G, (double)left * (r->now[STREAM_COMPUTE] - t0));
+            add_runs(sim, &before, &after, left);
+            break;
+        }
+        StateKey *t = key;
+        key = next, next = t;
+    }
+}
+
 Sim *sim_run(Schedule *s, const SimCluster *c)
 {
     Sim *sim = arena_alloc(sizeof *sim);
@@ -502,75 +739,24 @@ Sim *sim_run(Schedule *s, const SimCluster *c)
     sim->start_s = arena_alloc(sizeof(double) * (size_t)(s->nev + 1));
     sim->end_s = arena_alloc(sizeof(double) * (size_t)(s->nev + 1));
     sim->mem_bound = arena_alloc(sizeof(bool) * (size_t)(s->nev + 1));
-    double *gather_done = arena_alloc(sizeof(double) * (size_t)m->ngroups);
-    double *reduce_done = arena_alloc(sizeof(double) * (size_t)m->ngroups);
-    double now[STREAM_COUNT] = {0, 0, 0};
-    Flights flights[STREAM_COUNT] = {{0}};   /* by stream; the compute stream's stays empty */
-    for (int st = STREAM_GATHER; st < STREAM_COUNT; st++)
-        flights[st].f = arena_alloc(sizeof(Flight) * (size_t)(s->nev + 1));
+    Replay r = {.gather_done = arena_alloc(sizeof(double) * (size_t)m->ngroups),
+                .reduce_done = arena_alloc(sizeof(double) * (size_t)m->ngroups)};
 
-    for (int i = 0; i < s->nev; i++) {
-        Event *e = &s->ev[i];
-        double start = now[STREAM_COMPUTE], dur = 0;
-        CostCat cat = CAT_COUNT;
-        switch (e->kind) {
-        case EV_COMPUTE:
-        case EV_GRAD_NORM:
-        case EV_OPTIMIZER: {
-            Work w;
-            double latency;
-            cat = event_work(sim, e, &w, &latency);
-            dur = contended_seconds(sim, flights, start, w) + latency;
-            sim->mem_bound[i] = w.memory_s > w.compute_s;
-            break;
+    for (int i = 0; i < s->nev;) {
+        if (schedule_runs(s, &s->ev[i]) == 1) {
+            replay_event(sim, &r, i++, true);
+            continue;
         }
-        case EV_ALL_GATHER:
-        case EV_REDUCE_SCATTER: {
-            StreamId st = event_stream(e->kind);
-            int64_t bytes = event_comm_bytes(s, e, W);
-            if (now[st] > start)
-                start = now[st];
-            dur = sim_collective_seconds(c, bytes);
-            if (dur > 0)
-                flights[st].f[flights[st].n++] = flight(sim, start, dur, bytes);
-            now[st] = start + dur;
-            (e->kind == EV_ALL_GATHER ? gather_done : reduce_done)[e->group] = now[st];
-            sim->busy_s[st] += dur;
-            sim->bytes[st] += bytes;
-            break;
-        }
-        case EV_WAIT_GATHER:
-        case EV_WAIT_REDUCE: {
-            double done = (e->kind == EV_WAIT_GATHER ? gather_done : reduce_done)[e->group];
-            if (done > start) {
-                dur = done - start;
-                if (e->kind == EV_WAIT_GATHER)
-                    sim->exposed_gather_s += dur;
-                else
-                    sim->exposed_reduce_s += dur;
-            }
-            break;
-        }
-        case EV_RESHARD:
-        case EV_ALLOC_GRADS:
-        case EV_FREE_GRADS:
-            break;
-        case EV_COUNT:
-            fsd_unreachable();
-        }
-        sim->start_s[i] = start;
-        sim->end_s[i] = start + dur;
-        if (event_stream(e->kind) == STREAM_COMPUTE)
-            now[STREAM_COMPUTE] = start + dur;
-        if (cat != CAT_COUNT) {
-            sim->compute_s += dur;
-            sim->busy_s[STREAM_COMPUTE] += dur;
-            sim->cat_s[cat] += dur;
-        }
+        int end = i;
+        while (end < s->nev && s->ev[end].micro == s->ev[i].micro)
+            end++;
+        replay_middle(sim, &r, i, end);
+        sim->elided_to_s = r.now[STREAM_COMPUTE];
+        i = end;
     }
     double end = 0;
     for (int st = 0; st < STREAM_COUNT; st++)
-        end = now[st] > end ? now[st] : end;
+        end = r.now[st] > end ? r.now[st] : end;
     sim->step_s = end;
     sim->exposed_s = sim->exposed_gather_s + sim->exposed_reduce_s;
 
@@ -612,8 +798,9 @@ static double contention_seconds(const Sim *sim)
     for (int i = 0; i < sim->sched->nev; i++) {
         Work w;
         double latency;
-        if (event_work(sim, &sim->sched->ev[i], &w, &latency) != CAT_COUNT)
-            alone += work_seconds(w, 0, 0) + latency;
+        const Event *e = &sim->sched->ev[i];
+        if (event_work(sim, e, &w, &latency) != CAT_COUNT)
+            alone += (double)schedule_runs(sim->sched, e) * (work_seconds(w, 0, 0) + latency);
     }
     return fmax(0, sim->compute_s - alone);   /* never below 0 by rounding */
 }
@@ -753,7 +940,29 @@ void sim_trace(FILE *out, const Sim *sim)
                     sim->mem_bound[i] ? "memory" : "compute");
         fputs("}}", out);
     }
-    fprintf(out, "\n],\n\"displayTimeUnit\": \"ms\",\n\"otherData\": {\"model\": ");
+    /* a pattern shows micro-batch 1's first run; the others are one slice */
+    const char *note = NULL;
+    if (s->repeat > 1) {
+        int more = s->repeat - 1;
+        note = arena_printf("micro-batches 1 to %d run the same events: the trace shows "
+                            "micro-batch 1's first run, then one slice for the %d run%s after it",
+                            s->micro_batches - 2, more, more == 1 ? "" : "s");
+        fputs(",\n{\"name\": ", out);
+        json_str(out, more == 1 ? "micro-batch 2, like micro-batch 1"
+                                : arena_printf("micro-batches 2 to %d, like micro-batch 1",
+                                               s->micro_batches - 2));
+        fprintf(out, ", \"cat\": \"elided\", \"ph\": \"X\", \"pid\": 0, \"tid\": %d, "
+                     "\"ts\": %.3f, \"dur\": %.3f, \"args\": {\"runs\": %d}}",
+                (int)STREAM_COMPUTE, sim->elided_from_s * 1e6,
+                (sim->elided_to_s - sim->elided_from_s) * 1e6, s->repeat - 1);
+    }
+    fprintf(out, "\n],\n\"displayTimeUnit\": \"ms\",\n\"otherData\": {");
+    if (note) {
+        fputs("\"note\": ", out);
+        json_str(out, note);
+        fputs(", ", out);
+    }
+    fputs("\"model\": ", out);
     json_str(out, m->name);
     fprintf(out, ", \"gpu\": ");
     json_str(out, c->gpu->name);

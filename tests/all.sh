@@ -8,6 +8,9 @@
 #             outside design page by section number;
 #   compiler  tests/run.sh against build/fsdpc (the ordinary build);
 #   unit      build/test_schedule: the schedule verifier both ways;
+#             build/test_pattern: a step planned as a pattern of
+#             micro-batches (first, middle x (n - 2), last) against its full
+#             expansion: events, memory, bytes and simulated time;
 #   san       tests/run.sh again against build/san/fsdpc (ASan + UBSan),
 #             where any sanitizer report fails the run;
 #   fuzz      the libFuzzer target replays tests/fuzz/seeds and examples/,
@@ -57,9 +60,10 @@
 # Each part writes to its own log and scratch folder; its lines are printed
 # as one block, under a header with its time, when it finishes.
 #
-# `make test` builds build/fsdpc, build/test_schedule and build/san/fsdpc
-# first; this script builds the rest. Like run.sh, every test prints one
-# line and the last line is "N passed, N failed", here summed over all parts.
+# `make test` builds build/fsdpc, build/test_schedule, build/test_pattern and
+# build/san/fsdpc first; this script builds the rest. Like run.sh, every test
+# prints one line and the last line is "N passed, N failed", here summed over
+# all parts.
 set -u
 cd "$(dirname "$0")/.."
 
@@ -82,7 +86,11 @@ part_docs() { suite "docs: " tools/check_doc_refs.sh; }
 
 part_compiler() { suite "" env FSDPC=build/fsdpc tests/run.sh; }
 
-part_unit() { suite "unit: " build/test_schedule examples/*.fsd tests/plan/*.fsd; }
+part_unit() {
+    suite "unit: " build/test_schedule examples/*.fsd tests/plan/*.fsd
+    suite "unit: " build/test_pattern examples/tiny.fsd examples/gpt2.fsd examples/mlp.fsd \
+        examples/tiny_llama.fsd tests/plan/*.fsd
+}
 
 # Any report makes fsdpc exit with status 86. run.sh checks most statuses
 # itself, but not all (pipelines, 2>/dev/null), so run.sh calls fsdpc through

@@ -69,8 +69,8 @@ def cmd_bytes(log, schedule_txt, schedule_json):
         die(f"{schedule_txt}: no 'per rank per step' header")
     gather, reduce = num(m.group(1)), num(m.group(2))
     ev = json.load(open(schedule_json))["events"]
-    eg = sum(e["bytes"] for e in ev if e["event"] == "all_gather")
-    er = sum(e["bytes"] for e in ev if e["event"] == "reduce_scatter")
+    eg = sum(e["bytes"] * e["runs"] for e in ev if e["event"] == "all_gather")
+    er = sum(e["bytes"] * e["runs"] for e in ev if e["event"] == "reduce_scatter")
     if (eg, er) != (gather, reduce):
         die(f"the schedule's header says {gather}/{reduce}, its events add up to {eg}/{er}")
     bad = [s for s in read_log(log) if (s["gather_bytes"], s["reduce_bytes"]) != (gather, reduce)
@@ -96,12 +96,26 @@ def cmd_memory(log, memory_txt, tol):
 
 # ── the trace against the schedule ──
 
+def step_events(schedule_json):
+    """the step's events in order: a pattern's micro-batch 1, written once,
+    repeated as many times as it runs (its events' "runs")"""
+    ev = json.load(open(schedule_json))["events"]
+    out, i = [], 0
+    while i < len(ev):
+        j = i
+        while j < len(ev) and ev[j]["micro"] == ev[i]["micro"]:
+            j += 1
+        out += ev[i:j] * ev[i]["runs"]
+        i = j
+    return out
+
+
 def cmd_trace(trace, schedule_json, world, steps):
     """on every rank, the collectives in the order they were issued (their
     slices start at the issue) are the schedule's all_gather and
     reduce_scatter events, step after step"""
-    ev = json.load(open(schedule_json))["events"]
-    planned = [(e["event"], e["group"]) for e in ev if e["event"] in ("all_gather", "reduce_scatter")]
+    planned = [(e["event"], e["group"]) for e in step_events(schedule_json)
+               if e["event"] in ("all_gather", "reduce_scatter")]
     want = planned * int(steps)
     events = json.load(open(trace))["traceEvents"]
     for rank in range(int(world)):
