@@ -126,6 +126,48 @@ else
     bad "auto buckets, tied head with a bias: head.bias is not in the root group" "$TMP/tied"
 fi
 
+# ── grad_accum does not grow the compiler: a step is planned as a pattern
+# of micro-batches, the middle one written once
+# (docs/compiler.md#the-micro-batch-pattern), so tiny with grad_accum =
+# 1000000 (8.4 GB to emit, 16.8 GB with --sim, before the pattern: about
+# 10 KB a micro-batch) plans, dumps, simulates and emits in a few MB. The
+# bound is on the peak resident memory the kernel measured for the child
+# (getrusage), never on time; and the step moves 1000000 times the bytes of
+# a step of one micro-batch, all of them alike under tiny's policy. ──
+maxrss() { # fsdpc ARGS...: prints its exit status and peak resident KiB
+    python3 -c 'import resource, subprocess, sys
+st = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL).returncode
+print(st, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)' "$@"
+}
+step_bytes() { # SCHEDULE-DUMP: prints its all-gather and reduce-scatter bytes a step
+    sed -n 's/^  per rank per step: all-gather \([0-9,]*\) bytes, reduce-scatter \([0-9,]*\) bytes$/\1 \2/p' \
+        "$1" | tr -d ,
+}
+for k in 1 1000000; do
+    sed "s/grad_accum *= *[0-9]*/grad_accum = $k/" examples/tiny.fsd >"$TMP/tiny_ga$k.fsd"
+done
+if ! grep -q 'grad_accum = 1000000' "$TMP/tiny_ga1000000.fsd"; then
+    bad "grad_accum = 1000000: examples/tiny.fsd no longer has the grad_accum line this test edits"
+else
+    for what in "--dump-schedule --dump-memory --sim h100 --trace $TMP/ga.json" "-o $TMP/ga.cu"; do
+        read -r st kb < <(maxrss "$FSDPC" "$TMP/tiny_ga1000000.fsd" $what)
+        if [ "$st" = 0 ] && [ "$kb" -lt 204800 ]; then
+            ok "grad_accum = 1000000: fsdpc ${what%% $TMP*} peaks at $((kb / 1024)) MiB resident (bound 200)"
+        else
+            bad "grad_accum = 1000000: fsdpc ${what%% $TMP*} exits $st, peaks at ${kb:-?} KiB resident (bound 200 MiB)"
+        fi
+    done
+    "$FSDPC" "$TMP/tiny_ga1.fsd" --dump-schedule >"$TMP/ga1.sched" 2>&1
+    "$FSDPC" "$TMP/tiny_ga1000000.fsd" --dump-schedule >"$TMP/ga1m.sched" 2>&1
+    read -r ag1 rs1 < <(step_bytes "$TMP/ga1.sched")
+    read -r ag rs < <(step_bytes "$TMP/ga1m.sched")
+    if [ -n "${ag1:-}" ] && [ "${ag:-}" = $((ag1 * 1000000)) ] && [ "${rs:-}" = $((rs1 * 1000000)) ]; then
+        ok "grad_accum = 1000000: all-gather $ag and reduce-scatter $rs bytes a step, 1000000 times one micro-batch's"
+    else
+        bad "grad_accum = 1000000: all-gather ${ag:-?} and reduce-scatter ${rs:-?} bytes a step; one micro-batch moves ${ag1:-?} and ${rs1:-?}"
+    fi
+fi
+
 # ── the error catalogue: exact diagnostics, exit status, no output ──
 # A case is NAME.fsd (or NAME.gen, a script that writes the input to stdout)
 # with NAME.expected holding stderr exactly. A first line `# exit: N` in the
