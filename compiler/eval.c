@@ -64,7 +64,11 @@ const char *eval_value_desc(const Value *v)
 
 /* ── scopes ──
  * The model's scope holds its members; a block's scope holds the block's
- * members and sees the model's constants and block types. */
+ * members and sees the model's constants and block types. A declaration's
+ * own value is read in a scope whose self is that declaration: there the
+ * names are those in reach before it (docs/design.md#the-language,
+ * "Names"), so `ffn = MLP(dim, hidden = ffn)` in a block reads the model's
+ * constant `ffn`, as `x = x + f(x)` in a forward reads the x before it. */
 
 static Decl *find_local(Decl *decls, const char *name)
 {
@@ -102,11 +106,18 @@ Decl *eval_lookup(Scope *sc, const char *name, bool *outer)
         Decl *d = sc->mt && sc->mt->index && sc->decls == sc->mt->members
                       ? *eval_index_slot(sc->mt, name)
                       : find_local(sc->decls, name);
-        if (d)
+        if (d && d != sc->self)
             return d;
         *outer = true;
     }
     return NULL;
+}
+
+Scope eval_decl_scope(Scope *sc, Decl *d)
+{
+    Scope own = *sc;
+    own.self = d;
+    return own;
 }
 
 const char **eval_scope_names(Scope *sc)
@@ -172,6 +183,31 @@ bool eval_fold(Diag *D, Scope *sc, Expr *e, Value *out)
     case EX_IDENT: {
         bool outer;
         Decl *d = eval_lookup(sc, e->str, &outer);
+        /* a declaration's value reads the names declared before it: one
+         * declared after it in its own scope is not there yet, and the name
+         * means what it means outside (the model's constant, say) */
+        Decl *later = NULL;
+        if (d && !outer && sc->self && d->name_loc.begin > sc->self->name_loc.begin) {
+            later = d;
+            d = sc->outer ? eval_lookup(sc->outer, e->str, &outer) : NULL;
+            outer = true;
+        }
+        if (!d && later && later->kind == DECL_CONST) {
+            diag_error(D, e->loc, "constant `%s` is used before its definition at %s", e->str,
+                       diag_where(D, later->name_loc));
+            return false;
+        }
+        if (!d && later) {
+            diag_error(D, e->loc, "`%s` is %s (declared at %s), not a constant", e->str,
+                       eval_decl_what(later), diag_where(D, later->name_loc));
+            return false;
+        }
+        if (!d && sc->self && strcmp(sc->self->name, e->str) == 0) {
+            diag_error(D, e->loc, "`%s` is used in its own declaration, and nothing declared "
+                                  "before it is called `%s`",
+                       e->str, e->str);
+            return false;
+        }
         if (!d) {
             diag_error(D, e->loc, "undefined name `%s`%s", e->str,
                        diag_suggest(e->str, eval_scope_names(sc)));
@@ -295,7 +331,8 @@ bool eval_fold_const(Diag *D, Scope *sc, Decl *d)
     if (di->state == 2)
         return di->ok;
     di->state = 1;
-    di->ok = eval_fold(D, sc, d->value, &di->value);
+    Scope own = eval_decl_scope(sc, d);
+    di->ok = eval_fold(D, &own, d->value, &di->value);
     if (di->ok && di->value.kind == V_STRING) {
         diag_error(D, d->value->loc, "constant `%s` must be a number or a boolean", d->name);
         di->ok = false;

@@ -443,11 +443,16 @@ typedef struct DeclInfo {
     int child_index;      /* DECL_LAYER: position among its module's layers */
 } DeclInfo;
 
-/* The names in reach: decls (mt's members, when mt is set), then outer's. */
+/* The names in reach: decls (mt's members, when mt is set), then outer's.
+ * self is the declaration whose value is being read, or NULL: its own name
+ * there, and in constant expressions the names declared after it in decls,
+ * are not in reach yet, so they mean what they mean in outer
+ * (docs/design.md#the-language, "Names"). */
 typedef struct Scope {
     Decl *decls;
     struct Scope *outer;
     ModuleType *mt;
+    Decl *self;
 } Scope;
 
 /* The arguments a built-in layer or a settings function takes. */
@@ -470,8 +475,12 @@ typedef struct Signature {
 /* What sema learned about d (made on first use). */
 DeclInfo *eval_info(Decl *d);
 /* Looks a name up through sc and its enclosing scopes; *outer is set when
- * it was found in an enclosing one. NULL when it is not declared. */
+ * it was found in an enclosing one. NULL when it is not declared. A scope's
+ * self is passed over: in its own value a declaration's name is the
+ * enclosing scope's. */
 Decl *eval_lookup(Scope *sc, const char *name, bool *outer);
+/* sc with self set to d: the scope d's own value is read in. */
+Scope eval_decl_scope(Scope *sc, Decl *d);
 /* The slot of name in t's member index: where it is, or the empty slot
  * where it would go (sema.c fills the index). */
 Decl **eval_index_slot(ModuleType *t, const char *name);

@@ -162,6 +162,12 @@ static bool check_tie_arg(Sema *s, Scope *sc, DeclInfo *di, Expr *t)
         diag_error(D, t->loc, "`tie` names an Embedding layer declared beside this one");
         return false;
     }
+    if (!td && sc->self && strcmp(t->str, sc->self->name) == 0) {
+        diag_error(D, t->loc, "`%s` cannot tie its weight to itself; `tie` names an Embedding "
+                              "declared beside it",
+                   t->str);
+        return false;
+    }
     if (!td || (td->kind == DECL_LAYER && outer)) {
         diag_error(D, t->loc, "`tie = %s`: no layer `%s` in this %s%s", t->str, t->str,
                    sc->mt->decl ? "block" : "model",
@@ -353,10 +359,13 @@ static const char **layer_type_names(Sema *s)
     return names;
 }
 
-/* NAME = Linear(...) | Block() | Block[n] */
-static void check_layer_decl(Sema *s, Scope *sc, Decl *d)
+/* NAME = Linear(...) | Block() | Block[n]
+ * The arguments are read in the scope as it was before the declaration
+ * (eval_decl_scope): NAME itself there is the enclosing scope's. */
+static void check_layer_decl(Sema *s, Scope *outer_sc, Decl *d)
 {
     Diag *D = s->d;
+    Scope own = eval_decl_scope(outer_sc, d), *sc = &own;
     DeclInfo *di = eval_info(d);
     di->owner = sc->mt;
     Expr *v = d->value;
