@@ -524,12 +524,13 @@ static void emit_tables(Emit *e)
     P("static const FsdParamInfo params[%d] = {\n", m->nparams);
     for (int i = 0; i < m->nparams; i++) {
         Param *p = m->params[i];
-        P("    {\"%s\", %s, %" PRId64 ", %d, {%" PRId64 ", %" PRId64 "}, %" PRId64 ", %s, %s},\n",
+        P("    {\"%s\", %s, %" PRId64 ", %d, {%" PRId64 ", %" PRId64 "}, %" PRId64 ", %s, %.17g, "
+          "%s},\n",
           p->name, e->gvar[p->group], p->offset, p->rank, p->shape[0], p->rank > 1 ? p->shape[1] : 1,
           p->numel,
           p->init == INIT_NORMAL ? "FSD_INIT_NORMAL" : p->init == INIT_ZEROS ? "FSD_INIT_ZEROS"
                                                                             : "FSD_INIT_ONES",
-          p->rank >= 2 ? "true" : "false");
+          p->std, p->rank >= 2 ? "true" : "false");
     }
     P("};\n\n");
     P("static const FsdGroupInfo groups[%d] = {\n", m->ngroups);

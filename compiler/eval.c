@@ -5,7 +5,8 @@
  *   - scopes: a name looked up through the module type's members and the
  *     model's (eval_lookup), with the names in reach for "did you mean";
  *   - constant folding: integer, float and boolean expressions of literals
- *     and constants, with overflow, division by zero and cycles reported
+ *     and constants, and sqrt(x), with overflow, division by zero and
+ *     cycles reported
  *     (eval_fold, eval_fold_const);
  *   - argument binding: a call's arguments matched to a Signature, then
  *     each evaluated as the type it should be (eval_bind_args, eval_int,
@@ -158,6 +159,33 @@ static void zero_divisor(Diag *D, Scope *sc, Expr *rhs)
                    rhs->str, diag_where(D, d->value->loc));
     else
         diag_error(D, rhs->loc, "division by zero in constant expression");
+}
+
+/* sqrt(x): the one function a constant expression may call, for scales
+ * such as GPT-2's 0.02 / sqrt(2 * layers). A float; x must be a number of
+ * zero or more. */
+static bool fold_sqrt(Diag *D, Scope *sc, Expr *e, Value *out)
+{
+    if (!e->args || e->args->next || e->args->name) {
+        diag_error(D, e->loc, "`sqrt` takes one number: `sqrt(x)`");
+        return false;
+    }
+    Value x;
+    if (!eval_fold(D, sc, e->args->value, &x))
+        return false;
+    if (x.kind != V_INT && x.kind != V_FLOAT) {
+        diag_error(D, e->args->value->loc, "`sqrt` needs a number, not %s", eval_value_desc(&x));
+        return false;
+    }
+    double v = x.kind == V_INT ? (double)x.i : x.f;
+    if (v < 0) {
+        diag_error(D, e->args->value->loc, "`sqrt` of a negative number, %g", v);
+        return false;
+    }
+    memset(out, 0, sizeof *out);
+    out->kind = V_FLOAT;
+    out->f = sqrt(v);
+    return true;
 }
 
 bool eval_fold(Diag *D, Scope *sc, Expr *e, Value *out)
@@ -315,6 +343,10 @@ bool eval_fold(Diag *D, Scope *sc, Expr *e, Value *out)
         return true;
     }
     case EX_CALL:
+        if (e->lhs->kind == EX_IDENT && strcmp(e->lhs->str, "sqrt") == 0)
+            return fold_sqrt(D, sc, e, out);
+        diag_error(D, e->loc, "expected a constant expression");
+        return false;
     case EX_INDEX:
     case EX_MEMBER:
     case EX_TUPLE:

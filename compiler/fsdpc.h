@@ -288,6 +288,9 @@ typedef enum {
 
 typedef enum { ACT_GELU, ACT_RELU, ACT_SWIGLU } Activation;
 typedef enum { INIT_NORMAL, INIT_ZEROS, INIT_ONES } InitKind;
+/* normal(0, 0.02): matrices and embeddings unless a layer's init says
+ * otherwise (docs/design.md#initialisation) */
+#define INIT_STD_DEFAULT 0.02
 
 typedef struct Param {
     const char *name;       /* full path: blocks.3.attn.q.weight */
@@ -296,6 +299,7 @@ typedef struct Param {
     int64_t shape[2];
     int64_t numel;
     InitKind init;
+    double std;             /* INIT_NORMAL: its standard deviation */
     struct Layer *owner;
     int group;              /* shard group index */
     int index;              /* position in Model.params */
@@ -315,6 +319,11 @@ typedef struct Layer {
     int64_t in, out, n, dim, heads, kv_heads, hidden, count;
     bool bias, causal;
     double eps, rope_theta;  /* rope_theta 0: no rope */
+    double init_std;         /* init: the normal std of a Linear's or an
+                                Embedding's weight, of every matrix of an
+                                Attention or MLP but ... */
+    double out_init_std;     /* ... its output projection's (o; proj or
+                                down): out_init, by default init's */
     Activation act;
     struct Layer *tie;       /* Linear tied to an Embedding */
     struct ModuleType *mtype; /* LK_BLOCK, LK_ARRAY: the module type */
@@ -456,7 +465,11 @@ typedef struct Scope {
 } Scope;
 
 /* The arguments a built-in layer or a settings function takes. */
-typedef enum { A_INT, A_FLOAT, A_BOOL, A_STRING, A_SIZE, A_ENUM, A_LAYER, A_ROPE, A_PAIR } ArgType;
+typedef enum {
+    A_INT, A_FLOAT, A_BOOL, A_STRING, A_SIZE, A_ENUM, A_LAYER, A_PAIR,
+    A_ROPE,     /* none | rope(theta = ...) */
+    A_INIT,     /* normal(std = ...) */
+} ArgType;
 
 typedef struct ArgSpec {
     const char *name;
@@ -465,7 +478,7 @@ typedef struct ArgSpec {
     const char *const *choices;   /* A_ENUM */
 } ArgSpec;
 
-enum { MAX_ARGS = 8 };
+enum { MAX_ARGS = 10 };
 
 typedef struct Signature {
     const char *name;

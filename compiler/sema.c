@@ -77,18 +77,20 @@ static const char *const act_choices[] = {"gelu", "relu", "swiglu", NULL};
 
 static const Signature layer_sigs[] = {
     [LK_LINEAR] = {"Linear", {{"in", A_INT, true}, {"out", A_INT, true}, {"bias", A_BOOL},
-                              {"tie", A_LAYER}}},
-    [LK_EMBEDDING] = {"Embedding", {{"n", A_INT, true}, {"dim", A_INT, true}}},
+                              {"tie", A_LAYER}, {"init", A_INIT}}},
+    [LK_EMBEDDING] = {"Embedding", {{"n", A_INT, true}, {"dim", A_INT, true}, {"init", A_INIT}}},
     [LK_LAYERNORM] = {"LayerNorm", {{"dim", A_INT, true}, {"eps", A_FLOAT}}},
     [LK_RMSNORM] = {"RMSNorm", {{"dim", A_INT, true}, {"eps", A_FLOAT}}},
     [LK_ATTENTION] = {"Attention", {{"dim", A_INT, true}, {"heads", A_INT, true},
                                     {"kv_heads", A_INT}, {"causal", A_BOOL}, {"rope", A_ROPE},
-                                    {"bias", A_BOOL}}},
+                                    {"bias", A_BOOL}, {"init", A_INIT}, {"out_init", A_INIT}}},
     [LK_MLP] = {"MLP", {{"dim", A_INT, true}, {"hidden", A_INT, true},
-                        {"act", A_ENUM, false, act_choices}, {"bias", A_BOOL}}},
+                        {"act", A_ENUM, false, act_choices}, {"bias", A_BOOL}, {"init", A_INIT},
+                        {"out_init", A_INIT}}},
 };
 
 static const Signature sig_rope = {"rope", {{"theta", A_FLOAT}}};
+static const Signature sig_normal = {"normal", {{"std", A_FLOAT, true}}};
 
 /* ── declarations ── */
 
@@ -185,7 +187,29 @@ static bool check_tie_arg(Sema *s, Scope *sc, DeclInfo *di, Expr *t)
     return true;
 }
 
-/* NAME = Linear(in, out, bias = true, tie = EMBEDDING) */
+/* init = normal(std = X), argument i of sig: the weights' initial values
+ * are normal(0, X) (docs/design.md#initialisation); X is a constant
+ * expression, as 0.02 / sqrt(2 * layers). Clears *ok on an error. */
+static void check_init_arg(Sema *s, Scope *sc, const Signature *sig, int i, Arg *a, double *std,
+                           bool *ok)
+{
+    Diag *D = s->d;
+    Expr *e = a->value;
+    Arg *nb[MAX_ARGS];
+    if (e->kind != EX_CALL || e->lhs->kind != EX_IDENT || strcmp(e->lhs->str, "normal") != 0) {
+        diag_error(D, e->loc, "`%s` argument `%s` must be `normal(std = ...)`", sig->name,
+                   sig->args[i].name);
+        *ok = false;
+    } else if (!eval_bind_args(D, &sig_normal, e->loc, e->args, nb) ||
+               !eval_float(D, sc, nb[0]->value, "`normal` argument `std`", std)) {
+        *ok = false;
+    } else if (!(*std > 0)) {
+        diag_error(D, nb[0]->value->loc, "`normal` argument `std` must be positive, got %g", *std);
+        *ok = false;
+    }
+}
+
+/* NAME = Linear(in, out, bias = true, tie = EMBEDDING, init = normal(std = 0.02)) */
 static bool check_linear(Sema *s, Scope *sc, DeclInfo *di, const Signature *sig, Arg **b)
 {
     Layer *L = &di->tpl;
@@ -196,15 +220,25 @@ static bool check_linear(Sema *s, Scope *sc, DeclInfo *di, const Signature *sig,
         ok &= eval_bool(s->d, sc, b[2]->value, "`Linear` argument `bias`", &L->bias);
     if (b[3])
         ok &= check_tie_arg(s, sc, di, b[3]->value);
+    if (b[4] && b[3]) {
+        diag_error(s->d, b[4]->loc, "a tied Linear has no weight of its own to initialise; "
+                                    "`init` goes on the Embedding (`%s`)",
+                   b[3]->value->kind == EX_IDENT ? b[3]->value->str : "tie");
+        ok = false;
+    } else if (b[4]) {
+        check_init_arg(s, sc, sig, 4, b[4], &L->init_std, &ok);
+    }
     return ok;
 }
 
-/* NAME = Embedding(n, dim) */
+/* NAME = Embedding(n, dim, init = normal(std = 0.02)) */
 static bool check_embedding(Sema *s, Scope *sc, Layer *L, const Signature *sig, Arg **b)
 {
     bool ok = true;
     L->n = positive_arg(s, sc, b[0], sig, 0, &ok);
     L->dim = positive_arg(s, sc, b[1], sig, 1, &ok);
+    if (b[2])
+        check_init_arg(s, sc, sig, 2, b[2], &L->init_std, &ok);
     return ok;
 }
 
@@ -277,8 +311,21 @@ static bool check_heads(Sema *s, Layer *L, Expr *call, Arg *rope)
     return true;
 }
 
+/* init = ..., out_init = ... of an Attention or an MLP: out_init is init's
+ * unless given */
+static void check_inits(Sema *s, Scope *sc, Layer *L, const Signature *sig, Arg *init, int i,
+                        Arg *out_init, bool *ok)
+{
+    if (init)
+        check_init_arg(s, sc, sig, i, init, &L->init_std, ok);
+    L->out_init_std = L->init_std;
+    if (out_init)
+        check_init_arg(s, sc, sig, i + 1, out_init, &L->out_init_std, ok);
+}
+
 /* NAME = Attention(dim, heads, kv_heads = heads, causal = true,
- *                  rope = none | rope(theta = ...), bias = true) */
+ *                  rope = none | rope(theta = ...), bias = true,
+ *                  init = normal(std = 0.02), out_init = init) */
 static bool check_attention(Sema *s, Scope *sc, Layer *L, const Signature *sig, Arg **b,
                             Expr *call)
 {
@@ -292,10 +339,12 @@ static bool check_attention(Sema *s, Scope *sc, Layer *L, const Signature *sig, 
         check_rope_arg(s, sc, L, b[4]->value, &ok);
     if (b[5])
         ok &= eval_bool(s->d, sc, b[5]->value, "`Attention` argument `bias`", &L->bias);
+    check_inits(s, sc, L, sig, b[6], 6, b[7], &ok);
     return ok && check_heads(s, L, call, b[4]);
 }
 
-/* NAME = MLP(dim, hidden, act = gelu | relu | swiglu, bias = true) */
+/* NAME = MLP(dim, hidden, act = gelu | relu | swiglu, bias = true,
+ *            init = normal(std = 0.02), out_init = init) */
 static bool check_mlp(Sema *s, Scope *sc, Layer *L, const Signature *sig, Arg **b)
 {
     bool ok = true;
@@ -307,6 +356,7 @@ static bool check_mlp(Sema *s, Scope *sc, Layer *L, const Signature *sig, Arg **
     L->act = (Activation)act;
     if (b[3])
         ok &= eval_bool(s->d, sc, b[3]->value, "`MLP` argument `bias`", &L->bias);
+    check_inits(s, sc, L, sig, b[4], 4, b[5], &ok);
     return ok;
 }
 
@@ -323,6 +373,7 @@ static void check_builtin_layer(Sema *s, Scope *sc, Decl *d, LayerKind kind, Exp
     L->kind = kind;
     L->bias = true;
     L->causal = true;
+    L->init_std = L->out_init_std = INIT_STD_DEFAULT;
     if (!eval_bind_args(s->d, sig, call->loc, call->args, b))
         return;
     bool ok;

@@ -123,6 +123,9 @@ for m in tiny tiny_llama mlp; do
         bad "$m: --steps 0 --export" "$d/export.out"
         continue
     fi
+    if res=$("$PY" tests/oracle/oracle.py init "$d/model.txt" "$d/own.safetensors" 2>&1); then
+        ok "$m: the exported initial weights are the initialisation formula's: $res"
+    else bad "$m: the exported initial weights against the initialisation formula: $res"; fi
     "$PY" tests/oracle/oracle.py weights "$d/model.txt" "$d/far.safetensors"
     case_ $m cpu 2 own "$LONG" 20
     case $m in
