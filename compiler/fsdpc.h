@@ -318,7 +318,9 @@ typedef struct Layer {
     /* configuration, by kind */
     int64_t in, out, n, dim, heads, kv_heads, hidden, count;
     bool bias, causal;
-    double eps, rope_theta;  /* rope_theta 0: no rope */
+    double eps, rope_theta;  /* rope_theta 0: no rope; Attention: eps is qk_norm's */
+    bool qk_norm;            /* Attention: RMSNorm of each head of q and k (Qwen3's) */
+    bool out_bias;           /* Attention: o has a bias (bias = true; not qkv) */
     double init_std;         /* init: the normal std of a Linear's or an
                                 Embedding's weight, of every matrix of an
                                 Attention or MLP but ... */
@@ -469,6 +471,8 @@ typedef enum {
     A_INT, A_FLOAT, A_BOOL, A_STRING, A_SIZE, A_ENUM, A_LAYER, A_PAIR,
     A_ROPE,     /* none | rope(theta = ...) */
     A_INIT,     /* normal(std = ...) */
+    A_QK_NORM,  /* none | rms | rms(eps = ...) */
+    A_BIAS,     /* true | false | qkv */
 } ArgType;
 
 typedef struct ArgSpec {
@@ -613,6 +617,9 @@ DType compute_dtype(const Model *m);
 Tensor *ir_stat(Tensor *t);
 /* "bf16[B, 64, 64]": the tensor's shape with its dtype in memory. */
 const char *tensor_type(const Tensor *t);
+/* The run a norm op normalises: its weight's length, which divides x's
+ * last dimension (qk_norm: one head). 0 for other ops. */
+int64_t op_norm_width(const OpNode *op);
 /* The widest attention head of the graph (0: no attention). */
 int64_t widest_head(const Graph *g);
 /* FLOPs and bytes touched by one op at micro-batch size `batch`. */

@@ -112,6 +112,17 @@ static Layer *linear(Build *mb, Layer *parent, const char *name, Decl *decl, int
     return L;
 }
 
+/* qk_norm's RMSNorm of one attention head: weight [head_dim], ones */
+static Layer *head_norm(Build *mb, Layer *parent, const char *name, Decl *decl, int64_t hd,
+                        double eps)
+{
+    Layer *L = new_layer(parent, name, decl, LK_RMSNORM);
+    L->dim = hd;
+    L->eps = eps;
+    L->weight = new_param(mb, L, "weight", 1, hd, 0, INIT_ONES, 0);
+    return L;
+}
+
 static void set_children(Layer *L, Layer **kids, int n)
 {
     L->children = arena_alloc(sizeof(Layer *) * (size_t)n);
@@ -130,6 +141,7 @@ static Layer *instantiate(Build *mb, Layer *parent, const char *name, Decl *d)
     L->kv_heads = t->kv_heads, L->hidden = t->hidden, L->count = t->count, L->bias = t->bias;
     L->causal = t->causal, L->eps = t->eps, L->rope_theta = t->rope_theta, L->act = t->act;
     L->init_std = t->init_std, L->out_init_std = t->out_init_std;
+    L->qk_norm = t->qk_norm, L->out_bias = t->out_bias;
     L->mtype = t->mtype;
     double is = t->init_std, os = t->out_init_std;
     switch (t->kind) {
@@ -144,20 +156,25 @@ static Layer *instantiate(Build *mb, Layer *parent, const char *name, Decl *d)
         break;
     case LK_LAYERNORM:
         L->weight = new_param(mb, L, "weight", 1, t->dim, 0, INIT_ONES, 0);
-        L->bias_p = new_param(mb, L, "bias", 1, t->dim, 0, INIT_ZEROS, 0);
+        if (t->bias)
+            L->bias_p = new_param(mb, L, "bias", 1, t->dim, 0, INIT_ZEROS, 0);
         break;
     case LK_RMSNORM:
         L->weight = new_param(mb, L, "weight", 1, t->dim, 0, INIT_ONES, 0);
         break;
     case LK_ATTENTION: {
+        /* q, k, v, o; then qk_norm's q_norm and k_norm, RMSNorms of one
+         * head (Qwen3's module order, and so Hugging Face's names) */
         int64_t hd = t->dim / t->heads;
-        Layer *kids[4] = {
+        Layer *kids[6] = {
             linear(mb, L, "q", d, t->dim, t->heads * hd, t->bias, is),
             linear(mb, L, "k", d, t->dim, t->kv_heads * hd, t->bias, is),
             linear(mb, L, "v", d, t->dim, t->kv_heads * hd, t->bias, is),
-            linear(mb, L, "o", d, t->heads * hd, t->dim, t->bias, os),
+            linear(mb, L, "o", d, t->heads * hd, t->dim, t->out_bias, os),
+            t->qk_norm ? head_norm(mb, L, "q_norm", d, hd, t->eps) : NULL,
+            t->qk_norm ? head_norm(mb, L, "k_norm", d, hd, t->eps) : NULL,
         };
-        set_children(L, kids, 4);
+        set_children(L, kids, t->qk_norm ? 6 : 4);
         break;
     }
     case LK_MLP:
@@ -833,7 +850,10 @@ static void dump_layer(FILE *out, Model *m, Layer *L, int depth)
         break;
     case LK_LAYERNORM:
     case LK_RMSNORM:
-        fprintf(out, "%s(dim=%" PRId64 ", eps=%g)", layer_kind_name(L->kind), L->dim, L->eps);
+        fprintf(out, "%s(dim=%" PRId64 ", eps=%g", layer_kind_name(L->kind), L->dim, L->eps);
+        if (L->kind == LK_LAYERNORM && !L->bias)
+            fputs(", bias=false", out);   /* shown only when off, as dumps had it */
+        fputc(')', out);
         break;
     case LK_ATTENTION:
         fprintf(out, "Attention(dim=%" PRId64 ", heads=%" PRId64 ", kv_heads=%" PRId64
@@ -843,7 +863,9 @@ static void dump_layer(FILE *out, Model *m, Layer *L, int depth)
             fprintf(out, "rope(theta=%g)", L->rope_theta);
         else
             fputs("none", out);
-        fprintf(out, ", bias=%s", L->bias ? "true" : "false");
+        fprintf(out, ", bias=%s", !L->bias ? "false" : L->out_bias ? "true" : "qkv");
+        if (L->qk_norm)   /* shown only when on, so other dumps keep their form */
+            fprintf(out, ", qk_norm=rms(eps=%g)", L->eps);
         dump_init(out, "init", L->init_std);
         dump_init(out, "out_init", L->out_init_std);
         fputc(')', out);

@@ -79,11 +79,12 @@ static const Signature layer_sigs[] = {
     [LK_LINEAR] = {"Linear", {{"in", A_INT, true}, {"out", A_INT, true}, {"bias", A_BOOL},
                               {"tie", A_LAYER}, {"init", A_INIT}}},
     [LK_EMBEDDING] = {"Embedding", {{"n", A_INT, true}, {"dim", A_INT, true}, {"init", A_INIT}}},
-    [LK_LAYERNORM] = {"LayerNorm", {{"dim", A_INT, true}, {"eps", A_FLOAT}}},
+    [LK_LAYERNORM] = {"LayerNorm", {{"dim", A_INT, true}, {"eps", A_FLOAT}, {"bias", A_BOOL}}},
     [LK_RMSNORM] = {"RMSNorm", {{"dim", A_INT, true}, {"eps", A_FLOAT}}},
     [LK_ATTENTION] = {"Attention", {{"dim", A_INT, true}, {"heads", A_INT, true},
                                     {"kv_heads", A_INT}, {"causal", A_BOOL}, {"rope", A_ROPE},
-                                    {"bias", A_BOOL}, {"init", A_INIT}, {"out_init", A_INIT}}},
+                                    {"bias", A_BIAS}, {"qk_norm", A_QK_NORM}, {"init", A_INIT},
+                                    {"out_init", A_INIT}}},
     [LK_MLP] = {"MLP", {{"dim", A_INT, true}, {"hidden", A_INT, true},
                         {"act", A_ENUM, false, act_choices}, {"bias", A_BOOL}, {"init", A_INIT},
                         {"out_init", A_INIT}}},
@@ -91,6 +92,7 @@ static const Signature layer_sigs[] = {
 
 static const Signature sig_rope = {"rope", {{"theta", A_FLOAT}}};
 static const Signature sig_normal = {"normal", {{"std", A_FLOAT, true}}};
+static const Signature sig_rms = {"rms", {{"eps", A_FLOAT}}};
 
 /* ── declarations ── */
 
@@ -242,7 +244,7 @@ static bool check_embedding(Sema *s, Scope *sc, Layer *L, const Signature *sig, 
     return ok;
 }
 
-/* NAME = LayerNorm(dim, eps = 1e-5) | RMSNorm(dim, eps = 1e-6) */
+/* NAME = LayerNorm(dim, eps = 1e-5, bias = true) | RMSNorm(dim, eps = 1e-6) */
 static bool check_norm(Sema *s, Scope *sc, Layer *L, const Signature *sig, Arg **b)
 {
     bool ok = true;
@@ -257,6 +259,8 @@ static bool check_norm(Sema *s, Scope *sc, Layer *L, const Signature *sig, Arg *
             ok = false;
         }
     }
+    if (L->kind == LK_LAYERNORM && b[2])
+        ok &= eval_bool(s->d, sc, b[2]->value, "`LayerNorm` argument `bias`", &L->bias);
     return ok;
 }
 
@@ -323,8 +327,79 @@ static void check_inits(Sema *s, Scope *sc, Layer *L, const Signature *sig, Arg 
         check_init_arg(s, sc, sig, i + 1, out_init, &L->out_init_std, ok);
 }
 
+/* Attention's bias = true | false | qkv: every Linear has a bias, none
+ * does, or q, k and v do and o does not (Qwen2's). Clears *ok on an error. */
+static void check_attention_bias(Sema *s, Scope *sc, Layer *L, Expr *e, bool *ok)
+{
+    static const char *const names[] = {"true", "false", "qkv", NULL};
+    bool outer;
+    if (e->kind == EX_IDENT && strcmp(e->str, "qkv") == 0 && !eval_lookup(sc, e->str, &outer)) {
+        L->bias = true;
+        L->out_bias = false;
+        return;
+    }
+    if (e->kind == EX_IDENT && !eval_lookup(sc, e->str, &outer)) {
+        diag_error(s->d, e->loc, "`Attention` argument `bias` must be `true`, `false` or `qkv` "
+                                 "(q, k and v only), not `%s`%s",
+                   e->str, diag_suggest(e->str, names));
+        *ok = false;
+        return;
+    }
+    Value v;
+    if (!eval_fold(s->d, sc, e, &v)) {
+        *ok = false;
+    } else if (v.kind != V_BOOL) {
+        diag_error(s->d, e->loc, "`Attention` argument `bias` must be `true`, `false` or `qkv` "
+                                 "(q, k and v only), got %s",
+                   eval_value_desc(&v));
+        *ok = false;
+    } else {
+        L->bias = L->out_bias = v.i != 0;
+    }
+}
+
+/* qk_norm = none | rms | rms(eps = 1e-6): an RMSNorm of each head of q and
+ * of k, after their Linears and before rope, with one weight of head_dim
+ * shared by the heads (q_norm, k_norm: Qwen3's per-head form; OLMo 2
+ * normalises the whole projection instead). Clears *ok on an error. */
+static void check_qk_norm_arg(Sema *s, Scope *sc, Layer *L, Expr *e, bool *ok)
+{
+    static const char *const names[] = {"none", "rms", NULL};
+    L->eps = 1e-6;   /* RMSNorm's default, and Qwen3's rms_norm_eps */
+    if (e->kind == EX_IDENT && strcmp(e->str, "none") == 0) {
+        L->qk_norm = false;
+    } else if (e->kind == EX_IDENT && strcmp(e->str, "rms") == 0) {
+        L->qk_norm = true;
+    } else if (e->kind == EX_CALL && e->lhs->kind == EX_IDENT && strcmp(e->lhs->str, "rms") == 0) {
+        Arg *rb[MAX_ARGS];
+        L->qk_norm = true;
+        if (!eval_bind_args(s->d, &sig_rms, e->loc, e->args, rb)) {
+            *ok = false;
+        } else if (rb[0]) {
+            *ok &= eval_float(s->d, sc, rb[0]->value, "`rms` argument `eps`", &L->eps);
+            if (*ok && !(L->eps > 0)) {
+                diag_error(s->d, rb[0]->value->loc, "`rms` argument `eps` must be positive, "
+                                                    "got %g",
+                           L->eps);
+                *ok = false;
+            }
+        }
+    } else {
+        Expr *id = e->kind == EX_CALL ? e->lhs : e;
+        if (id->kind == EX_IDENT)
+            diag_error(s->d, e->loc, "`Attention` argument `qk_norm` must be `none`, `rms` or "
+                                     "`rms(eps = ...)`, not `%s`%s",
+                       id->str, diag_suggest(id->str, names));
+        else
+            diag_error(s->d, e->loc, "`Attention` argument `qk_norm` must be `none`, `rms` or "
+                                     "`rms(eps = ...)`");
+        *ok = false;
+    }
+}
+
 /* NAME = Attention(dim, heads, kv_heads = heads, causal = true,
- *                  rope = none | rope(theta = ...), bias = true,
+ *                  rope = none | rope(theta = ...), bias = true | false | qkv,
+ *                  qk_norm = none | rms | rms(eps = ...),
  *                  init = normal(std = 0.02), out_init = init) */
 static bool check_attention(Sema *s, Scope *sc, Layer *L, const Signature *sig, Arg **b,
                             Expr *call)
@@ -338,8 +413,10 @@ static bool check_attention(Sema *s, Scope *sc, Layer *L, const Signature *sig, 
     if (b[4])
         check_rope_arg(s, sc, L, b[4]->value, &ok);
     if (b[5])
-        ok &= eval_bool(s->d, sc, b[5]->value, "`Attention` argument `bias`", &L->bias);
-    check_inits(s, sc, L, sig, b[6], 6, b[7], &ok);
+        check_attention_bias(s, sc, L, b[5]->value, &ok);
+    if (b[6])
+        check_qk_norm_arg(s, sc, L, b[6]->value, &ok);
+    check_inits(s, sc, L, sig, b[7], 7, b[8], &ok);
     return ok && check_heads(s, L, call, b[4]);
 }
 
@@ -371,7 +448,7 @@ static void check_builtin_layer(Sema *s, Scope *sc, Decl *d, LayerKind kind, Exp
     Arg *b[MAX_ARGS];
     Layer *L = &di->tpl;
     L->kind = kind;
-    L->bias = true;
+    L->bias = L->out_bias = true;
     L->causal = true;
     L->init_std = L->out_init_std = INIT_STD_DEFAULT;
     if (!eval_bind_args(s->d, sig, call->loc, call->args, b))
