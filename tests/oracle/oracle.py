@@ -211,15 +211,16 @@ class Linear(nn.Linear):
 
 
 class LayerNorm(nn.Module):
-    def __init__(self, dim, eps):
+    """torch's LayerNorm; bias=False: none at all (LayerNorm(dim, bias = false))."""
+    def __init__(self, dim, eps, bias=True):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
-        self.bias = nn.Parameter(torch.zeros(dim))
+        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
         self.eps = eps
 
     def forward(self, x):
-        return F.layer_norm(wide(x), x.shape[-1:], wide(self.weight), wide(self.bias),
-                            self.eps).to(x.dtype)
+        b = None if self.bias is None else wide(self.bias)
+        return F.layer_norm(wide(x), x.shape[-1:], wide(self.weight), b, self.eps).to(x.dtype)
 
 
 class RMSNorm(nn.Module):
@@ -243,23 +244,33 @@ def rotate_half(x):
 class Attention(nn.Module):
     """q, k, v, o Linears; scale 1/sqrt(hd); causal; GQA as HF's repeat_kv
     (query head h reads kv head floor(h·kv/heads)); RoPE as HF's Llama
-    (rotate half, frequencies theta^(-2i/hd), pairs (i, i + hd/2)). In bf16
-    the rotated q and k are stored (rounded), and the attention itself is
-    one fused kernel: scores, softmax and the weighted sum in float, its
-    output rounded once."""
-    def __init__(self, dim, heads, kv_heads, causal, bias, theta):
+    (rotate half, frequencies theta^(-2i/hd), pairs (i, i + hd/2)). bias
+    "qkv": q, k and v have biases, o none (Qwen2). qk_eps: Qwen3's q_norm
+    and k_norm, an RMSNorm of each head of q and k (one weight [hd] shared
+    by the heads) before RoPE. In bf16 the normed and the rotated q and k
+    are stored (rounded), and the attention itself is one fused kernel:
+    scores, softmax and the weighted sum in float, its output rounded
+    once."""
+    def __init__(self, dim, heads, kv_heads, causal, bias, theta, qk_eps=None):
         super().__init__()
         self.heads, self.kv_heads, self.hd = heads, kv_heads, dim // heads
         self.causal, self.theta = causal, theta
-        self.q = Linear(dim, heads * self.hd, bias=bias)
-        self.k = Linear(dim, kv_heads * self.hd, bias=bias)
-        self.v = Linear(dim, kv_heads * self.hd, bias=bias)
-        self.o = Linear(heads * self.hd, dim, bias=bias)
+        self.q = Linear(dim, heads * self.hd, bias=bias is not False)
+        self.k = Linear(dim, kv_heads * self.hd, bias=bias is not False)
+        self.v = Linear(dim, kv_heads * self.hd, bias=bias is not False)
+        self.o = Linear(heads * self.hd, dim, bias=bias is True)
+        if qk_eps is not None:
+            self.q_norm = RMSNorm(self.hd, qk_eps)
+            self.k_norm = RMSNorm(self.hd, qk_eps)
+        self.qk_norm = qk_eps is not None
 
     def forward(self, x):
         B, T, _ = x.shape
-        q = self.q(x).view(B, T, self.heads, self.hd).transpose(1, 2)
-        k = self.k(x).view(B, T, self.kv_heads, self.hd).transpose(1, 2)
+        q = self.q(x).view(B, T, self.heads, self.hd)
+        k = self.k(x).view(B, T, self.kv_heads, self.hd)
+        if self.qk_norm:   # over each head's hd elements
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v(x).view(B, T, self.kv_heads, self.hd).transpose(1, 2)
         if self.theta is not None:
             # the angles in float64, rounded once: the formula, not an
@@ -316,7 +327,7 @@ def make_layer(kind, a):
             return None                      # uses the tied embedding's weight
         return Linear(int(a["in"]), int(a["out"]), bias=boolean(a["bias"]))
     if kind == "LayerNorm":
-        return LayerNorm(int(a["dim"]), num(a["eps"]))
+        return LayerNorm(int(a["dim"]), num(a["eps"]), boolean(a.get("bias", "true")))
     if kind == "RMSNorm":
         return RMSNorm(int(a["dim"]), num(a["eps"]))
     if kind == "Attention":
@@ -324,8 +335,13 @@ def make_layer(kind, a):
         if a["rope"] != "none":
             _, r = call_args(a["rope"])
             theta = num(r["theta"])
+        qk_eps = None
+        if "qk_norm" in a:
+            _, r = call_args(a["qk_norm"])
+            qk_eps = num(r["eps"])
+        bias = "qkv" if a["bias"] == "qkv" else boolean(a["bias"])
         return Attention(int(a["dim"]), int(a["heads"]), int(a["kv_heads"]),
-                         boolean(a["causal"]), boolean(a["bias"]), theta)
+                         boolean(a["causal"]), bias, theta, qk_eps)
     if kind == "MLP":
         return MLP(int(a["dim"]), int(a["hidden"]), a["act"], boolean(a["bias"]))
     raise ValueError(f"no reference for layer kind {kind}")
@@ -386,7 +402,19 @@ class MlpLM(Model):
         return self.out(self.fc2(F.relu(self.fc1(self.emb(idx)))))   # relu is exact in bf16
 
 
-MODELS = {"tiny": Tiny, "tiny_llama": TinyLlama, "mlp": MlpLM}
+class TinyVariants(Model):
+    """tests/oracle/tiny_variants.fsd: bias-free LayerNorms, Qwen's attention
+    (q, k, v biases, each head of q and k RMS-normed before RoPE), GELU MLP,
+    untied head."""
+    def forward(self, idx):
+        x = self.tok(idx)
+        for b in self.blocks:
+            x = x + b.attn(b.ln1(x))
+            x = x + b.ffn(b.ln2(x))
+        return self.head(self.ln_f(x))
+
+
+MODELS = {"tiny": Tiny, "tiny_llama": TinyLlama, "mlp": MlpLM, "tiny_variants": TinyVariants}
 
 
 # ── training, as design §9 defines it ──
