@@ -137,6 +137,7 @@ static const Rule rules[] = {
     {OP_MATMUL_BIAS,    OP_MATMUL_DX,         {DY, X1},                    {X0}, true},
     {OP_MATMUL_BIAS,    OP_MATMUL_DW,         {DY, X0},                    {X1}},
     {OP_LAYERNORM,      OP_LAYERNORM_BWD,     {DY, X0, X1, Y1, Y2},        {X0, X1, X2}},
+    {OP_LAYERNORM_NOBIAS, OP_LAYERNORM_NOBIAS_BWD, {DY, X0, X1, Y1, Y2},       {X0, X1}},
     {OP_RMSNORM,        OP_RMSNORM_BWD,       {DY, X0, X1, Y1},            {X0, X1}},
     {OP_ROPE,           OP_ROPE_BWD,          {DY},                        {X0}},
     {OP_ATTENTION,      OP_ATTENTION_BWD,     {DY, X0, X1, X2, Y0, Y1},    {X0, X1, X2}},

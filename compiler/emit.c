@@ -107,6 +107,22 @@ static const char *rows_expr(const Tensor *t)
 
 static int64_t last_dim(const Tensor *t) { return t->dim[t->rank - 1]; }
 
+/* Runs of C elements in t, C dividing its last dimension: a norm's rows,
+ * or with qk_norm each head of each row (op_norm_width). */
+static const char *runs_expr(const Tensor *t, int64_t C)
+{
+    int64_t n = 1;
+    bool batch = false;
+    for (int i = 0; i < t->rank; i++) {
+        if (t->dim[i] == DIM_BATCH)
+            batch = true;
+        else
+            n *= t->dim[i];
+    }
+    n /= C;
+    return batch ? arena_printf("B * %" PRId64, n) : arena_printf("%" PRId64, n);
+}
+
 
 /* Names a micro-batch function already uses, or that C, C++ or CUDA keep:
  * a tensor whose name is one of these gets a suffix instead. Global
@@ -319,36 +335,57 @@ static void emit_op(Emit *e, const OpNode *op)
         call = arena_printf("bias_bwd(%s, %s, %s, %" PRId64 ")", R(y), R(x), rows_expr(x),
                             last_dim(x));
         break;
+    /* the norms run over rows of C = the weight's length (op_norm_width);
+     * the bias-free LayerNorm passes NULL for its bias and db */
     case OP_LAYERNORM:
+    case OP_LAYERNORM_NOBIAS: {
+        int64_t C = op_norm_width(op);
         call = arena_printf("layernorm_fwd(%s, %s, %s, %s, %s, %s, %s, %" PRId64 ", %.9g)", R(y),
-                            R(op->out[1]), R(op->out[2]), R(x), R(op->in[1]), R(op->in[2]),
-                            rows_expr(x), last_dim(x), op->eps);
-        break;
-    case OP_LAYERNORM_BWD: /* in: dy, x, w, mean, rstd; out: dx, dw, db */
-        call = arena_printf("layernorm_bwd(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %" PRId64 ")",
-                            R(y), acc(op, 0), R(op->out[1]), R(op->out[2]), R(x), R(op->in[1]),
-                            R(op->in[2]), R(op->in[3]), R(op->in[4]), rows_expr(x), last_dim(x));
-        break;
-    case OP_ADD_LAYERNORM: /* in: a, b, w, bias; out: sum, y, mean, rstd */
-        call = arena_printf("add_layernorm_fwd(%s, %s, %s, %s, %s, %s, %s, %s, %s, %" PRId64
-                            ", %.9g)", R(y), R(op->out[1]), R(op->out[2]), R(op->out[3]), R(x),
-                            R(op->in[1]), R(op->in[2]), R(op->in[3]), rows_expr(x), last_dim(x),
+                            R(op->out[1]), R(op->out[2]), R(x), R(op->in[1]),
+                            op->kind == OP_LAYERNORM ? R(op->in[2]) : "NULL", runs_expr(x, C), C,
                             op->eps);
         break;
-    case OP_ADD_RMSNORM: /* in: a, b, w; out: sum, y, rstd */
+    }
+    case OP_LAYERNORM_BWD:        /* in: dy, x, w, mean, rstd; out: dx, dw, db */
+    case OP_LAYERNORM_NOBIAS_BWD: /* in: dy, x, w, mean, rstd; out: dx, dw */ {
+        int64_t C = op_norm_width(op);
+        call = arena_printf("layernorm_bwd(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %" PRId64 ")",
+                            R(y), acc(op, 0), R(op->out[1]),
+                            op->kind == OP_LAYERNORM_BWD ? R(op->out[2]) : "NULL", R(x),
+                            R(op->in[1]), R(op->in[2]), R(op->in[3]), R(op->in[4]),
+                            runs_expr(x, C), C);
+        break;
+    }
+    case OP_ADD_LAYERNORM:        /* in: a, b, w, bias; out: sum, y, mean, rstd */
+    case OP_ADD_LAYERNORM_NOBIAS: /* in: a, b, w; out: sum, y, mean, rstd */ {
+        int64_t C = op_norm_width(op);
+        call = arena_printf("add_layernorm_fwd(%s, %s, %s, %s, %s, %s, %s, %s, %s, %" PRId64
+                            ", %.9g)", R(y), R(op->out[1]), R(op->out[2]), R(op->out[3]), R(x),
+                            R(op->in[1]), R(op->in[2]),
+                            op->kind == OP_ADD_LAYERNORM ? R(op->in[3]) : "NULL",
+                            runs_expr(x, C), C, op->eps);
+        break;
+    }
+    case OP_ADD_RMSNORM: /* in: a, b, w; out: sum, y, rstd */ {
+        int64_t C = op_norm_width(op);
         call = arena_printf("add_rmsnorm_fwd(%s, %s, %s, %s, %s, %s, %s, %" PRId64 ", %.9g)", R(y),
                             R(op->out[1]), R(op->out[2]), R(x), R(op->in[1]), R(op->in[2]),
-                            rows_expr(x), last_dim(x), op->eps);
+                            runs_expr(x, C), C, op->eps);
         break;
-    case OP_RMSNORM:
+    }
+    case OP_RMSNORM: {
+        int64_t C = op_norm_width(op);
         call = arena_printf("rmsnorm_fwd(%s, %s, %s, %s, %s, %" PRId64 ", %.9g)", R(y),
-                            R(op->out[1]), R(x), R(op->in[1]), rows_expr(x), last_dim(x), op->eps);
+                            R(op->out[1]), R(x), R(op->in[1]), runs_expr(x, C), C, op->eps);
         break;
-    case OP_RMSNORM_BWD: /* in: dy, x, w, rstd; out: dx, dw */
+    }
+    case OP_RMSNORM_BWD: /* in: dy, x, w, rstd; out: dx, dw */ {
+        int64_t C = op_norm_width(op);
         call = arena_printf("rmsnorm_bwd(%s, %s, %s, %s, %s, %s, %s, %s, %" PRId64 ")", R(y),
                             acc(op, 0), R(op->out[1]), R(x), R(op->in[1]), R(op->in[2]),
-                            R(op->in[3]), rows_expr(x), last_dim(x));
+                            R(op->in[3]), runs_expr(x, C), C);
         break;
+    }
     case OP_ROPE:
         call = arena_printf("rope_fwd(%s, %s, B, %" PRId64 ", %" PRId64 ", %" PRId64 ", %.17g)",
                             R(y), R(x), x->dim[1], op->heads, op->head_dim, op->theta);
@@ -524,12 +561,13 @@ static void emit_tables(Emit *e)
     P("static const FsdParamInfo params[%d] = {\n", m->nparams);
     for (int i = 0; i < m->nparams; i++) {
         Param *p = m->params[i];
-        P("    {\"%s\", %s, %" PRId64 ", %d, {%" PRId64 ", %" PRId64 "}, %" PRId64 ", %s, %s},\n",
+        P("    {\"%s\", %s, %" PRId64 ", %d, {%" PRId64 ", %" PRId64 "}, %" PRId64 ", %s, %.17g, "
+          "%s},\n",
           p->name, e->gvar[p->group], p->offset, p->rank, p->shape[0], p->rank > 1 ? p->shape[1] : 1,
           p->numel,
           p->init == INIT_NORMAL ? "FSD_INIT_NORMAL" : p->init == INIT_ZEROS ? "FSD_INIT_ZEROS"
                                                                             : "FSD_INIT_ONES",
-          p->rank >= 2 ? "true" : "false");
+          p->std, p->rank >= 2 ? "true" : "false");
     }
     P("};\n\n");
     P("static const FsdGroupInfo groups[%d] = {\n", m->ngroups);
@@ -653,10 +691,13 @@ static const char *template_of(OpKind k)
     case OP_EMBED:
     case OP_EMBED_BWD: return "embed.h";
     case OP_LAYERNORM:
+    case OP_LAYERNORM_NOBIAS:
     case OP_LAYERNORM_BWD:
+    case OP_LAYERNORM_NOBIAS_BWD:
     case OP_RMSNORM:
     case OP_RMSNORM_BWD:
     case OP_ADD_LAYERNORM:
+    case OP_ADD_LAYERNORM_NOBIAS:
     case OP_ADD_RMSNORM: return "norm.h";
     case OP_ROPE:
     case OP_ROPE_BWD: return "rope.h";

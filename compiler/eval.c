@@ -5,7 +5,8 @@
  *   - scopes: a name looked up through the module type's members and the
  *     model's (eval_lookup), with the names in reach for "did you mean";
  *   - constant folding: integer, float and boolean expressions of literals
- *     and constants, with overflow, division by zero and cycles reported
+ *     and constants, and sqrt(x), with overflow, division by zero and
+ *     cycles reported
  *     (eval_fold, eval_fold_const);
  *   - argument binding: a call's arguments matched to a Signature, then
  *     each evaluated as the type it should be (eval_bind_args, eval_int,
@@ -64,7 +65,11 @@ const char *eval_value_desc(const Value *v)
 
 /* ── scopes ──
  * The model's scope holds its members; a block's scope holds the block's
- * members and sees the model's constants and block types. */
+ * members and sees the model's constants and block types. A declaration's
+ * own value is read in a scope whose self is that declaration: there the
+ * names are those in reach before it (docs/design.md#the-language,
+ * "Names"), so `ffn = MLP(dim, hidden = ffn)` in a block reads the model's
+ * constant `ffn`, as `x = x + f(x)` in a forward reads the x before it. */
 
 static Decl *find_local(Decl *decls, const char *name)
 {
@@ -102,11 +107,18 @@ Decl *eval_lookup(Scope *sc, const char *name, bool *outer)
         Decl *d = sc->mt && sc->mt->index && sc->decls == sc->mt->members
                       ? *eval_index_slot(sc->mt, name)
                       : find_local(sc->decls, name);
-        if (d)
+        if (d && d != sc->self)
             return d;
         *outer = true;
     }
     return NULL;
+}
+
+Scope eval_decl_scope(Scope *sc, Decl *d)
+{
+    Scope own = *sc;
+    own.self = d;
+    return own;
 }
 
 const char **eval_scope_names(Scope *sc)
@@ -149,6 +161,33 @@ static void zero_divisor(Diag *D, Scope *sc, Expr *rhs)
         diag_error(D, rhs->loc, "division by zero in constant expression");
 }
 
+/* sqrt(x): the one function a constant expression may call, for scales
+ * such as GPT-2's 0.02 / sqrt(2 * layers). A float; x must be a number of
+ * zero or more. */
+static bool fold_sqrt(Diag *D, Scope *sc, Expr *e, Value *out)
+{
+    if (!e->args || e->args->next || e->args->name) {
+        diag_error(D, e->loc, "`sqrt` takes one number: `sqrt(x)`");
+        return false;
+    }
+    Value x;
+    if (!eval_fold(D, sc, e->args->value, &x))
+        return false;
+    if (x.kind != V_INT && x.kind != V_FLOAT) {
+        diag_error(D, e->args->value->loc, "`sqrt` needs a number, not %s", eval_value_desc(&x));
+        return false;
+    }
+    double v = x.kind == V_INT ? (double)x.i : x.f;
+    if (v < 0) {
+        diag_error(D, e->args->value->loc, "`sqrt` of a negative number, %g", v);
+        return false;
+    }
+    memset(out, 0, sizeof *out);
+    out->kind = V_FLOAT;
+    out->f = sqrt(v);
+    return true;
+}
+
 bool eval_fold(Diag *D, Scope *sc, Expr *e, Value *out)
 {
     memset(out, 0, sizeof *out);
@@ -172,6 +211,31 @@ bool eval_fold(Diag *D, Scope *sc, Expr *e, Value *out)
     case EX_IDENT: {
         bool outer;
         Decl *d = eval_lookup(sc, e->str, &outer);
+        /* a declaration's value reads the names declared before it: one
+         * declared after it in its own scope is not there yet, and the name
+         * means what it means outside (the model's constant, say) */
+        Decl *later = NULL;
+        if (d && !outer && sc->self && d->name_loc.begin > sc->self->name_loc.begin) {
+            later = d;
+            d = sc->outer ? eval_lookup(sc->outer, e->str, &outer) : NULL;
+            outer = true;
+        }
+        if (!d && later && later->kind == DECL_CONST) {
+            diag_error(D, e->loc, "constant `%s` is used before its definition at %s", e->str,
+                       diag_where(D, later->name_loc));
+            return false;
+        }
+        if (!d && later) {
+            diag_error(D, e->loc, "`%s` is %s (declared at %s), not a constant", e->str,
+                       eval_decl_what(later), diag_where(D, later->name_loc));
+            return false;
+        }
+        if (!d && sc->self && strcmp(sc->self->name, e->str) == 0) {
+            diag_error(D, e->loc, "`%s` is used in its own declaration, and nothing declared "
+                                  "before it is called `%s`",
+                       e->str, e->str);
+            return false;
+        }
         if (!d) {
             diag_error(D, e->loc, "undefined name `%s`%s", e->str,
                        diag_suggest(e->str, eval_scope_names(sc)));
@@ -279,6 +343,10 @@ bool eval_fold(Diag *D, Scope *sc, Expr *e, Value *out)
         return true;
     }
     case EX_CALL:
+        if (e->lhs->kind == EX_IDENT && strcmp(e->lhs->str, "sqrt") == 0)
+            return fold_sqrt(D, sc, e, out);
+        diag_error(D, e->loc, "expected a constant expression");
+        return false;
     case EX_INDEX:
     case EX_MEMBER:
     case EX_TUPLE:
@@ -295,7 +363,8 @@ bool eval_fold_const(Diag *D, Scope *sc, Decl *d)
     if (di->state == 2)
         return di->ok;
     di->state = 1;
-    di->ok = eval_fold(D, sc, d->value, &di->value);
+    Scope own = eval_decl_scope(sc, d);
+    di->ok = eval_fold(D, &own, d->value, &di->value);
     if (di->ok && di->value.kind == V_STRING) {
         diag_error(D, d->value->loc, "constant `%s` must be a number or a boolean", d->name);
         di->ok = false;

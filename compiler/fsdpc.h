@@ -288,6 +288,9 @@ typedef enum {
 
 typedef enum { ACT_GELU, ACT_RELU, ACT_SWIGLU } Activation;
 typedef enum { INIT_NORMAL, INIT_ZEROS, INIT_ONES } InitKind;
+/* normal(0, 0.02): matrices and embeddings unless a layer's init says
+ * otherwise (docs/design.md#initialisation) */
+#define INIT_STD_DEFAULT 0.02
 
 typedef struct Param {
     const char *name;       /* full path: blocks.3.attn.q.weight */
@@ -296,6 +299,7 @@ typedef struct Param {
     int64_t shape[2];
     int64_t numel;
     InitKind init;
+    double std;             /* INIT_NORMAL: its standard deviation */
     struct Layer *owner;
     int group;              /* shard group index */
     int index;              /* position in Model.params */
@@ -314,7 +318,14 @@ typedef struct Layer {
     /* configuration, by kind */
     int64_t in, out, n, dim, heads, kv_heads, hidden, count;
     bool bias, causal;
-    double eps, rope_theta;  /* rope_theta 0: no rope */
+    double eps, rope_theta;  /* rope_theta 0: no rope; Attention: eps is qk_norm's */
+    bool qk_norm;            /* Attention: RMSNorm of each head of q and k (Qwen3's) */
+    bool out_bias;           /* Attention: o has a bias (bias = true; not qkv) */
+    double init_std;         /* init: the normal std of a Linear's or an
+                                Embedding's weight, of every matrix of an
+                                Attention or MLP but ... */
+    double out_init_std;     /* ... its output projection's (o; proj or
+                                down): out_init, by default init's */
     Activation act;
     struct Layer *tie;       /* Linear tied to an Embedding */
     struct ModuleType *mtype; /* LK_BLOCK, LK_ARRAY: the module type */
@@ -443,15 +454,26 @@ typedef struct DeclInfo {
     int child_index;      /* DECL_LAYER: position among its module's layers */
 } DeclInfo;
 
-/* The names in reach: decls (mt's members, when mt is set), then outer's. */
+/* The names in reach: decls (mt's members, when mt is set), then outer's.
+ * self is the declaration whose value is being read, or NULL: its own name
+ * there, and in constant expressions the names declared after it in decls,
+ * are not in reach yet, so they mean what they mean in outer
+ * (docs/design.md#the-language, "Names"). */
 typedef struct Scope {
     Decl *decls;
     struct Scope *outer;
     ModuleType *mt;
+    Decl *self;
 } Scope;
 
 /* The arguments a built-in layer or a settings function takes. */
-typedef enum { A_INT, A_FLOAT, A_BOOL, A_STRING, A_SIZE, A_ENUM, A_LAYER, A_ROPE, A_PAIR } ArgType;
+typedef enum {
+    A_INT, A_FLOAT, A_BOOL, A_STRING, A_SIZE, A_ENUM, A_LAYER, A_PAIR,
+    A_ROPE,     /* none | rope(theta = ...) */
+    A_INIT,     /* normal(std = ...) */
+    A_QK_NORM,  /* none | rms | rms(eps = ...) */
+    A_BIAS,     /* true | false | qkv */
+} ArgType;
 
 typedef struct ArgSpec {
     const char *name;
@@ -460,7 +482,7 @@ typedef struct ArgSpec {
     const char *const *choices;   /* A_ENUM */
 } ArgSpec;
 
-enum { MAX_ARGS = 8 };
+enum { MAX_ARGS = 10 };
 
 typedef struct Signature {
     const char *name;
@@ -470,8 +492,12 @@ typedef struct Signature {
 /* What sema learned about d (made on first use). */
 DeclInfo *eval_info(Decl *d);
 /* Looks a name up through sc and its enclosing scopes; *outer is set when
- * it was found in an enclosing one. NULL when it is not declared. */
+ * it was found in an enclosing one. NULL when it is not declared. A scope's
+ * self is passed over: in its own value a declaration's name is the
+ * enclosing scope's. */
 Decl *eval_lookup(Scope *sc, const char *name, bool *outer);
+/* sc with self set to d: the scope d's own value is read in. */
+Scope eval_decl_scope(Scope *sc, Decl *d);
 /* The slot of name in t's member index: where it is, or the empty slot
  * where it would go (sema.c fills the index). */
 Decl **eval_index_slot(ModuleType *t, const char *name);
@@ -591,6 +617,9 @@ DType compute_dtype(const Model *m);
 Tensor *ir_stat(Tensor *t);
 /* "bf16[B, 64, 64]": the tensor's shape with its dtype in memory. */
 const char *tensor_type(const Tensor *t);
+/* The run a norm op normalises: its weight's length, which divides x's
+ * last dimension (qk_norm: one head). 0 for other ops. */
+int64_t op_norm_width(const OpNode *op);
 /* The widest attention head of the graph (0: no attention). */
 int64_t widest_head(const Graph *g);
 /* FLOPs and bytes touched by one op at micro-batch size `batch`. */

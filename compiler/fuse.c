@@ -7,6 +7,7 @@
  *
  *   add(a, b) → s;  layernorm(s, w, bias) → y, mean, rstd
  *       ⇒  add_layernorm(a, b, w, bias) → s, y, mean, rstd
+ *       (layernorm_nobias(s, w): add_layernorm_nobias(a, b, w), alike)
  *   add(a, b) → s;  rmsnorm(s, w) → y, rstd
  *       ⇒  add_rmsnorm(a, b, w) → s, y, rstd
  *   matmul_bias(x, W, b) → p;  gelu(p) → y
@@ -45,6 +46,8 @@ static OpKind fused_kind(const OpNode *first, const OpNode *second)
     if (first->kind == OP_ADD && same_shape(first->in[0], first->in[1])) {
         if (second->kind == OP_LAYERNORM)
             return OP_ADD_LAYERNORM;
+        if (second->kind == OP_LAYERNORM_NOBIAS)
+            return OP_ADD_LAYERNORM_NOBIAS;
         if (second->kind == OP_RMSNORM)
             return OP_ADD_RMSNORM;
     }

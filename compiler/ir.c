@@ -126,6 +126,24 @@ const char *tensor_type(const Tensor *t)
                : s;
 }
 
+int64_t op_norm_width(const OpNode *op)
+{
+    int w;   /* the input holding the norm's weight */
+    switch (op->kind) {
+    case OP_LAYERNORM:
+    case OP_LAYERNORM_NOBIAS:
+    case OP_RMSNORM: w = 1; break;
+    case OP_LAYERNORM_BWD:
+    case OP_LAYERNORM_NOBIAS_BWD:
+    case OP_RMSNORM_BWD:
+    case OP_ADD_LAYERNORM:
+    case OP_ADD_LAYERNORM_NOBIAS:
+    case OP_ADD_RMSNORM: w = 2; break;
+    default: return 0;
+    }
+    return w < op->nin ? op->in[w]->dim[0] : 0;
+}
+
 /* The variables ops.def's FLOP formulas are written in. */
 double op_flops(const OpNode *op, int64_t batch)
 {
@@ -218,12 +236,20 @@ int ir_verify(Graph *g, FILE *err)
         if (op->backward != (i >= g->nfwd))
             FAIL("is in the wrong phase");
         /* fuse.c's rules: an add fuses with operands of one shape, its sum's */
-        if ((op->kind == OP_ADD_LAYERNORM || op->kind == OP_ADD_RMSNORM) &&
+        if ((op->kind == OP_ADD_LAYERNORM || op->kind == OP_ADD_LAYERNORM_NOBIAS ||
+             op->kind == OP_ADD_RMSNORM) &&
             op->nin == op_arity(op->kind) && op->nout == op_outputs(op->kind) &&
             (op->in[0]->rank != op->in[1]->rank || op->in[0]->rank != op->out[0]->rank ||
              memcmp(op->in[0]->dim, op->in[1]->dim, sizeof op->in[0]->dim) != 0 ||
              memcmp(op->in[0]->dim, op->out[0]->dim, sizeof op->in[0]->dim) != 0))
             FAIL("adds %s and %s of different shapes", op->in[0]->name, op->in[1]->name);
+        /* a norm normalises runs of its weight's length: x's rows, or a
+         * whole number of them per row (qk_norm's heads) */
+        int64_t C = op_norm_width(op);
+        if (C && op->nin == op_arity(op->kind) &&
+            (C < 1 || op->in[0]->dim[op->in[0]->rank - 1] % C != 0))
+            FAIL("normalises runs of %lld elements, which %s's rows are not made of",
+                 (long long)C, op->in[0]->name);
         for (int j = 0; j < op->nin; j++) {
             Tensor *t = op->in[j];
             if (!written[t->id])
@@ -297,9 +323,12 @@ void ir_dump(FILE *out, Graph *g)
         if (op->kind == OP_ROPE || op->kind == OP_ROPE_BWD)
             fprintf(out, " heads=%" PRId64 " head_dim=%" PRId64 " theta=%g", op->heads,
                     op->head_dim, op->theta);
-        if (op->kind == OP_LAYERNORM || op->kind == OP_RMSNORM || op->kind == OP_ADD_LAYERNORM ||
-            op->kind == OP_ADD_RMSNORM)
+        if (op->kind == OP_LAYERNORM || op->kind == OP_LAYERNORM_NOBIAS ||
+            op->kind == OP_RMSNORM || op->kind == OP_ADD_LAYERNORM ||
+            op->kind == OP_ADD_LAYERNORM_NOBIAS || op->kind == OP_ADD_RMSNORM)
             fprintf(out, " eps=%g", op->eps);
+        if (op_norm_width(op) && op_norm_width(op) != op->in[0]->dim[op->in[0]->rank - 1])
+            fprintf(out, " width=%" PRId64, op_norm_width(op));
         if (op->group >= 0)
             fprintf(out, "  [group %s]", m->groups[op->group]->name);
         int line, col;

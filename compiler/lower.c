@@ -4,8 +4,9 @@
  * The model's forward body is walked once per layer instance: a call of a
  * block runs the block type's forward with that instance's layers, an array
  * runs each element in sequence, and each built-in layer expands into the
- * primitive ops of ops.def (Attention: q, k, v matmuls, rope, the attention
- * core, the output matmul; MLP: matmuls around gelu/relu, or swiglu). The
+ * primitive ops of ops.def (Attention: q, k, v matmuls, qk_norm's rmsnorm of
+ * each head of q and k, rope, the attention core, the output matmul; MLP:
+ * matmuls around gelu/relu, or swiglu). The
  * result is the forward half of the Graph, in execution order.
  */
 #include "fsdpc.h"
@@ -91,20 +92,24 @@ static Tensor *rope(Lower *L, Layer *ly, Tensor *x, int64_t heads, const char *n
     return y;
 }
 
+/* LayerNorm (layernorm, or layernorm_nobias without a bias) or RMSNorm
+ * over runs of the weight's length: x's rows, or each head of them for
+ * qk_norm, whose statistics then have a last dimension of heads. */
 static Tensor *norm(Lower *L, Layer *ly, Tensor *x)
 {
     bool ln = ly->kind == LK_LAYERNORM;
-    OpNode *op = op_for(L, ln ? OP_LAYERNORM : OP_RMSNORM, ly);
+    OpNode *op = op_for(L, !ln ? OP_RMSNORM : ly->bias_p ? OP_LAYERNORM : OP_LAYERNORM_NOBIAS, ly);
     op->eps = ly->eps;
     op->group = ly->weight->group;
     ir_in(op, x);
     ir_in(op, param(L, ly->weight));
-    if (ln)
+    if (ly->bias_p)
         ir_in(op, param(L, ly->bias_p));
-    ir_out(op, act_like(L, tname(ly, "out"), x, x->dim[x->rank - 1]), false);
+    int64_t last = x->dim[x->rank - 1], runs = last / ly->weight->shape[0];
+    ir_out(op, act_like(L, tname(ly, "out"), x, last), false);
     if (ln)
-        ir_out(op, ir_stat(act_like(L, tname(ly, "mean"), x, 0)), false);
-    ir_out(op, ir_stat(act_like(L, tname(ly, "rstd"), x, 0)), false);
+        ir_out(op, ir_stat(act_like(L, tname(ly, "mean"), x, runs > 1 ? runs : 0)), false);
+    ir_out(op, ir_stat(act_like(L, tname(ly, "rstd"), x, runs > 1 ? runs : 0)), false);
     return op->out[0];
 }
 
@@ -112,6 +117,10 @@ static Tensor *attention(Lower *L, Layer *ly, Tensor *x)
 {
     Layer *q = ly->children[0], *k = ly->children[1], *v = ly->children[2], *o = ly->children[3];
     Tensor *tq = linear(L, q, x), *tk = linear(L, k, x), *tv = linear(L, v, x);
+    if (ly->qk_norm) {   /* each head of q and k, before rope (Qwen3) */
+        tq = norm(L, ly->children[4], tq);
+        tk = norm(L, ly->children[5], tk);
+    }
     if (ly->rope_theta > 0) {
         tq = rope(L, ly, tq, ly->heads, "q_rope");
         tk = rope(L, ly, tk, ly->kv_heads, "k_rope");

@@ -57,8 +57,9 @@ typedef struct Build {
 
 /* ── instantiation: the layer tree and its parameters ── */
 
+/* A parameter of owner; std is INIT_NORMAL's standard deviation. */
 static Param *new_param(Build *mb, Layer *owner, const char *local, int rank, int64_t d0,
-                        int64_t d1, InitKind init)
+                        int64_t d1, InitKind init, double std)
 {
     Param *p = arena_alloc(sizeof *p);
     p->name = arena_printf("%s.%s", owner->path, local);
@@ -68,6 +69,7 @@ static Param *new_param(Build *mb, Layer *owner, const char *local, int rank, in
     p->shape[1] = rank > 1 ? d1 : 1;
     p->numel = d0 * (rank > 1 ? d1 : 1);
     p->init = init;
+    p->std = init == INIT_NORMAL ? std : 0;
     p->owner = owner;
     p->group = -1;
     if (mb->nparams == mb->cap) {
@@ -95,16 +97,29 @@ static Layer *new_layer(Layer *parent, const char *name, Decl *decl, LayerKind k
     return L;
 }
 
+/* A Linear of an Attention or an MLP; its weight is normal(0, std). */
 static Layer *linear(Build *mb, Layer *parent, const char *name, Decl *decl, int64_t in,
-                     int64_t out, bool bias)
+                     int64_t out, bool bias, double std)
 {
     Layer *L = new_layer(parent, name, decl, LK_LINEAR);
     L->in = in;
     L->out = out;
     L->bias = bias;
-    L->weight = new_param(mb, L, "weight", 2, out, in, INIT_NORMAL);
+    L->init_std = std;
+    L->weight = new_param(mb, L, "weight", 2, out, in, INIT_NORMAL, std);
     if (bias)
-        L->bias_p = new_param(mb, L, "bias", 1, out, 0, INIT_ZEROS);
+        L->bias_p = new_param(mb, L, "bias", 1, out, 0, INIT_ZEROS, 0);
+    return L;
+}
+
+/* qk_norm's RMSNorm of one attention head: weight [head_dim], ones */
+static Layer *head_norm(Build *mb, Layer *parent, const char *name, Decl *decl, int64_t hd,
+                        double eps)
+{
+    Layer *L = new_layer(parent, name, decl, LK_RMSNORM);
+    L->dim = hd;
+    L->eps = eps;
+    L->weight = new_param(mb, L, "weight", 1, hd, 0, INIT_ONES, 0);
     return L;
 }
 
@@ -125,47 +140,55 @@ static Layer *instantiate(Build *mb, Layer *parent, const char *name, Decl *d)
     L->in = t->in, L->out = t->out, L->n = t->n, L->dim = t->dim, L->heads = t->heads;
     L->kv_heads = t->kv_heads, L->hidden = t->hidden, L->count = t->count, L->bias = t->bias;
     L->causal = t->causal, L->eps = t->eps, L->rope_theta = t->rope_theta, L->act = t->act;
+    L->init_std = t->init_std, L->out_init_std = t->out_init_std;
+    L->qk_norm = t->qk_norm, L->out_bias = t->out_bias;
     L->mtype = t->mtype;
+    double is = t->init_std, os = t->out_init_std;
     switch (t->kind) {
     case LK_LINEAR:
         if (!di->tie_decl)
-            L->weight = new_param(mb, L, "weight", 2, t->out, t->in, INIT_NORMAL);
+            L->weight = new_param(mb, L, "weight", 2, t->out, t->in, INIT_NORMAL, is);
         if (t->bias)
-            L->bias_p = new_param(mb, L, "bias", 1, t->out, 0, INIT_ZEROS);
+            L->bias_p = new_param(mb, L, "bias", 1, t->out, 0, INIT_ZEROS, 0);
         break;
     case LK_EMBEDDING:
-        L->weight = new_param(mb, L, "weight", 2, t->n, t->dim, INIT_NORMAL);
+        L->weight = new_param(mb, L, "weight", 2, t->n, t->dim, INIT_NORMAL, is);
         break;
     case LK_LAYERNORM:
-        L->weight = new_param(mb, L, "weight", 1, t->dim, 0, INIT_ONES);
-        L->bias_p = new_param(mb, L, "bias", 1, t->dim, 0, INIT_ZEROS);
+        L->weight = new_param(mb, L, "weight", 1, t->dim, 0, INIT_ONES, 0);
+        if (t->bias)
+            L->bias_p = new_param(mb, L, "bias", 1, t->dim, 0, INIT_ZEROS, 0);
         break;
     case LK_RMSNORM:
-        L->weight = new_param(mb, L, "weight", 1, t->dim, 0, INIT_ONES);
+        L->weight = new_param(mb, L, "weight", 1, t->dim, 0, INIT_ONES, 0);
         break;
     case LK_ATTENTION: {
+        /* q, k, v, o; then qk_norm's q_norm and k_norm, RMSNorms of one
+         * head (Qwen3's module order, and so Hugging Face's names) */
         int64_t hd = t->dim / t->heads;
-        Layer *kids[4] = {
-            linear(mb, L, "q", d, t->dim, t->heads * hd, t->bias),
-            linear(mb, L, "k", d, t->dim, t->kv_heads * hd, t->bias),
-            linear(mb, L, "v", d, t->dim, t->kv_heads * hd, t->bias),
-            linear(mb, L, "o", d, t->heads * hd, t->dim, t->bias),
+        Layer *kids[6] = {
+            linear(mb, L, "q", d, t->dim, t->heads * hd, t->bias, is),
+            linear(mb, L, "k", d, t->dim, t->kv_heads * hd, t->bias, is),
+            linear(mb, L, "v", d, t->dim, t->kv_heads * hd, t->bias, is),
+            linear(mb, L, "o", d, t->heads * hd, t->dim, t->out_bias, os),
+            t->qk_norm ? head_norm(mb, L, "q_norm", d, hd, t->eps) : NULL,
+            t->qk_norm ? head_norm(mb, L, "k_norm", d, hd, t->eps) : NULL,
         };
-        set_children(L, kids, 4);
+        set_children(L, kids, t->qk_norm ? 6 : 4);
         break;
     }
     case LK_MLP:
         if (t->act == ACT_SWIGLU) {
             Layer *kids[3] = {
-                linear(mb, L, "gate", d, t->dim, t->hidden, t->bias),
-                linear(mb, L, "up", d, t->dim, t->hidden, t->bias),
-                linear(mb, L, "down", d, t->hidden, t->dim, t->bias),
+                linear(mb, L, "gate", d, t->dim, t->hidden, t->bias, is),
+                linear(mb, L, "up", d, t->dim, t->hidden, t->bias, is),
+                linear(mb, L, "down", d, t->hidden, t->dim, t->bias, os),
             };
             set_children(L, kids, 3);
         } else {
             Layer *kids[2] = {
-                linear(mb, L, "fc", d, t->dim, t->hidden, t->bias),
-                linear(mb, L, "proj", d, t->hidden, t->dim, t->bias),
+                linear(mb, L, "fc", d, t->dim, t->hidden, t->bias, is),
+                linear(mb, L, "proj", d, t->hidden, t->dim, t->bias, os),
             };
             set_children(L, kids, 2);
         }
@@ -798,6 +821,15 @@ static void check_train(Build *mb)
 
 /* ── --dump-model ── */
 
+/* ", init=normal(std=X)" when X is not the default, so dumps of models
+ * that leave init alone keep their form; Linears inside an Attention or an
+ * MLP show their own (the parent shows init and out_init) */
+static void dump_init(FILE *out, const char *arg, double std)
+{
+    if (std != INIT_STD_DEFAULT)
+        fprintf(out, ", %s=normal(std=%.9g)", arg, std);
+}
+
 static void dump_layer(FILE *out, Model *m, Layer *L, int depth)
 {
     fprintf(out, "%*s%-*s ", depth * 2, "", 34 - depth * 2, L->path);
@@ -807,12 +839,21 @@ static void dump_layer(FILE *out, Model *m, Layer *L, int depth)
                 L->bias ? "true" : "false");
         if (L->tie)
             fprintf(out, ", tie=%s", L->tie->path);
+        else
+            dump_init(out, "init", L->init_std);
         fputc(')', out);
         break;
-    case LK_EMBEDDING: fprintf(out, "Embedding(n=%" PRId64 ", dim=%" PRId64 ")", L->n, L->dim); break;
+    case LK_EMBEDDING:
+        fprintf(out, "Embedding(n=%" PRId64 ", dim=%" PRId64, L->n, L->dim);
+        dump_init(out, "init", L->init_std);
+        fputc(')', out);
+        break;
     case LK_LAYERNORM:
     case LK_RMSNORM:
-        fprintf(out, "%s(dim=%" PRId64 ", eps=%g)", layer_kind_name(L->kind), L->dim, L->eps);
+        fprintf(out, "%s(dim=%" PRId64 ", eps=%g", layer_kind_name(L->kind), L->dim, L->eps);
+        if (L->kind == LK_LAYERNORM && !L->bias)
+            fputs(", bias=false", out);   /* shown only when off, as dumps had it */
+        fputc(')', out);
         break;
     case LK_ATTENTION:
         fprintf(out, "Attention(dim=%" PRId64 ", heads=%" PRId64 ", kv_heads=%" PRId64
@@ -822,12 +863,20 @@ static void dump_layer(FILE *out, Model *m, Layer *L, int depth)
             fprintf(out, "rope(theta=%g)", L->rope_theta);
         else
             fputs("none", out);
-        fprintf(out, ", bias=%s)", L->bias ? "true" : "false");
+        fprintf(out, ", bias=%s", !L->bias ? "false" : L->out_bias ? "true" : "qkv");
+        if (L->qk_norm)   /* shown only when on, so other dumps keep their form */
+            fprintf(out, ", qk_norm=rms(eps=%g)", L->eps);
+        dump_init(out, "init", L->init_std);
+        dump_init(out, "out_init", L->out_init_std);
+        fputc(')', out);
         break;
     case LK_MLP:
-        fprintf(out, "MLP(dim=%" PRId64 ", hidden=%" PRId64 ", act=%s, bias=%s)", L->dim,
+        fprintf(out, "MLP(dim=%" PRId64 ", hidden=%" PRId64 ", act=%s, bias=%s", L->dim,
                 L->hidden, L->act == ACT_GELU ? "gelu" : L->act == ACT_RELU ? "relu" : "swiglu",
                 L->bias ? "true" : "false");
+        dump_init(out, "init", L->init_std);
+        dump_init(out, "out_init", L->out_init_std);
+        fputc(')', out);
         break;
     case LK_BLOCK: fprintf(out, "%s", L->mtype->name); break;
     case LK_ARRAY: fprintf(out, "%s[%" PRId64 "]", L->mtype->name, L->count); break;
@@ -843,10 +892,13 @@ static void dump_layer(FILE *out, Model *m, Layer *L, int depth)
             snprintf(shape, sizeof shape, "[%" PRId64 ", %" PRId64 "]", p->shape[0], p->shape[1]);
         else
             snprintf(shape, sizeof shape, "[%" PRId64 "]", p->shape[0]);
+        const char *init = p->init == INIT_ZEROS  ? "zeros"
+                           : p->init == INIT_ONES ? "ones"
+                           : p->std == INIT_STD_DEFAULT
+                               ? "normal"
+                               : arena_printf("normal(std=%.9g)", p->std);
         fprintf(out, "%*s%-*s %-16s %14s  %-7s group %s\n", depth * 2 + 2, "", 32 - depth * 2,
-                p->name, shape, fmt_count(p->numel),
-                p->init == INIT_NORMAL ? "normal" : p->init == INIT_ZEROS ? "zeros" : "ones",
-                m->groups[p->group]->name);
+                p->name, shape, fmt_count(p->numel), init, m->groups[p->group]->name);
     }
     for (int i = 0; i < L->nchildren; i++)
         dump_layer(out, m, L->children[i], depth + 1);

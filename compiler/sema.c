@@ -77,18 +77,22 @@ static const char *const act_choices[] = {"gelu", "relu", "swiglu", NULL};
 
 static const Signature layer_sigs[] = {
     [LK_LINEAR] = {"Linear", {{"in", A_INT, true}, {"out", A_INT, true}, {"bias", A_BOOL},
-                              {"tie", A_LAYER}}},
-    [LK_EMBEDDING] = {"Embedding", {{"n", A_INT, true}, {"dim", A_INT, true}}},
-    [LK_LAYERNORM] = {"LayerNorm", {{"dim", A_INT, true}, {"eps", A_FLOAT}}},
+                              {"tie", A_LAYER}, {"init", A_INIT}}},
+    [LK_EMBEDDING] = {"Embedding", {{"n", A_INT, true}, {"dim", A_INT, true}, {"init", A_INIT}}},
+    [LK_LAYERNORM] = {"LayerNorm", {{"dim", A_INT, true}, {"eps", A_FLOAT}, {"bias", A_BOOL}}},
     [LK_RMSNORM] = {"RMSNorm", {{"dim", A_INT, true}, {"eps", A_FLOAT}}},
     [LK_ATTENTION] = {"Attention", {{"dim", A_INT, true}, {"heads", A_INT, true},
                                     {"kv_heads", A_INT}, {"causal", A_BOOL}, {"rope", A_ROPE},
-                                    {"bias", A_BOOL}}},
+                                    {"bias", A_BIAS}, {"qk_norm", A_QK_NORM}, {"init", A_INIT},
+                                    {"out_init", A_INIT}}},
     [LK_MLP] = {"MLP", {{"dim", A_INT, true}, {"hidden", A_INT, true},
-                        {"act", A_ENUM, false, act_choices}, {"bias", A_BOOL}}},
+                        {"act", A_ENUM, false, act_choices}, {"bias", A_BOOL}, {"init", A_INIT},
+                        {"out_init", A_INIT}}},
 };
 
 static const Signature sig_rope = {"rope", {{"theta", A_FLOAT}}};
+static const Signature sig_normal = {"normal", {{"std", A_FLOAT, true}}};
+static const Signature sig_rms = {"rms", {{"eps", A_FLOAT}}};
 
 /* ── declarations ── */
 
@@ -162,6 +166,12 @@ static bool check_tie_arg(Sema *s, Scope *sc, DeclInfo *di, Expr *t)
         diag_error(D, t->loc, "`tie` names an Embedding layer declared beside this one");
         return false;
     }
+    if (!td && sc->self && strcmp(t->str, sc->self->name) == 0) {
+        diag_error(D, t->loc, "`%s` cannot tie its weight to itself; `tie` names an Embedding "
+                              "declared beside it",
+                   t->str);
+        return false;
+    }
     if (!td || (td->kind == DECL_LAYER && outer)) {
         diag_error(D, t->loc, "`tie = %s`: no layer `%s` in this %s%s", t->str, t->str,
                    sc->mt->decl ? "block" : "model",
@@ -179,7 +189,29 @@ static bool check_tie_arg(Sema *s, Scope *sc, DeclInfo *di, Expr *t)
     return true;
 }
 
-/* NAME = Linear(in, out, bias = true, tie = EMBEDDING) */
+/* init = normal(std = X), argument i of sig: the weights' initial values
+ * are normal(0, X) (docs/design.md#initialisation); X is a constant
+ * expression, as 0.02 / sqrt(2 * layers). Clears *ok on an error. */
+static void check_init_arg(Sema *s, Scope *sc, const Signature *sig, int i, Arg *a, double *std,
+                           bool *ok)
+{
+    Diag *D = s->d;
+    Expr *e = a->value;
+    Arg *nb[MAX_ARGS];
+    if (e->kind != EX_CALL || e->lhs->kind != EX_IDENT || strcmp(e->lhs->str, "normal") != 0) {
+        diag_error(D, e->loc, "`%s` argument `%s` must be `normal(std = ...)`", sig->name,
+                   sig->args[i].name);
+        *ok = false;
+    } else if (!eval_bind_args(D, &sig_normal, e->loc, e->args, nb) ||
+               !eval_float(D, sc, nb[0]->value, "`normal` argument `std`", std)) {
+        *ok = false;
+    } else if (!(*std > 0)) {
+        diag_error(D, nb[0]->value->loc, "`normal` argument `std` must be positive, got %g", *std);
+        *ok = false;
+    }
+}
+
+/* NAME = Linear(in, out, bias = true, tie = EMBEDDING, init = normal(std = 0.02)) */
 static bool check_linear(Sema *s, Scope *sc, DeclInfo *di, const Signature *sig, Arg **b)
 {
     Layer *L = &di->tpl;
@@ -190,19 +222,29 @@ static bool check_linear(Sema *s, Scope *sc, DeclInfo *di, const Signature *sig,
         ok &= eval_bool(s->d, sc, b[2]->value, "`Linear` argument `bias`", &L->bias);
     if (b[3])
         ok &= check_tie_arg(s, sc, di, b[3]->value);
+    if (b[4] && b[3]) {
+        diag_error(s->d, b[4]->loc, "a tied Linear has no weight of its own to initialise; "
+                                    "`init` goes on the Embedding (`%s`)",
+                   b[3]->value->kind == EX_IDENT ? b[3]->value->str : "tie");
+        ok = false;
+    } else if (b[4]) {
+        check_init_arg(s, sc, sig, 4, b[4], &L->init_std, &ok);
+    }
     return ok;
 }
 
-/* NAME = Embedding(n, dim) */
+/* NAME = Embedding(n, dim, init = normal(std = 0.02)) */
 static bool check_embedding(Sema *s, Scope *sc, Layer *L, const Signature *sig, Arg **b)
 {
     bool ok = true;
     L->n = positive_arg(s, sc, b[0], sig, 0, &ok);
     L->dim = positive_arg(s, sc, b[1], sig, 1, &ok);
+    if (b[2])
+        check_init_arg(s, sc, sig, 2, b[2], &L->init_std, &ok);
     return ok;
 }
 
-/* NAME = LayerNorm(dim, eps = 1e-5) | RMSNorm(dim, eps = 1e-6) */
+/* NAME = LayerNorm(dim, eps = 1e-5, bias = true) | RMSNorm(dim, eps = 1e-6) */
 static bool check_norm(Sema *s, Scope *sc, Layer *L, const Signature *sig, Arg **b)
 {
     bool ok = true;
@@ -217,6 +259,8 @@ static bool check_norm(Sema *s, Scope *sc, Layer *L, const Signature *sig, Arg *
             ok = false;
         }
     }
+    if (L->kind == LK_LAYERNORM && b[2])
+        ok &= eval_bool(s->d, sc, b[2]->value, "`LayerNorm` argument `bias`", &L->bias);
     return ok;
 }
 
@@ -271,8 +315,92 @@ static bool check_heads(Sema *s, Layer *L, Expr *call, Arg *rope)
     return true;
 }
 
+/* init = ..., out_init = ... of an Attention or an MLP: out_init is init's
+ * unless given */
+static void check_inits(Sema *s, Scope *sc, Layer *L, const Signature *sig, Arg *init, int i,
+                        Arg *out_init, bool *ok)
+{
+    if (init)
+        check_init_arg(s, sc, sig, i, init, &L->init_std, ok);
+    L->out_init_std = L->init_std;
+    if (out_init)
+        check_init_arg(s, sc, sig, i + 1, out_init, &L->out_init_std, ok);
+}
+
+/* Attention's bias = true | false | qkv: every Linear has a bias, none
+ * does, or q, k and v do and o does not (Qwen2's). Clears *ok on an error. */
+static void check_attention_bias(Sema *s, Scope *sc, Layer *L, Expr *e, bool *ok)
+{
+    static const char *const names[] = {"true", "false", "qkv", NULL};
+    bool outer;
+    if (e->kind == EX_IDENT && strcmp(e->str, "qkv") == 0 && !eval_lookup(sc, e->str, &outer)) {
+        L->bias = true;
+        L->out_bias = false;
+        return;
+    }
+    if (e->kind == EX_IDENT && !eval_lookup(sc, e->str, &outer)) {
+        diag_error(s->d, e->loc, "`Attention` argument `bias` must be `true`, `false` or `qkv` "
+                                 "(q, k and v only), not `%s`%s",
+                   e->str, diag_suggest(e->str, names));
+        *ok = false;
+        return;
+    }
+    Value v;
+    if (!eval_fold(s->d, sc, e, &v)) {
+        *ok = false;
+    } else if (v.kind != V_BOOL) {
+        diag_error(s->d, e->loc, "`Attention` argument `bias` must be `true`, `false` or `qkv` "
+                                 "(q, k and v only), got %s",
+                   eval_value_desc(&v));
+        *ok = false;
+    } else {
+        L->bias = L->out_bias = v.i != 0;
+    }
+}
+
+/* qk_norm = none | rms | rms(eps = 1e-6): an RMSNorm of each head of q and
+ * of k, after their Linears and before rope, with one weight of head_dim
+ * shared by the heads (q_norm, k_norm: Qwen3's per-head form; OLMo 2
+ * normalises the whole projection instead). Clears *ok on an error. */
+static void check_qk_norm_arg(Sema *s, Scope *sc, Layer *L, Expr *e, bool *ok)
+{
+    static const char *const names[] = {"none", "rms", NULL};
+    L->eps = 1e-6;   /* RMSNorm's default, and Qwen3's rms_norm_eps */
+    if (e->kind == EX_IDENT && strcmp(e->str, "none") == 0) {
+        L->qk_norm = false;
+    } else if (e->kind == EX_IDENT && strcmp(e->str, "rms") == 0) {
+        L->qk_norm = true;
+    } else if (e->kind == EX_CALL && e->lhs->kind == EX_IDENT && strcmp(e->lhs->str, "rms") == 0) {
+        Arg *rb[MAX_ARGS];
+        L->qk_norm = true;
+        if (!eval_bind_args(s->d, &sig_rms, e->loc, e->args, rb)) {
+            *ok = false;
+        } else if (rb[0]) {
+            *ok &= eval_float(s->d, sc, rb[0]->value, "`rms` argument `eps`", &L->eps);
+            if (*ok && !(L->eps > 0)) {
+                diag_error(s->d, rb[0]->value->loc, "`rms` argument `eps` must be positive, "
+                                                    "got %g",
+                           L->eps);
+                *ok = false;
+            }
+        }
+    } else {
+        Expr *id = e->kind == EX_CALL ? e->lhs : e;
+        if (id->kind == EX_IDENT)
+            diag_error(s->d, e->loc, "`Attention` argument `qk_norm` must be `none`, `rms` or "
+                                     "`rms(eps = ...)`, not `%s`%s",
+                       id->str, diag_suggest(id->str, names));
+        else
+            diag_error(s->d, e->loc, "`Attention` argument `qk_norm` must be `none`, `rms` or "
+                                     "`rms(eps = ...)`");
+        *ok = false;
+    }
+}
+
 /* NAME = Attention(dim, heads, kv_heads = heads, causal = true,
- *                  rope = none | rope(theta = ...), bias = true) */
+ *                  rope = none | rope(theta = ...), bias = true | false | qkv,
+ *                  qk_norm = none | rms | rms(eps = ...),
+ *                  init = normal(std = 0.02), out_init = init) */
 static bool check_attention(Sema *s, Scope *sc, Layer *L, const Signature *sig, Arg **b,
                             Expr *call)
 {
@@ -285,11 +413,15 @@ static bool check_attention(Sema *s, Scope *sc, Layer *L, const Signature *sig, 
     if (b[4])
         check_rope_arg(s, sc, L, b[4]->value, &ok);
     if (b[5])
-        ok &= eval_bool(s->d, sc, b[5]->value, "`Attention` argument `bias`", &L->bias);
+        check_attention_bias(s, sc, L, b[5]->value, &ok);
+    if (b[6])
+        check_qk_norm_arg(s, sc, L, b[6]->value, &ok);
+    check_inits(s, sc, L, sig, b[7], 7, b[8], &ok);
     return ok && check_heads(s, L, call, b[4]);
 }
 
-/* NAME = MLP(dim, hidden, act = gelu | relu | swiglu, bias = true) */
+/* NAME = MLP(dim, hidden, act = gelu | relu | swiglu, bias = true,
+ *            init = normal(std = 0.02), out_init = init) */
 static bool check_mlp(Sema *s, Scope *sc, Layer *L, const Signature *sig, Arg **b)
 {
     bool ok = true;
@@ -301,6 +433,7 @@ static bool check_mlp(Sema *s, Scope *sc, Layer *L, const Signature *sig, Arg **
     L->act = (Activation)act;
     if (b[3])
         ok &= eval_bool(s->d, sc, b[3]->value, "`MLP` argument `bias`", &L->bias);
+    check_inits(s, sc, L, sig, b[4], 4, b[5], &ok);
     return ok;
 }
 
@@ -315,8 +448,9 @@ static void check_builtin_layer(Sema *s, Scope *sc, Decl *d, LayerKind kind, Exp
     Arg *b[MAX_ARGS];
     Layer *L = &di->tpl;
     L->kind = kind;
-    L->bias = true;
+    L->bias = L->out_bias = true;
     L->causal = true;
+    L->init_std = L->out_init_std = INIT_STD_DEFAULT;
     if (!eval_bind_args(s->d, sig, call->loc, call->args, b))
         return;
     bool ok;
@@ -353,10 +487,13 @@ static const char **layer_type_names(Sema *s)
     return names;
 }
 
-/* NAME = Linear(...) | Block() | Block[n] */
-static void check_layer_decl(Sema *s, Scope *sc, Decl *d)
+/* NAME = Linear(...) | Block() | Block[n]
+ * The arguments are read in the scope as it was before the declaration
+ * (eval_decl_scope): NAME itself there is the enclosing scope's. */
+static void check_layer_decl(Sema *s, Scope *outer_sc, Decl *d)
 {
     Diag *D = s->d;
+    Scope own = eval_decl_scope(outer_sc, d), *sc = &own;
     DeclInfo *di = eval_info(d);
     di->owner = sc->mt;
     Expr *v = d->value;

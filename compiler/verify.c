@@ -237,10 +237,11 @@ static OpKind op_of_launcher(const char *name)
     return OP_COUNT;
 }
 
-/* Marks in kinds the ops that launcher l stands for: its own op, and a
- * fused op whose emitted code calls it where the runtime does not do its
- * part (matmul_bias_gelu runs gelu_fwd after a product without the GELU
- * epilogue: the CPU backend's, emit.c). */
+/* Marks in kinds the ops that launcher l stands for: its own op, the
+ * bias-free LayerNorm's, which call LayerNorm's launchers with NULL for the
+ * bias, and a fused op whose emitted code calls it where the runtime does
+ * not do its part (matmul_bias_gelu runs gelu_fwd after a product without
+ * the GELU epilogue: the CPU backend's, emit.c). */
 static void mark_kinds(const char *launcher, bool *kinds)
 {
     OpKind k = op_of_launcher(launcher);
@@ -249,6 +250,12 @@ static void mark_kinds(const char *launcher, bool *kinds)
     kinds[k] = true;
     if (k == OP_GELU)
         kinds[OP_MATMUL_BIAS_GELU] = true;
+    if (k == OP_LAYERNORM)
+        kinds[OP_LAYERNORM_NOBIAS] = true;
+    if (k == OP_LAYERNORM_BWD)
+        kinds[OP_LAYERNORM_NOBIAS_BWD] = true;
+    if (k == OP_ADD_LAYERNORM)
+        kinds[OP_ADD_LAYERNORM_NOBIAS] = true;
 }
 
 static const char *where(Model *m, const OpNode *op)

@@ -73,7 +73,9 @@ typedef struct FsdParamInfo {
     int rank;                /* 1 or 2 */
     int64_t shape[2];
     int64_t numel;
-    FsdInit init;            /* normal(0, 0.02), zeros or ones */
+    FsdInit init;            /* normal(0, std), zeros or ones */
+    double std;              /* FSD_INIT_NORMAL's standard deviation (0.02 but
+                                where the layer's init says) */
     bool decay;              /* weight decay applies: 2 or more dimensions */
 } FsdParamInfo;
 

@@ -13,7 +13,8 @@
  *
  *   - a parameter `A.N.rest` (N a number) belongs to block N of the model's
  *     one block array A (blocks, layers, ...); anything else is top level;
- *   - in a block, layer X is an attention when X.q, X.k, X.v and X.o exist,
+ *   - in a block, layer X is an attention when X.q, X.k, X.v and X.o exist
+ *     (with X.q_norm and X.k_norm under qk_norm),
  *     an MLP when X.fc and X.proj do (gelu/relu) or X.gate, X.up and X.down
  *     do (swiglu), and a norm when it is one name holding a 1-D weight; a
  *     block must hold one attention, one MLP and two norms, and the first
@@ -43,6 +44,11 @@
  *   attention_bias); post_attention_layernorm.weight;
  *   mlp.{gate,up,down}_proj.weight (mlp_bias); model.norm.weight;
  *   lm_head.weight when the head is untied (else tie_word_embeddings).
+ *   The same names hold Qwen2's and Qwen3's checkpoints (Qwen2ForCausalLM,
+ *   Qwen3ForCausalLM): Attention(bias = qkv) writes q_proj, k_proj and
+ *   v_proj with biases and o_proj without, Qwen2's layout, and qk_norm
+ *   writes self_attn.q_norm.weight and self_attn.k_norm.weight [head_dim],
+ *   Qwen3's.
  *   q_proj and k_proj are NOT permuted: Meta's original checkpoints
  *   interleave rotary pairs and HF's conversion script permutes them into
  *   rotate-half order, but fsdpc's rope already is HF's rotate-half
@@ -235,7 +241,7 @@ static bool child_of(const char *local, const char *const *names, char out[256])
 /* What block 0's layers are, by the rule in the header comment. */
 static bool classify(Builder *b, BlockKinds *k)
 {
-    static const char *const attn[] = {"q", "k", "v", "o", NULL};
+    static const char *const attn[] = {"q", "k", "v", "o", "q_norm", "k_norm", NULL};
     static const char *const gelu[] = {"fc", "proj", NULL};
     static const char *const swiglu[] = {"gate", "up", "down", NULL};
     const FsdModel *m = b->r->m;
@@ -411,6 +417,24 @@ static void llama_blocks(Builder *b, const BlockKinds *k, int64_t C)
                       add_tensor(b, 1, rows[i], 0, "model.layers.%d.self_attn.%s_proj.bias", n,
                                  attn[i]),
                       false, 0);
+        }
+        /* qk_norm: Qwen3's q_norm and k_norm, one head's RMSNorm weight each */
+        static const char *const qk[] = {"q_norm", "k_norm"};
+        int qn = member(b, n, k->attn, qk[0], "weight", false);
+        for (int i = 0; i < 2 && !b->failed && qn >= 0; i++) {
+            int w = member(b, n, k->attn, qk[i], "weight", true);
+            if (b->failed)
+                return;
+            int64_t hd = P[w].shape[0];
+            if (P[w].rank != 1 || hd < 1 || Hq % hd || Hkv % hd ||
+                (i == 1 && hd != P[qn].shape[0])) {
+                refuse(b, "`%s` is not one head's norm weight: Qwen3's %s is [head_dim], "
+                          "head_dim dividing q_proj's %lld rows and k_proj's %lld",
+                       P[w].name, qk[i], (long long)Hq, (long long)Hkv);
+                return;
+            }
+            place(b, w, add_tensor(b, 1, hd, 0, "model.layers.%d.self_attn.%s.weight", n, qk[i]),
+                  false, 0);
         }
         const int64_t mrows[] = {I, I, C}, mcols[] = {C, C, I};
         for (int i = 0; i < 3 && !b->failed; i++) {

@@ -9,10 +9,11 @@
  *
  *   key  = FNV-1a-64(name) XOR (seed × 0x9E3779B97F4A7C15)        (mod 2^64)
  *   u_k  = ((splitmix64(key + 2i + k) >> 11) + 1) · 2^-53,  k = 0, 1  (in (0, 1])
- *   w[i] = 0.02 · √(−2 ln u_0) · cos(2π u_1)     for normal(0, 0.02)
+ *   w[i] = σ · √(−2 ln u_0) · cos(2π u_1)        for normal(0, σ)
  *
  * with splitmix64(x) = mix(x + 0x9E3779B97F4A7C15), mix being Steele,
- * Lea and Flood's finaliser; zeros and ones are what they say. i is the
+ * Lea and Flood's finaliser, σ the parameter's std (0.02 unless its layer's
+ * init says); zeros and ones are what they say. i is the
  * element's row-major index within its parameter. docs/runtime.md gives the
  * same in Python.
  *
@@ -134,7 +135,7 @@ void weights_init(FsdRun *r)
         const uint64_t key = fnv1a64(P->name) ^ seed_mix;
 #pragma omp parallel for schedule(static)
         for (int64_t i = a; i < b; i++)
-            dst[i] = (real)normal_at(key, i, 0.02);
+            dst[i] = (real)normal_at(key, i, P->std);
     }
     copy_in(r, img);
 }

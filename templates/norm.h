@@ -73,7 +73,10 @@ DEVICE void add_norm_v_row(int64_t r, int lane, int lanes, act *sum, const act *
  *   mean[r] = Σ_j x[r,j] / C
  *   rstd[r] = 1 / sqrt(Σ_j (x[r,j] − mean[r])² / C + eps)
  *   y[r,j]  = (x[r,j] − mean[r]) · rstd[r] · w[j] + b[j]
- *   y [rows, C], mean [rows], rstd [rows], w [C], b [C]. */
+ *   y [rows, C], mean [rows], rstd [rows], w [C], b [C]; b NULL: no bias
+ *   (LayerNorm(dim, bias = false): the + b[j] is left out, not added as 0,
+ *   and every launcher below takes NULL for b, add_layernorm_fwd's bias
+ *   and layernorm_bwd's db alike). */
 DEVICE void layernorm_fwd_row(int64_t r, int lane, int lanes, act *y, real *mean, real *rstd,
                               const act *x, const act *w, const act *b, int64_t C, real eps)
 {
@@ -84,9 +87,17 @@ DEVICE void layernorm_fwd_row(int64_t r, int lane, int lanes, act *y, real *mean
     /* two passes: no cancellation when |mean| >> std */
     FSD_LANE_SUM(v, j, C, lane, lanes, (fsd_wide(xr[j]) - m) * (fsd_wide(xr[j]) - m));
     real rs = 1 / fsd_sqrt(fsd_warp_sum(v) / (real)C + eps);
-    FSD_SIMD
-    for (int64_t j = lane; j < C; j += lanes)
-        y[r * C + j] = fsd_narrow((fsd_wide(xr[j]) - m) * rs * fsd_wide(w[j]) + fsd_wide(b[j]));
+    /* one loop each way, so the CPU's vectorised loop holds no branch */
+    if (b) {
+        FSD_SIMD
+        for (int64_t j = lane; j < C; j += lanes)
+            y[r * C + j] =
+                fsd_narrow((fsd_wide(xr[j]) - m) * rs * fsd_wide(w[j]) + fsd_wide(b[j]));
+    } else {
+        FSD_SIMD
+        for (int64_t j = lane; j < C; j += lanes)
+            y[r * C + j] = fsd_narrow((fsd_wide(xr[j]) - m) * rs * fsd_wide(w[j]));
+    }
     if (lane == 0) {
         mean[r] = m;
         rstd[r] = rs;
@@ -116,11 +127,16 @@ DEVICE void layernorm_fwd_v_row(int64_t r, int lane, int lanes, act *y, real *me
     }
     real rs = 1 / fsd_sqrt(fsd_warp_sum(v) / (real)C + eps);
     FSD_VEC_LANES(j, C, lane, lanes) {
-        fsd_vec vx = fsd_vload(xr + j), vw = fsd_vload(w + j), vb = fsd_vload(b + j);
-        fsd_vec vy = fsd_vzero();
-        FSD_VEC_FOR(k)
-            vy.a[k] = fsd_narrow((fsd_wide(vx.a[k]) - m) * rs * fsd_wide(vw.a[k]) +
-                                 fsd_wide(vb.a[k]));
+        fsd_vec vx = fsd_vload(xr + j), vw = fsd_vload(w + j), vy = fsd_vzero();
+        if (b) {
+            fsd_vec vb = fsd_vload(b + j);
+            FSD_VEC_FOR(k)
+                vy.a[k] = fsd_narrow((fsd_wide(vx.a[k]) - m) * rs * fsd_wide(vw.a[k]) +
+                                     fsd_wide(vb.a[k]));
+        } else {
+            FSD_VEC_FOR(k)
+                vy.a[k] = fsd_narrow((fsd_wide(vx.a[k]) - m) * rs * fsd_wide(vw.a[k]));
+        }
         fsd_vstore(y + r * C + j, vy);
     }
     if (lane == 0) {
@@ -135,14 +151,14 @@ FSD_ROW_KERNEL(layernorm_fwd_v,
 #endif
 
 /* whether a norm's rows [rows, C] x and y and its parameters w, b fit the
- * vector kernels */
+ * vector kernels (a NULL b is aligned) */
 #define FSD_NORM_VEC(C, x, y, w, b) \
     FSD_VEC_WHEN((C) % FSD_VEC == 0 && fsd_al16(x) && fsd_al16(y) && fsd_al16(w) && fsd_al16(b))
 
 LAUNCHER void layernorm_fwd(act *y, real *mean, real *rstd, const act *x, const act *w,
                             const act *b, int64_t rows, int64_t C, real eps)
 {
-    FSD_REQUIRE("layernorm_fwd", y && mean && rstd && x && w && b);
+    FSD_REQUIRE("layernorm_fwd", y && mean && rstd && x && w);
     FSD_REQUIRE("layernorm_fwd", rows > 0 && C > 0 && eps >= 0);
     if (FSD_NORM_VEC(C, x, y, w, b))
         FSD_RUN_VEC_ROWS(layernorm_fwd_v, rows, (y, mean, rstd, x, w, b, C, eps));
@@ -152,7 +168,7 @@ LAUNCHER void layernorm_fwd(act *y, real *mean, real *rstd, const act *x, const 
 
 /* add_layernorm_fwd: sum = a + b, then layernorm_fwd of sum (y, mean, rstd):
  * the residual add and the norm that reads it, in one pass over the row.
- * sum, a, b [rows, C]; the rest as layernorm_fwd. */
+ * sum, a, b [rows, C]; the rest as layernorm_fwd (bias NULL: none). */
 DEVICE void add_layernorm_fwd_row(int64_t r, int lane, int lanes, act *sum, act *y, real *mean,
                                   real *rstd, const act *a, const act *b, const act *w,
                                   const act *bias, int64_t C, real eps)
@@ -183,7 +199,7 @@ LAUNCHER void add_layernorm_fwd(act *sum, act *y, real *mean, real *rstd, const 
                                 const act *b, const act *w, const act *bias, int64_t rows,
                                 int64_t C, real eps)
 {
-    FSD_REQUIRE("add_layernorm_fwd", sum && y && mean && rstd && a && b && w && bias);
+    FSD_REQUIRE("add_layernorm_fwd", sum && y && mean && rstd && a && b && w);
     FSD_REQUIRE("add_layernorm_fwd", rows > 0 && C > 0 && eps >= 0);
     if (FSD_NORM_VEC(C, sum, y, w, bias))
         FSD_RUN_VEC_ROWS(add_layernorm_fwd_v, rows,
@@ -197,7 +213,9 @@ LAUNCHER void add_layernorm_fwd(act *sum, act *y, real *mean, real *rstd, const 
  *   dw[j]   +=  Σ_r dy[r,j] · x̂[r,j]
  *   db[j]   +=  Σ_r dy[r,j]
  * dx accumulates when acc; dw and db always accumulate (parameter
- * gradients). dx, dy, x [rows, C]; dw, db, w [C]; mean, rstd [rows]. */
+ * gradients). dx, dy, x [rows, C]; dw, db, w [C]; mean, rstd [rows]. db
+ * NULL: the norm has no bias (the bias does not enter dx or dw, so the rest
+ * is the same). */
 DEVICE void layernorm_bwd_row(int64_t r, int lane, int lanes, act *dx, bool acc, const act *dy,
                               const act *x, const act *w, const real *mean, const real *rstd,
                               int64_t C)
@@ -340,8 +358,9 @@ FSD_ELEM_KERNEL(layernorm_bwd_params_v,
                 (p, dy, x, mean, rstd, C))
 #endif
 
-/* dw[j] += Σ_r dy·x̂, db[j] += Σ_r dy over [rows, C]; vec: the vector
- * items (the launcher's choice, the rows' kernel's) */
+/* dw[j] += Σ_r dy·x̂, db[j] += Σ_r dy over [rows, C] (db NULL: none; the
+ * plan then stores one output); vec: the vector items (the launcher's
+ * choice, the rows' kernel's) */
 RUNNER void layernorm_bwd_params_sums(bool vec, act *dw, act *db, const act *dy, const act *x,
                                       const real *mean, const real *rstd, int64_t rows,
                                       int64_t C)
@@ -393,7 +412,7 @@ LAUNCHER void layernorm_bwd(act *dx, bool acc, act *dw, act *db, const act *dy, 
                             const act *w, const real *mean, const real *rstd, int64_t rows,
                             int64_t C)
 {
-    FSD_REQUIRE("layernorm_bwd", dx && dw && db && dy && x && w && mean && rstd);
+    FSD_REQUIRE("layernorm_bwd", dx && dw && dy && x && w && mean && rstd);
     FSD_REQUIRE("layernorm_bwd", rows > 0 && C > 0);
 #ifdef FSD_NORM_CHUNK
     const int64_t chunks = (rows + FSD_NORM_CHUNK - 1) / FSD_NORM_CHUNK;
@@ -408,7 +427,8 @@ LAUNCHER void layernorm_bwd(act *dx, bool acc, act *dw, act *db, const act *dy, 
         for (int64_t t = 0; t < tiles; t++) {
             int64_t j0 = t * FSD_COL_TILE, j1 = j0 + FSD_COL_TILE < C ? j0 + FSD_COL_TILE : C;
             fsd_col_sum_real(j0, j1, dw, true, part, chunks, 2 * C);
-            fsd_col_sum_real(j0, j1, db, true, part + C, chunks, 2 * C);
+            if (db)
+                fsd_col_sum_real(j0, j1, db, true, part + C, chunks, 2 * C);
         }
     }
     free(part);

@@ -29,8 +29,9 @@ compare() {
     fi
 }
 
-# ── golden dumps of every example ──
-for f in examples/*.fsd; do
+# ── golden dumps of every example, and of the layer options' model the
+# PyTorch reference trains (tests/oracle/tiny_variants.fsd) ──
+for f in examples/*.fsd tests/oracle/tiny_variants.fsd; do
     name=$(basename "$f" .fsd)
     for dump in ast model; do
         if "$FSDPC" "$f" --dump-$dump >"$TMP/out" 2>"$TMP/err"; then

@@ -9,7 +9,10 @@ conventions, standard library only (tests/ckpt/run.sh runs them):
         Conv1D weights transposed, c_attn = concat(q, k, v)ᵀ, no lm_head.
     check_hf.py llama-layout PLAIN.st HF.st
         the same for LlamaForCausalLM from tok, layers.N.{attn_norm, attn,
-        mlp_norm, mlp}, norm, head.
+        mlp_norm, mlp}, norm, head; with attention biases (q_proj.bias ...,
+        Qwen2's: o_proj has none under bias = qkv) and qk_norm's q_norm and
+        k_norm (Qwen3's self_attn.q_norm.weight, self_attn.k_norm.weight)
+        where the model has them.
     check_hf.py randomize HF.st OUT.st SEED
         OUT.st: HF.st's tensors with random values large enough (std 0.3,
         norm weights 1 ± 0.3) that attention is far from uniform, so a
@@ -18,7 +21,9 @@ conventions, standard library only (tests/ckpt/run.sh runs them):
     check_hf.py llama-loss HF.st TOKENS.bin HEADS KV_HEADS THETA SEQ LOG.json [interleaved]
         the mean cross-entropy of sequence 0 of TOKENS.bin computed here, by
         transformers' GPT-2 (Conv1D: y = x·W + b) or Llama (rotate-half
-        RoPE on the unpermuted q_proj, k_proj; repeat_kv) forward written
+        RoPE on the unpermuted q_proj, k_proj; repeat_kv; Qwen2's q, k, v
+        biases and Qwen3's RMSNorm of each head of q and k before RoPE when
+        the file has them) forward written
         out in Python, equals the loss LOG.json's step 0 logged (a run of
         one sequence a step), to 1e-5 relative. With `interleaved`, the
         forward uses Meta's original rotary pairing (x0,x1),(x2,x3)… instead,
@@ -126,6 +131,14 @@ def llama_layout(plain_path, hf_path):
         for src, dst in pairs:   # no transposes, no rotary permutation
             expect(hf, h + dst + ".weight", p[a + src + ".weight"][0], p[a + src + ".weight"][1])
             want.add(h + dst + ".weight")
+            if a + src + ".bias" in p:   # attention_bias (Qwen2: q, k, v only), mlp_bias
+                expect(hf, h + dst + ".bias", p[a + src + ".bias"][0], p[a + src + ".bias"][1])
+                want.add(h + dst + ".bias")
+        for x in ("q_norm", "k_norm"):   # Qwen3's qk_norm: [head_dim]
+            if a + f"attn.{x}.weight" in p:
+                src = p[a + f"attn.{x}.weight"]
+                expect(hf, h + f"self_attn.{x}.weight", src[0], src[1])
+                want.add(h + f"self_attn.{x}.weight")
     if set(hf) != want:
         die(f"unexpected or missing tensors: {sorted(set(hf) ^ want)}")
 
@@ -163,6 +176,13 @@ def rms_norm(x, w, eps=1e-6):
         r = 1 / math.sqrt(sum(v * v for v in row) / len(row) + eps)
         out.append([v * r * wi for v, wi in zip(row, w)])
     return out
+
+
+def head_norm(x, w, heads):
+    """Qwen3's q_norm / k_norm: rms_norm of each head (w [head_dim])"""
+    hd = len(x[0]) // heads
+    return [sum(rms_norm([row[h * hd:(h + 1) * hd] for h in range(heads)], w), [])
+            for row in x]
 
 
 def gelu_new(x):
@@ -259,10 +279,20 @@ def llama_loss(w, ids, targets, heads, kv_heads, theta, interleaved=False):
     for n in range(layers):
         h = f"layers.{n}."
         a = rms_norm(x, t(h + "input_layernorm.weight")[1])
-        q = rope(linear(a, matrix(t(h + "self_attn.q_proj.weight"))), heads, theta, interleaved)
-        k = rope(linear(a, matrix(t(h + "self_attn.k_proj.weight"))), kv_heads, theta, interleaved)
-        v = linear(a, matrix(t(h + "self_attn.v_proj.weight")))
-        y = linear(attention(q, k, v, heads, kv_heads), matrix(t(h + "self_attn.o_proj.weight")))
+
+        def proj(name, x_, w=w, h=h):   # nn.Linear, with its bias when the file has one
+            y_ = linear(x_, matrix(t(h + f"self_attn.{name}_proj.weight")))
+            b = w.get(f"model.{h}self_attn.{name}_proj.bias")
+            return add_bias(y_, b[1]) if b else y_
+
+        q, k = proj("q", a), proj("k", a)
+        if f"model.{h}self_attn.q_norm.weight" in w:   # Qwen3: each head, before RoPE
+            q = head_norm(q, t(h + "self_attn.q_norm.weight")[1], heads)
+            k = head_norm(k, t(h + "self_attn.k_norm.weight")[1], kv_heads)
+        q = rope(q, heads, theta, interleaved)
+        k = rope(k, kv_heads, theta, interleaved)
+        v = proj("v", a)
+        y = proj("o", attention(q, k, v, heads, kv_heads))
         x = [[p + q_ for p, q_ in zip(r1, r2)] for r1, r2 in zip(x, y)]
         a = rms_norm(x, t(h + "post_attention_layernorm.weight")[1])
         g = linear(a, matrix(t(h + "mlp.gate_proj.weight")))

@@ -2,8 +2,9 @@
 # run.sh — sharded checkpoints and Hugging Face weights (docs/checkpoint.md):
 # exact resume (sync and async saves), resharding 4 → 1, 2, 3 ranks, crash
 # safety under SIGKILL, checksums, every refusal, keep = N, and safetensors
-# with --hf-names gpt2 / llama checked by a Python reader and a
-# transformers-style forward written out in Python (check_hf.py).
+# with --hf-names gpt2 / llama (and llama's names for Qwen2's and Qwen3's
+# attention) checked by a Python reader and a transformers-style forward
+# written out in Python (check_hf.py).
 #
 # Trainers are built with `make trainer` (examples/tiny.fsd, GPT-2 shaped,
 # and two very small models in this folder). Every check prints one line;
@@ -22,7 +23,7 @@ need_tools "checkpoint tests" mpicc mpirun python3
 # The trainers go to build/ckpt/, this suite's own: tests/all.sh runs suites
 # side by side, and another one's `make trainer` of tiny (build/tiny/cpu)
 # would relink the binary under this one's runs.
-for fsd in examples/tiny.fsd tests/ckpt/hf_gpt2.fsd tests/ckpt/hf_llama.fsd; do
+for fsd in examples/tiny.fsd tests/ckpt/hf_gpt2.fsd tests/ckpt/hf_llama.fsd tests/ckpt/hf_qwen.fsd; do
     if ! $MAKE --no-print-directory -s trainer FSD=$fsd BACKEND=cpu TRAINER=build/ckpt/$(basename $fsd .fsd) \
             >"$TMP/build" 2>&1 ||
         grep -q "warning:" "$TMP/build"; then
@@ -30,7 +31,7 @@ for fsd in examples/tiny.fsd tests/ckpt/hf_gpt2.fsd tests/ckpt/hf_llama.fsd; do
         done_
     fi
 done
-ok "build: trainers for tiny, hf_gpt2, hf_llama without warnings"
+ok "build: trainers for tiny, hf_gpt2, hf_llama, hf_qwen without warnings"
 
 TINY=build/ckpt/tiny/train
 HFG=build/ckpt/hf_gpt2/train
@@ -217,22 +218,30 @@ mp 2 $TINY "${RUN[@]}" --steps 5 --log "$TMP/fromhf.json" --init-from "$TMP/gpt2
 mp 2 $TINY "${RUN[@]}" --steps 5 --log "$TMP/frominit.json" >>"$TMP/out" 2>&1
 check "--hf-names gpt2: 5 steps from the HF file give the losses of 5 steps from the initialisation, as text" \
     '[ -s "$TMP/fromhf.json" ] && [ "$(losses "$TMP/fromhf.json")" = "$(losses "$TMP/frominit.json")" ]' "$TMP/out"
-for m in gpt2 llama; do
-    T=build/ckpt/hf_$m/train
-    mp 1 $T --steps 0 --export "$TMP/$m.plain.st" --quiet && mp 1 $T --steps 0 --export "$TMP/$m.hf.st" --hf-names $m --quiet &&
-        $HF $m-layout "$TMP/$m.plain.st" "$TMP/$m.hf.st" >"$TMP/v" 2>&1 &&
+# qwen: hf_qwen.fsd under llama's names, which are Qwen2's and Qwen3's
+for m in gpt2 llama qwen; do
+    T=build/ckpt/hf_$m/train names=$m
+    [ $m = qwen ] && names=llama
+    mp 1 $T --steps 0 --export "$TMP/$m.plain.st" --quiet && mp 1 $T --steps 0 --export "$TMP/$m.hf.st" --hf-names $names --quiet &&
+        $HF $names-layout "$TMP/$m.plain.st" "$TMP/$m.hf.st" >"$TMP/v" 2>&1 &&
         $HF randomize "$TMP/$m.hf.st" "$TMP/$m.rnd.st" 7 >>"$TMP/v" 2>&1 &&
-        mp 1 $T --data "$TMP/d32.bin" --steps 1 --init-from "$TMP/$m.rnd.st" --hf-names $m --log "$TMP/$m.json" \
+        mp 1 $T --data "$TMP/d32.bin" --steps 1 --init-from "$TMP/$m.rnd.st" --hf-names $names --log "$TMP/$m.json" \
             --export "$TMP/$m.again.st" --quiet >>"$TMP/v" 2>&1
     st=$?
     if [ $m = gpt2 ]; then
         check "--hf-names gpt2: a transformers-style GPT-2 forward (x·W + b) of random HF weights gives the trainer's step-0 loss (1e-5)" \
             '[ $st = 0 ] && $HF gpt2-loss "$TMP/$m.rnd.st" "$TMP/d32.bin" 2 "$TMP/$m.json" >"$TMP/v" 2>&1' "$TMP/v"
-    else
+    elif [ $m = llama ]; then
         check "--hf-names llama: names and layout; a transformers-style Llama forward (rotate-half RoPE, q/k unpermuted, repeat_kv) gives the step-0 loss (1e-5)" \
             '[ $st = 0 ] && $HF llama-loss "$TMP/$m.rnd.st" "$TMP/d32.bin" 4 2 10000 8 "$TMP/$m.json" >"$TMP/v" 2>&1' "$TMP/v"
         check "--hf-names llama: ... and Meta's interleaved rotary pairing would not (the check tells them apart)" \
             '$HF llama-loss "$TMP/$m.rnd.st" "$TMP/d32.bin" 4 2 10000 8 "$TMP/$m.json" interleaved >"$TMP/v" 2>&1' "$TMP/v"
+    else
+        check "--hf-names llama, Qwen's attention (bias = qkv, qk_norm = rms): q_proj, k_proj, v_proj with biases, o_proj without (Qwen2), self_attn.q_norm and k_norm [head_dim] (Qwen3); a transformers-style forward (each head of q and k RMS-normed before RoPE) gives the step-0 loss (1e-5)" \
+            '[ $st = 0 ] && $HF llama-loss "$TMP/$m.rnd.st" "$TMP/d32.bin" 4 2 10000 8 "$TMP/$m.json" >"$TMP/v" 2>&1' "$TMP/v"
+        mp 2 $T --steps 0 --init-from "$TMP/$m.hf.st" --hf-names llama --export "$TMP/$m.back.st" --quiet >"$TMP/out" 2>&1
+        check "--hf-names llama, Qwen's attention: round trip: imported (2 ranks) and exported again, byte for byte the same" \
+            'cmp -s "$TMP/$m.hf.st" "$TMP/$m.back.st"' "$TMP/out"
     fi
 done
 mp 2 $HFL --steps 0 --init-from "$TMP/llama.hf.st" --hf-names llama --export "$TMP/llama.back.st" --quiet >"$TMP/out" 2>&1

@@ -406,20 +406,33 @@ static void ln_case_bwd(Case *c)
                   c->s2, c->rows, c->C);
 }
 
-static void case_layernorm(int64_t rows, int64_t C)
+/* LayerNorm(dim, bias = false): the same launchers, b and db NULL */
+static void ln_nobias_case_fwd(Case *c)
+{
+    layernorm_fwd(c->y, c->s1, c->s2, c->v[0].x, c->v[1].x, NULL, c->rows, c->C, c->eps);
+}
+static void ln_nobias_case_bwd(Case *c)
+{
+    layernorm_bwd(c->v[0].dx, c->acc, c->v[1].dx, NULL, c->r, c->v[0].x, c->v[1].x, c->s1, c->s2,
+                  c->rows, c->C);
+}
+
+static void case_layernorm(int64_t rows, int64_t C, bool bias)
 {
     char name[256];
-    snprintf(name, sizeof name, "layernorm rows=%ld C=%ld", (long)rows, (long)C);
+    snprintf(name, sizeof name, "layernorm%s rows=%ld C=%ld", bias ? "" : " (no bias)",
+             (long)rows, (long)C);
     Case *c = new_case(name);
     c->rows = rows, c->C = C, c->eps = (real)1e-5;
     add_var(c, "x", rand_act(rows * C, -2, 3), rows * C, false);
     add_var(c, "w", rand_act(C, 0.5, 1.5), C, true);
-    add_var(c, "b", rand_act(C, -0.5, 0.5), C, true);
+    if (bias)
+        add_var(c, "b", rand_act(C, -0.5, 0.5), C, true);
     c->s1 = new_real(rows);
     c->s2 = new_real(rows);
     set_out(c, new_act(rows * C), rows * C);
-    c->fwd = ln_case_fwd;
-    c->bwd = ln_case_bwd;
+    c->fwd = bias ? ln_case_fwd : ln_nobias_case_fwd;
+    c->bwd = bias ? ln_case_bwd : ln_nobias_case_bwd;
     run_case(c);
 }
 
@@ -631,9 +644,11 @@ static void backward_checks(void)
 {
     case_embed(12, 7, 5);
     case_embed(40, 11, 130);   /* columns past one CPU tile */
-    case_layernorm(3, 5);
-    case_layernorm(7, 130);
-    case_layernorm(150, 9);   /* several row chunks (CPU and GPU), a ragged last */
+    case_layernorm(3, 5, true);
+    case_layernorm(7, 130, true);
+    case_layernorm(150, 9, true);   /* several row chunks (CPU and GPU), a ragged last */
+    case_layernorm(7, 130, false);
+    case_layernorm(150, 9, false);
     case_rmsnorm(3, 5);
     case_rmsnorm(7, 130);
     case_rmsnorm(150, 9);
@@ -769,6 +784,17 @@ static void ref_norms(int64_t rows, int64_t C)
     snprintf(name, sizeof name, "layernorm_fwd rows=%ld C=%ld: y, mean, rstd", (long)rows, (long)C);
     check_err(e, REF_TOL, "reference", name);
 
+    /* no bias (b NULL): torch.nn.LayerNorm(bias=False), y without the + b */
+    layernorm_fwd(y, mean, rstd, x, w, NULL, rows, C, (real)eps);
+    SYNC();
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < C; j++)
+            ry[r * C + j] = (wide(x[r * C + j]) - rm[r]) * rr[r] * wide(w[j]);
+    e = fmax(err_vs(y, ry, rows * C), fmax(err_vs_stat(mean, rm, rows), err_vs_stat(rstd, rr, rows)));
+    snprintf(name, sizeof name, "layernorm_fwd rows=%ld C=%ld, no bias: y, mean, rstd", (long)rows,
+             (long)C);
+    check_err(e, REF_TOL, "reference", name);
+
     eps = 1e-6;
     rmsnorm_fwd(y, rstd, x, w, rows, C, (real)eps);
     SYNC();
@@ -805,6 +831,16 @@ static void ref_fused_norms(int64_t rows, int64_t C)
                memcmp(r0, r1, sizeof(real) * (size_t)rows) == 0,
            -1, 0, "add_layernorm_fwd rows=%ld C=%ld: the bits of add_fwd then layernorm_fwd",
            (long)rows, (long)C);
+
+    add_fwd(sum0, a, b, n, n);
+    layernorm_fwd(y0, m0, r0, sum0, w, NULL, rows, C, (real)1e-5);
+    add_layernorm_fwd(sum1, y1, m1, r1, a, b, w, NULL, rows, C, (real)1e-5);
+    SYNC();
+    report(same_bits(sum0, sum1, n) && same_bits(y0, y1, n) &&
+               memcmp(m0, m1, sizeof(real) * (size_t)rows) == 0 &&
+               memcmp(r0, r1, sizeof(real) * (size_t)rows) == 0,
+           -1, 0, "add_layernorm_fwd rows=%ld C=%ld, no bias: the bits of add_fwd then "
+           "layernorm_fwd", (long)rows, (long)C);
 
     add_fwd(sum0, a, b, n, n);
     rmsnorm_fwd(y0, r0, sum0, w, rows, C, (real)1e-6);
@@ -1792,9 +1828,9 @@ static double err_stats(const real *a, const real *b, int64_t n)
     return num / den;
 }
 
-/* layernorm and rmsnorm, forward and backward (acc false and true), and
- * the fused forwards with a and b misaligned (the vector norm, a and b read
- * element by element): the unfused programs' bits */
+/* layernorm (with and without a bias) and rmsnorm, forward and backward
+ * (acc false and true), and the fused forwards with a and b misaligned (the
+ * vector norm, a and b read element by element): the unfused programs' bits */
 static void vec_norms(int64_t rows, int64_t C)
 {
     char what[160];
@@ -1807,26 +1843,27 @@ static void vec_norms(int64_t rows, int64_t C)
     act *ya = new_act(n), *ym = new_act(n + 1) + 1;
     real *ma = new_real(rows), *ra = new_real(rows), *mm = new_real(rows), *rm = new_real(rows);
 
-    for (int rms = 0; rms < 2; rms++) {
-        const char *op = rms ? "rmsnorm" : "layernorm";
+    for (int kind = 0; kind < 3; kind++) {   /* layernorm, without its bias, rmsnorm */
+        const bool rms = kind == 2, bias = kind == 0;
+        const char *op = rms ? "rmsnorm" : "layernorm", *nb = rms || bias ? "" : ", no bias";
         long c0 = vec_launches();
         if (rms)
             rmsnorm_fwd(ya, ra, xa, wa, rows, C, (real)1e-6);
         else
-            layernorm_fwd(ya, ma, ra, xa, wa, ba, rows, C, (real)1e-5);
+            layernorm_fwd(ya, ma, ra, xa, wa, bias ? ba : NULL, rows, C, (real)1e-5);
         bool paths = launched(c0, 1);
         c0 = vec_launches();
         if (rms)
             rmsnorm_fwd(ym, rm, xm, wm, rows, C, (real)1e-6);
         else
-            layernorm_fwd(ym, mm, rm, xm, wm, bm, rows, C, (real)1e-5);
+            layernorm_fwd(ym, mm, rm, xm, wm, bias ? bm : NULL, rows, C, (real)1e-5);
         SYNC();
         paths = paths && launched(c0, 0);
         double e = fmax(err_between(ya, ym, n), err_stats(ra, rm, rows));
         if (!rms)
             e = fmax(e, err_stats(ma, mm, rows));
-        snprintf(what, sizeof what, "%s_fwd rows=%ld C=%ld: y and statistics", op, (long)rows,
-                 (long)C);
+        snprintf(what, sizeof what, "%s_fwd rows=%ld C=%ld%s: y and statistics", op, (long)rows,
+                 (long)C, nb);
         vec_report(what, false, paths, false, true, e);
 
         /* the backward from the same statistics: dx to REF_TOL (its row
@@ -1842,23 +1879,23 @@ static void vec_norms(int64_t rows, int64_t C)
             if (rms)
                 rmsnorm_bwd(dxa, acc, dwa, dya, xa, wa, ra, rows, C);
             else
-                layernorm_bwd(dxa, acc, dwa, dba, dya, xa, wa, ma, ra, rows, C);
+                layernorm_bwd(dxa, acc, dwa, bias ? dba : NULL, dya, xa, wa, ma, ra, rows, C);
             paths = paths && launched(c0, 2);
             c0 = vec_launches();
             if (rms)
                 rmsnorm_bwd(dxm, acc, dwm, dym, xm, wm, ra, rows, C);
             else
-                layernorm_bwd(dxm, acc, dwm, dbm, dym, xm, wm, ma, ra, rows, C);
+                layernorm_bwd(dxm, acc, dwm, bias ? dbm : NULL, dym, xm, wm, ma, ra, rows, C);
             SYNC();
             paths = paths && launched(c0, 0);
             e = fmax(e, err_between(dxa, dxm, n));
             same = same && same_bits(dwa, dwm, C) && same_bits(dba, dbm, C);
         }
-        snprintf(what, sizeof what, "%s_bwd rows=%ld C=%ld, acc false and true: dx", op,
-                 (long)rows, (long)C);
+        snprintf(what, sizeof what, "%s_bwd rows=%ld C=%ld%s, acc false and true: dx", op,
+                 (long)rows, (long)C, nb);
         vec_report(what, false, paths, false, true, e);
-        snprintf(what, sizeof what, "%s_bwd rows=%ld C=%ld: %s", op, (long)rows, (long)C,
-                 rms ? "dw" : "dw, db");
+        snprintf(what, sizeof what, "%s_bwd rows=%ld C=%ld%s: %s", op, (long)rows, (long)C, nb,
+                 bias ? "dw, db" : "dw");
         vec_report(what, false, paths, true, same, 0);
     }
 
@@ -1877,6 +1914,15 @@ static void vec_norms(int64_t rows, int64_t C)
                 memcmp(m0, m1, sizeof(real) * (size_t)rows) == 0 &&
                 memcmp(r0, r1, sizeof(real) * (size_t)rows) == 0;
     add_fwd(s0, xm, bbm, n, n);
+    layernorm_fwd(y0, m0, r0, s0, wa, NULL, rows, C, (real)1e-5);
+    c0 = vec_launches();
+    add_layernorm_fwd(s1, y1, m1, r1, xm, bbm, wa, NULL, rows, C, (real)1e-5);
+    SYNC();
+    paths = paths && launched(c0, 1);
+    same = same && same_bits(s0, s1, n) && same_bits(y0, y1, n) &&
+           memcmp(m0, m1, sizeof(real) * (size_t)rows) == 0 &&
+           memcmp(r0, r1, sizeof(real) * (size_t)rows) == 0;
+    add_fwd(s0, xm, bbm, n, n);
     rmsnorm_fwd(y0, r0, s0, wa, rows, C, (real)1e-6);
     c0 = vec_launches();
     add_rmsnorm_fwd(s1, y1, r1, xm, bbm, wa, rows, C, (real)1e-6);
@@ -1884,8 +1930,9 @@ static void vec_norms(int64_t rows, int64_t C)
     paths = paths && launched(c0, 1);
     same = same && same_bits(s0, s1, n) && same_bits(y0, y1, n) &&
            memcmp(r0, r1, sizeof(real) * (size_t)rows) == 0;
-    report(paths && same, -1, 0, "vector add_layernorm_fwd, add_rmsnorm_fwd rows=%ld C=%ld, a and "
-           "b misaligned: the bits of add_fwd then the norm%s", (long)rows, (long)C, paths_note());
+    report(paths && same, -1, 0, "vector add_layernorm_fwd (with and without a bias), "
+           "add_rmsnorm_fwd rows=%ld C=%ld, a and b misaligned: the bits of add_fwd then the "
+           "norm%s", (long)rows, (long)C, paths_note());
 }
 
 /* cross entropy: the log-sum-exp to REF_TOL, the backward (acc false and

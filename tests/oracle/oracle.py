@@ -12,6 +12,7 @@ norm step by step with the trainer's `--log` JSON.
     oracle.py compare --case label=L model=DUMP.txt init=W.safetensors log=LOG.json \
         world=W data=TOKENS.bin steps=S prec=f32|f64|bf16 [lr=LR] [--case ...]
     oracle.py weights DUMP.txt OUT.safetensors [--seed N]
+    oracle.py init DUMP.txt W.safetensors
 
 A case is one trainer run: its model (the --dump-model text), the weights it
 started from, its log, its world size, token file and --steps, its --lr if
@@ -22,7 +23,10 @@ float64 torch, bf16 for a CPU trainer whose policy is mixed_precision(param
 what FSDP2 does under that policy (mixed_grads). `weights` writes weights
 far from the default initialisation for the trainer's `--init-from` (see
 far_weights), so the comparison also holds where every detail of the model
-moves the loss.
+moves the loss. `init` checks weights a trainer exported before its first
+step (`--steps 0 --export`) against the initialisation formula of
+docs/runtime.md#initialisation, each parameter at the std the dump gives it,
+and prints what it found (exit status 1 when they differ).
 
 Prints one line per case ("ok   ..." or "FAIL ...", with the largest relative
 errors) and ends with "N passed, N failed", like the other suites.
@@ -107,11 +111,13 @@ def split_args(text):
     return out
 
 
-def parse_dump(text):
+def parse_dump(text, inits=None):
     """The parts of `fsdpc --dump-model` the reference needs: every layer
     (path -> (kind, args)), every parameter (name -> shape), the shard
     section (key -> value text; `mixed_precision(...)` -> its arguments) and
-    the train section (key -> value text)."""
+    the train section (key -> value text). inits, when given, receives each
+    parameter's initialisation (name -> "normal", "normal(std=X)", "zeros"
+    or "ones")."""
     layers, params, shard, train = {}, {}, {}, {}
     section = None
     for line in text.splitlines():
@@ -129,9 +135,11 @@ def parse_dump(text):
                 k, _, v = s.partition("=")
                 shard[k.strip()] = v.strip()
         elif section == "layers":
-            m = re.match(r"(\S+)\s+\[([\d, ]*)\]\s", s)
+            m = re.match(r"(\S+)\s+\[([\d, ]*)\]\s+[\d,]+\s+(\S+)\s", s)
             if m:
                 params[m.group(1)] = [int(d) for d in m.group(2).split(",") if d.strip()]
+                if inits is not None:
+                    inits[m.group(1)] = m.group(3)
                 continue
             m = re.match(r"(\S+)\s+(\w+)(?:\[\d+\])?(?:\((.*)\))?$", s)
             if m:
@@ -203,15 +211,16 @@ class Linear(nn.Linear):
 
 
 class LayerNorm(nn.Module):
-    def __init__(self, dim, eps):
+    """torch's LayerNorm; bias=False: none at all (LayerNorm(dim, bias = false))."""
+    def __init__(self, dim, eps, bias=True):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
-        self.bias = nn.Parameter(torch.zeros(dim))
+        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
         self.eps = eps
 
     def forward(self, x):
-        return F.layer_norm(wide(x), x.shape[-1:], wide(self.weight), wide(self.bias),
-                            self.eps).to(x.dtype)
+        b = None if self.bias is None else wide(self.bias)
+        return F.layer_norm(wide(x), x.shape[-1:], wide(self.weight), b, self.eps).to(x.dtype)
 
 
 class RMSNorm(nn.Module):
@@ -235,23 +244,33 @@ def rotate_half(x):
 class Attention(nn.Module):
     """q, k, v, o Linears; scale 1/sqrt(hd); causal; GQA as HF's repeat_kv
     (query head h reads kv head floor(h·kv/heads)); RoPE as HF's Llama
-    (rotate half, frequencies theta^(-2i/hd), pairs (i, i + hd/2)). In bf16
-    the rotated q and k are stored (rounded), and the attention itself is
-    one fused kernel: scores, softmax and the weighted sum in float, its
-    output rounded once."""
-    def __init__(self, dim, heads, kv_heads, causal, bias, theta):
+    (rotate half, frequencies theta^(-2i/hd), pairs (i, i + hd/2)). bias
+    "qkv": q, k and v have biases, o none (Qwen2). qk_eps: Qwen3's q_norm
+    and k_norm, an RMSNorm of each head of q and k (one weight [hd] shared
+    by the heads) before RoPE. In bf16 the normed and the rotated q and k
+    are stored (rounded), and the attention itself is one fused kernel:
+    scores, softmax and the weighted sum in float, its output rounded
+    once."""
+    def __init__(self, dim, heads, kv_heads, causal, bias, theta, qk_eps=None):
         super().__init__()
         self.heads, self.kv_heads, self.hd = heads, kv_heads, dim // heads
         self.causal, self.theta = causal, theta
-        self.q = Linear(dim, heads * self.hd, bias=bias)
-        self.k = Linear(dim, kv_heads * self.hd, bias=bias)
-        self.v = Linear(dim, kv_heads * self.hd, bias=bias)
-        self.o = Linear(heads * self.hd, dim, bias=bias)
+        self.q = Linear(dim, heads * self.hd, bias=bias is not False)
+        self.k = Linear(dim, kv_heads * self.hd, bias=bias is not False)
+        self.v = Linear(dim, kv_heads * self.hd, bias=bias is not False)
+        self.o = Linear(heads * self.hd, dim, bias=bias is True)
+        if qk_eps is not None:
+            self.q_norm = RMSNorm(self.hd, qk_eps)
+            self.k_norm = RMSNorm(self.hd, qk_eps)
+        self.qk_norm = qk_eps is not None
 
     def forward(self, x):
         B, T, _ = x.shape
-        q = self.q(x).view(B, T, self.heads, self.hd).transpose(1, 2)
-        k = self.k(x).view(B, T, self.kv_heads, self.hd).transpose(1, 2)
+        q = self.q(x).view(B, T, self.heads, self.hd)
+        k = self.k(x).view(B, T, self.kv_heads, self.hd)
+        if self.qk_norm:   # over each head's hd elements
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v(x).view(B, T, self.kv_heads, self.hd).transpose(1, 2)
         if self.theta is not None:
             # the angles in float64, rounded once: the formula, not an
@@ -308,7 +327,7 @@ def make_layer(kind, a):
             return None                      # uses the tied embedding's weight
         return Linear(int(a["in"]), int(a["out"]), bias=boolean(a["bias"]))
     if kind == "LayerNorm":
-        return LayerNorm(int(a["dim"]), num(a["eps"]))
+        return LayerNorm(int(a["dim"]), num(a["eps"]), boolean(a.get("bias", "true")))
     if kind == "RMSNorm":
         return RMSNorm(int(a["dim"]), num(a["eps"]))
     if kind == "Attention":
@@ -316,8 +335,13 @@ def make_layer(kind, a):
         if a["rope"] != "none":
             _, r = call_args(a["rope"])
             theta = num(r["theta"])
+        qk_eps = None
+        if "qk_norm" in a:
+            _, r = call_args(a["qk_norm"])
+            qk_eps = num(r["eps"])
+        bias = "qkv" if a["bias"] == "qkv" else boolean(a["bias"])
         return Attention(int(a["dim"]), int(a["heads"]), int(a["kv_heads"]),
-                         boolean(a["causal"]), boolean(a["bias"]), theta)
+                         boolean(a["causal"]), bias, theta, qk_eps)
     if kind == "MLP":
         return MLP(int(a["dim"]), int(a["hidden"]), a["act"], boolean(a["bias"]))
     raise ValueError(f"no reference for layer kind {kind}")
@@ -378,7 +402,19 @@ class MlpLM(Model):
         return self.out(self.fc2(F.relu(self.fc1(self.emb(idx)))))   # relu is exact in bf16
 
 
-MODELS = {"tiny": Tiny, "tiny_llama": TinyLlama, "mlp": MlpLM}
+class TinyVariants(Model):
+    """tests/oracle/tiny_variants.fsd: bias-free LayerNorms, Qwen's attention
+    (q, k, v biases, each head of q and k RMS-normed before RoPE), GELU MLP,
+    untied head."""
+    def forward(self, idx):
+        x = self.tok(idx)
+        for b in self.blocks:
+            x = x + b.attn(b.ln1(x))
+            x = x + b.ffn(b.ln2(x))
+        return self.head(self.ln_f(x))
+
+
+MODELS = {"tiny": Tiny, "tiny_llama": TinyLlama, "mlp": MlpLM, "tiny_variants": TinyVariants}
 
 
 # ── training, as design §9 defines it ──
@@ -606,6 +642,70 @@ def far_weights(dump_path, out_path, seed):
     write_safetensors(out_path, out)
 
 
+# ── the initialisation formula (docs/runtime.md#initialisation), vectorised ──
+
+U64 = (1 << 64) - 1
+
+
+def fnv1a64(text):
+    h = 0xCBF29CE484222325
+    for c in text.encode():
+        h = ((h ^ c) * 0x100000001B3) & U64
+    return h
+
+
+def splitmix64(x):
+    """x: a uint64 array; numpy's uint64 arithmetic wraps mod 2^64."""
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def init_normal(name, seed, numel, std):
+    """Elements 0 … numel − 1 of parameter `name`, in float64."""
+    key = np.uint64(fnv1a64(name) ^ ((seed * 0x9E3779B97F4A7C15) & U64))
+    with np.errstate(over="ignore"):
+        i2 = np.arange(numel, dtype=np.uint64) * np.uint64(2) + key
+        u = [((splitmix64(i2 + np.uint64(k)) >> np.uint64(11)).astype(np.float64) + 1) * 2.0**-53
+             for k in (0, 1)]
+    return std * np.sqrt(-2 * np.log(u[0])) * np.cos(2 * math.pi * u[1])
+
+
+def check_init(dump_path, weights_path):
+    """The exported initial weights against the formula, each parameter at
+    its std: equal but for the last bit of an fp32 rounding (numpy's log
+    and cos against the C library's)."""
+    with open(dump_path) as f:
+        text = f.read()
+    inits = {}
+    _, params, _, train = parse_dump(text, inits)
+    seed = int(train["seed"])
+    got = read_safetensors(weights_path)
+    if sorted(got) != sorted(params):
+        return False, f"tensors {sorted(got)}, the dump has {sorted(params)}"
+    worst, stds = 0.0, collections.Counter()
+    for name, kind in inits.items():
+        a = got[name].astype(np.float64).reshape(-1)
+        if kind in ("zeros", "ones"):
+            if not np.all(a == (0.0 if kind == "zeros" else 1.0)):
+                return False, f"{name} is not all {kind}"
+            continue
+        m = re.fullmatch(r"normal(?:\(std=(.*)\))?", kind)
+        if not m:
+            return False, f"{name}: unknown initialisation {kind!r}"
+        std = float(m.group(1)) if m.group(1) else 0.02
+        want = init_normal(name, seed, a.size, std)
+        err = float(np.max(np.abs(a - want))) / std
+        if err > 1e-6:
+            return False, f"{name}: max |exported − formula| / std = {err:.1e} at std {std:g}"
+        worst = max(worst, err)
+        stds[f"{std:.6g}"] += 1
+    what = ", ".join(f"{n} at std {s}" for s, n in sorted(stds.items()))
+    return True, (f"{len(inits)} tensors, normal: {what} (max |exported − formula| / std "
+                  f"{worst:.1e}); the rest zeros and ones")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -613,6 +713,9 @@ def main():
     w.add_argument("dump")
     w.add_argument("out")
     w.add_argument("--seed", type=int, default=1)
+    i = sub.add_parser("init", help="check exported initial weights against the formula")
+    i.add_argument("dump")
+    i.add_argument("weights")
     c = sub.add_parser("compare", help="train in PyTorch and compare with trainer logs")
     c.add_argument("--case", nargs="+", action="append", required=True, metavar="KEY=VALUE",
                    help="label, model, init, log, world, data, steps, prec (f32, f64 or bf16), "
@@ -621,6 +724,10 @@ def main():
     if args.cmd == "weights":
         far_weights(args.dump, args.out, args.seed)
         return 0
+    if args.cmd == "init":
+        good, msg = check_init(args.dump, args.weights)
+        print(msg)
+        return 0 if good else 1
 
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # run.sh — PyTorch as the reference (design §8): the CPU trainers of
-# examples/tiny.fsd, tiny_llama.fsd and mlp.fsd train 20 steps on 2 or 3 MPI
-# ranks, and oracle.py trains the same model in PyTorch from the same
-# weights on the same batches; the losses must agree step by step within
-# 1e-4 relative (fp32), the gradient norms within 1e-3.
+# examples/tiny.fsd, tiny_llama.fsd and mlp.fsd, and of
+# tests/oracle/tiny_variants.fsd (bias-free LayerNorms, q, k and v biases,
+# qk_norm, scaled initialisation), train 20 steps on 1, 2 or 3 MPI ranks,
+# and oracle.py trains the same model in PyTorch from the same weights on
+# the same batches; the losses must agree step by step within 1e-4
+# relative (fp32), the gradient norms within 1e-3. Each model's initial
+# weights are first held to the initialisation formula (oracle.py init),
+# every parameter at its own std.
 #
 # Two starts per model: the trainer's own initialisation (exported with
 # `--steps 0 --export`, loaded by PyTorch), and weights far from it that
@@ -27,7 +31,9 @@
 # Needs MPI and a Python with torch and numpy (Debian's python3-torch and
 # python3-numpy, for /usr/bin/python3; tools/setup.sh installs them as
 # root); without them it says so and skips. Every case prints one line; the
-# last line is "N passed, N failed". About 60 s on 2 cores.
+# last line is "N passed, N failed". About 60 s on 2 cores before
+# tiny_variants and the initialisation checks, which add about 20 s of CPU
+# time (80 s in all against 60, measured side by side on a loaded machine).
 set -u
 cd "$(dirname "$0")/../.."
 
@@ -73,7 +79,7 @@ CASES=()
 case_() {
     local m=$1 kind=$2 w=$3 start=$4 data=$5 steps=$6 lr=${7:-} d=$OUT/$1
     local run=$d/$kind-$start-w$w${lr:+-lr$lr} init=$d/$start.safetensors from=() rate=()
-    local what="$m, $w ranks, $([ $start = far ] && echo "far init" || echo "its own init")"
+    local what="$m, $w rank$([ $w = 1 ] || echo s), $([ $start = far ] && echo "far init" || echo "its own init")"
     local train=$d/$kind/train model=$d/model.txt prec=f32
     case $kind in
     cpu64) what="$what, float64" prec=f64 ;;
@@ -106,31 +112,38 @@ bf16_cases() {
     case_ $m bf16 2 far "$LONG" 10 1e-30
 }
 
-for m in tiny tiny_llama mlp; do
+for f in examples/tiny.fsd examples/tiny_llama.fsd examples/mlp.fsd tests/oracle/tiny_variants.fsd; do
+    m=$(basename "$f" .fsd)
     d=$OUT/$m
     mkdir -p "$d"
     # the trainers go to $d/cpu and $d/cpu64, this suite's own: tests/all.sh
     # runs suites side by side, and another one's `make trainer` of the same
     # model (build/MODEL/cpu) would relink the binary under this one's runs
-    if ! { $MAKE --no-print-directory -s trainer FSD=examples/$m.fsd BACKEND=cpu TRAINER="$d/cpu" &&
-           $MAKE --no-print-directory -s trainer FSD=examples/$m.fsd BACKEND=cpu64 TRAINER="$d/cpu64"; } >"$d/build.txt" 2>&1; then
-        bad "$m: make trainer FSD=examples/$m.fsd BACKEND=cpu (and cpu64)" "$d/build.txt"
+    if ! { $MAKE --no-print-directory -s trainer FSD=$f BACKEND=cpu TRAINER="$d/cpu" &&
+           $MAKE --no-print-directory -s trainer FSD=$f BACKEND=cpu64 TRAINER="$d/cpu64"; } >"$d/build.txt" 2>&1; then
+        bad "$m: make trainer FSD=$f BACKEND=cpu (and cpu64)" "$d/build.txt"
         continue
     fi
-    "$FSDPC" examples/$m.fsd --dump-model >"$d/model.txt"
+    "$FSDPC" $f --dump-model >"$d/model.txt"
     # the trainer's initial weights, as PyTorch will load them
     if ! mp 2 "$d/cpu/train" --steps 0 --export "$d/own.safetensors" --quiet >"$d/export.out" 2>&1; then
         bad "$m: --steps 0 --export" "$d/export.out"
         continue
     fi
+    if res=$("$PY" tests/oracle/oracle.py init "$d/model.txt" "$d/own.safetensors" 2>&1); then
+        ok "$m: the exported initial weights are the initialisation formula's: $res"
+    else bad "$m: the exported initial weights against the initialisation formula: $res"; fi
     "$PY" tests/oracle/oracle.py weights "$d/model.txt" "$d/far.safetensors"
-    case_ $m cpu 2 own "$LONG" 20
     case $m in
-    tiny_llama) case_ $m cpu 2 far "$LONG" 20 ;;
-    *)          case_ $m cpu 3 far "$SHORT" 20 ;;
+    tiny_variants) case_ $m cpu 1 own "$LONG" 20 ;;   # 1 and 2 ranks
+    *)             case_ $m cpu 2 own "$LONG" 20 ;;
+    esac
+    case $m in
+    tiny_llama | tiny_variants) case_ $m cpu 2 far "$LONG" 20 ;;
+    *)                          case_ $m cpu 3 far "$SHORT" 20 ;;
     esac
     case_ $m cpu64 2 far "$LONG" 10
-    [ $m = mlp ] || bf16_cases $m
+    case $m in tiny | tiny_llama) bf16_cases $m ;; esac
 done
 
 if [ ${#CASES[@]} -gt 0 ]; then

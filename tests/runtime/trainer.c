@@ -44,11 +44,11 @@
 enum { V = 64, T = 16, C = 8 };
 
 static FsdParamInfo params[] = {
-    {"tok.weight", 0, 0, 2, {V, C}, V * C, FSD_INIT_NORMAL, true},
-    {"head.weight", 1, 0, 2, {V, C}, V * C, FSD_INIT_NORMAL, true},
-    {"head.bias", 1, V * C, 1, {V, 1}, V, FSD_INIT_ZEROS, false},
-    {"scale.weight", 1, V * C + V, 1, {C, 1}, C, FSD_INIT_ONES, false},
-    {"tiny.weight", 2, 0, 1, {2, 1}, 2, FSD_INIT_ONES, false},
+    {"tok.weight", 0, 0, 2, {V, C}, V * C, FSD_INIT_NORMAL, 0.02, true},
+    {"head.weight", 1, 0, 2, {V, C}, V * C, FSD_INIT_NORMAL, 0.02, true},
+    {"head.bias", 1, V * C, 1, {V, 1}, V, FSD_INIT_ZEROS, 0, false},
+    {"scale.weight", 1, V * C + V, 1, {C, 1}, C, FSD_INIT_ONES, 0, false},
+    {"tiny.weight", 2, 0, 1, {2, 1}, 2, FSD_INIT_ONES, 0, false},
 };
 enum { TOK, HEAD, BIAS, SCALE };
 
