@@ -10,7 +10,8 @@
 #   make test       set up, build, and run every test (what CI runs):
 #                   make check's compiler tests, a fuzz smoke test, the
 #                   kernels, the CPU runtime, checkpoints, the CUDA build,
-#                   cudasim, the emitted trainers end to end and the PyTorch
+#                   cudasim, the emitted trainers end to end (and with
+#                   activation recomputation) and the PyTorch
 #                   oracle; 27 minutes of suites on two idle cores, run side
 #                   by side in three lanes, so about as long as the longest
 #                   lane, cudasim's (tests/all.sh; --serial runs them one
@@ -43,8 +44,8 @@ else
   B       := build
 endif
 
-SRCS    := util.c ast.c parse.c eval.c sema.c model.c ir.c lower.c autodiff.c fuse.c plan.c schedule.c \
-           memplan.c sim.c planner.c emit.c verify.c
+SRCS    := util.c ast.c parse.c eval.c sema.c model.c ir.c lower.c autodiff.c recompute.c fuse.c \
+           plan.c schedule.c memplan.c sim.c planner.c emit.c verify.c
 OBJS    := $(addprefix $(B)/obj/,$(SRCS:.c=.o)) $(B)/obj/parser.o $(B)/obj/lexer.o \
            $(B)/obj/templates.o $(B)/obj/jsonout.o
 GEN     := $(B)/gen

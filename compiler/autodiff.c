@@ -60,6 +60,7 @@ static Tensor *grad_slot(AD *a, Tensor *x, bool *acc)
 static OpNode *bwd_op(AD *a, OpKind k, OpNode *fwd)
 {
     OpNode *op = ir_op(a->g, k, fwd->layer, fwd->loc);
+    op->scope = fwd->scope;
     op->backward = true;
     op->group = fwd->group;
     op->heads = fwd->heads;

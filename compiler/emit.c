@@ -49,6 +49,7 @@ typedef struct Emit {
     const char **pvar; /* by parameter index: its enumerator, P_... */
     const char **gvar; /* by group index: its enumerator, G_... */
     int lines;         /* newlines written so far: train.cu's line for #line */
+    const RecomputeUnit *recomputing;   /* the unit of the last op written, if a recompute op */
 } Emit;
 
 /* Everything goes out through put, which counts lines for #line. */
@@ -459,7 +460,8 @@ static void emit_op(Emit *e, const OpNode *op)
     }
 #undef R
     /* one line: OP (defined above micro_*) wraps the call in its trace span */
-    P("    OP(%s, %s);  /* %s:%d */\n", cstr(arena_printf("%s %s", op_name(op->kind), where)),
+    P("    OP(%s, %s);  /* %s:%d */\n",
+      cstr(arena_printf("%s %s%s", op_name(op->kind), where, op->recompute ? " (recompute)" : "")),
       call, m->prog->src->name, line);
 }
 
@@ -481,7 +483,15 @@ static void emit_event(Emit *e, const Event *ev)
     case EV_REDUCE_SCATTER:
     case EV_WAIT_REDUCE:
     case EV_FREE_GRADS: P("    %s(r, %s);\n", call[ev->kind], e->gvar[ev->group]); break;
-    case EV_COMPUTE: emit_op(e, ev->op); break;
+    case EV_COMPUTE:
+        /* a unit's recompute ops open with what they are for */
+        if (ev->op->recompute && ev->op->unit && ev->op->unit != e->recomputing)
+            P("    /* recompute %s (recompute = %s): its forward ops again, for the backward "
+              "that reads what they write */\n",
+              ev->op->unit->layer->path, recompute_mode_name(ev->op->unit->mode));
+        e->recomputing = ev->op->recompute ? ev->op->unit : NULL;
+        emit_op(e, ev->op);
+        break;
     case EV_GRAD_NORM:
     case EV_OPTIMIZER: break;   /* fsdrt_end_step runs them, group by group */
     case EV_COUNT: fsd_unreachable();
@@ -506,6 +516,7 @@ static bool same_micro(const Schedule *a, int ma, const Schedule *b, int mb)
 
 static void emit_micro(Emit *e, const Schedule *s, int micro, const char *name, const char *why)
 {
+    e->recomputing = NULL;
     P("/* micro-batch: %s */\n", why);
     P("static void micro_%s(FsdRun *r)\n{\n", name);
     P("    const int64_t B = fsdrt_batch(r);\n");
@@ -630,7 +641,8 @@ static void emit_model(Emit *e, uint64_t hash)
     P("    %s, FSD_ACT_DTYPE, %s,  /* param_dtype, act_dtype, reduce_dtype */\n",
       dts[c->param_dtype], dts[c->reduce_dtype]);
     P("    %s,  /* accumulate_unsharded */\n", c->accumulate_unsharded ? "true" : "false");
-    P("    %.17g,  /* flops_per_sample */\n", graph_flops(e->g, 0, e->g->nops, 1));
+    /* the model's FLOPs: recompute ops left out, as MFU counts them */
+    P("    %.17g,  /* flops_per_sample */\n", graph_model_flops(e->g, 1));
     P("    {   /* train */\n");
     P("        %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64
       ",  /* micro_batch, grad_accum, steps, seed */\n",

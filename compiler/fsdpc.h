@@ -287,6 +287,20 @@ typedef enum {
 } BuiltinFn;
 
 typedef enum { ACT_GELU, ACT_RELU, ACT_SWIGLU } Activation;
+
+/* `recompute = none | full | selective | every(k) | auto`, in the shard
+ * section or on a fully_shard line (docs/design.md#activation-recomputation).
+ * As a unit's mode (RecomputeUnit.mode) only RC_NONE, RC_FULL and
+ * RC_SELECTIVE remain once the planner has chosen. */
+typedef enum { RC_NONE, RC_FULL, RC_SELECTIVE, RC_EVERY, RC_AUTO } RecomputeKind;
+
+typedef struct RecomputeSpec {
+    RecomputeKind kind;
+    int64_t every;           /* RC_EVERY: k */
+    bool written;            /* set in the .fsd, not the default none */
+    bool per_target;         /* on a fully_shard line, not the shard section */
+    Loc loc;                 /* the value as written */
+} RecomputeSpec;
 typedef enum { INIT_NORMAL, INIT_ZEROS, INIT_ONES } InitKind;
 /* normal(0, 0.02): matrices and embeddings unless a layer's init says
  * otherwise (docs/design.md#initialisation) */
@@ -333,6 +347,11 @@ typedef struct Layer {
     int nchildren;
     Param *weight, *bias_p;  /* leaves */
     int group;               /* shard group claiming this layer, -1 none */
+    /* a unit of activation recomputation (an instance of a non-root
+     * fully_shard target, or under fully_shard auto an element of a layer
+     * array): the setting that governs it, its fully_shard line's or the
+     * shard section's; NULL when it is not a unit */
+    const RecomputeSpec *recompute;
 } Layer;
 
 /* A user `block` type (or the model itself) and its checked forward. */
@@ -382,6 +401,8 @@ typedef struct ShardConfig {
     int64_t auto_bucket_bytes;   /* fully_shard auto(bucket = N); 0: explicit groups */
     int64_t memory_budget_bytes; /* 0: none */
     Loc memory_budget_loc;       /* the setting, for plan_choose's error */
+    RecomputeSpec recompute;     /* the shard-wide setting: what a unit without
+                                    one on its fully_shard line inherits */
 } ShardConfig;
 
 typedef struct TrainConfig {
@@ -531,6 +552,8 @@ bool eval_enum(Diag *d, Expr *e, const char *what, const char *const *choices, i
  * there were errors (all reported through d). */
 Model *model_build(Model *m, Diag *d);
 void model_dump(FILE *out, Model *m);
+/* A recompute setting as written: "full", "every(2)". */
+const char *model_recompute_name(const RecomputeSpec *s);
 
 /* ───────────────────────── ir.c: the op graph ───────────────────────── */
 
@@ -571,6 +594,8 @@ typedef struct Tensor {
     Param *param;           /* TK_PARAM, TK_PGRAD */
     OpNode *producer;       /* first op writing it (NULL: inputs, params) */
     bool saved;             /* forward tensor that backward reads */
+    struct Tensor *recompute_of;  /* written by a recompute op: the forward
+                                     value it is computed again as */
 } Tensor;
 
 struct OpNode {
@@ -584,9 +609,18 @@ struct OpNode {
     double eps, theta;      /* norms; rope */
     bool causal;
     Layer *layer;           /* the layer instance it comes from, or NULL */
+    Layer *scope;           /* the layer instance whose forward made it: its
+                               layer, or for a function or operator of a
+                               block's forward that block instance (the
+                               model's root for the model's own forward);
+                               a backward op has its forward op's */
     Loc loc;                /* the .fsd source it comes from */
     int group;              /* shard group whose params it reads or whose
                                grads it writes; -1 for none */
+    bool recompute;         /* recompute.c: a forward op run again in backward */
+    struct RecomputeUnit *unit;   /* recompute.c: the recomputation unit whose
+                                     forward it belongs to (by its scope, so a
+                                     backward op has its forward op's), or NULL */
 };
 
 /* The training step of one micro-batch: forward ops, then backward ops. */
@@ -600,6 +634,12 @@ typedef struct Graph {
     Tensor **param_t;       /* by Param.index */
     Tensor **pgrad_t;       /* by Param.index; NULL for unused params */
     int ops_cap, tensors_cap;
+    /* recompute.c: the units and their modes this graph was made with, and
+     * the graph before recomputation (left as autodiff wrote it, so the
+     * planner can make the graph again for other modes) */
+    struct Recompute *rc;
+    const struct Graph *base;
+    bool fused;             /* fuse() ran on it */
 } Graph;
 
 OpNode *ir_op(Graph *g, OpKind kind, Layer *layer, Loc loc);
@@ -626,6 +666,9 @@ int64_t widest_head(const Graph *g);
 double op_flops(const OpNode *op, int64_t batch);
 double op_bytes(const OpNode *op, int64_t batch);
 double graph_flops(const Graph *g, int from, int to, int64_t batch);
+/* The model's FLOPs of one micro-batch: every op but the recompute ops
+ * (MFU's numerator; graph_flops over all ops is the hardware's, HFU's). */
+double graph_model_flops(const Graph *g, int64_t batch);
 /* Checks the graph's invariants (shapes of every op, single producer of
  * non-accumulated values, reads after writes); 0 when it holds. */
 int ir_verify(Graph *g, FILE *err);
@@ -640,11 +683,58 @@ Graph *lower_model(Model *m);
 /* Appends the backward ops of g's forward, marks saved activations. */
 void autodiff(Graph *g);
 
+/* ───────────────────────── recompute.c: activation recomputation ──────── */
+
+/* One unit of recomputation: an instance of a non-root fully_shard target
+ * (blocks.3), or under fully_shard auto an element of a layer array. Its
+ * forward ops are those whose scope lies in its subtree and in no deeper
+ * unit's. */
+typedef struct RecomputeUnit {
+    Layer *layer;
+    const RecomputeSpec *spec;   /* what the .fsd asks of it */
+    int index;                   /* position among the units, in forward order */
+    int nth;                     /* position among the units its spec covers */
+    /* The mode the graph is transformed with: RC_NONE, RC_FULL or
+     * RC_SELECTIVE; RC_AUTO until the planner chooses (plan_recompute). */
+    RecomputeKind mode;
+    bool auto_chosen;            /* mode chosen by the planner for `auto` */
+    /* filled in by recompute_apply: the forward values of the unit that
+     * backward still reads (saved), and those it reads recomputed instead
+     * (dropped after forward) */
+    Tensor **saved, **dropped;
+    int nsaved, ndropped;
+} RecomputeUnit;
+
+typedef struct Recompute {
+    RecomputeUnit *units;
+    int nunits;
+    bool asked;                  /* the .fsd sets `recompute` somewhere */
+} Recompute;
+
+/* The units of g's forward (built from the model's Layer.recompute), in
+ * forward order, each with the mode its setting asks for: every(k) is full
+ * on the units it covers numbered 0, k, 2k, ..., none on the others; auto
+ * stays RC_AUTO for the planner. */
+Recompute *recompute_units(Model *m, const Graph *g);
+/* A new graph: g with each full or selective unit's forward ops that its
+ * backward needs cloned into backward (recompute ops, writing new tensors)
+ * just before the first backward op that reads what they write, and those
+ * readers reading the clones. g itself is not changed. Every unit's mode
+ * must be chosen (no RC_AUTO). */
+Graph *recompute_apply(const Graph *g, Recompute *rc);
+/* The units with their modes (--dump-plan) or with the activations saved
+ * and recomputed at micro-batch `batch` (--dump-memory); nothing when the
+ * .fsd sets no `recompute`. */
+void recompute_dump_plan(FILE *out, const Graph *g, int64_t batch);
+void recompute_dump_memory(FILE *out, const Graph *g, int64_t batch);
+const char *recompute_mode_name(RecomputeKind k);
+
 /* ───────────────────────── fuse.c: fused forward ops ─────────────────── */
 
 /* Merges add + layernorm/rmsnorm and matmul_bias + gelu pairs of
  * consecutive forward ops into one op each (add_layernorm, add_rmsnorm,
- * matmul_bias_gelu); tensors and backward ops are left as they are. */
+ * matmul_bias_gelu), and the same pairs of consecutive recompute ops;
+ * tensors and backward ops are left as they are. */
 void fuse(Graph *g);
 
 /* ───────────────────────── plan.c: layout and policies ──────────────── */
@@ -875,9 +965,10 @@ typedef struct Sim {
     double exposed_gather_s, exposed_reduce_s;
     double busy_s[STREAM_COUNT]; /* each stream's busy time */
     int64_t bytes[STREAM_COUNT]; /* per rank per step, by stream */
-    double model_flops;          /* counted FLOPs per rank per step */
+    double model_flops;          /* counted FLOPs per rank per step, recompute ops left out */
+    double hw_flops;             /* the same with the recompute ops: what the GPU runs */
     double peak_flops;           /* the matmul peak MFU is measured against */
-    double mfu;
+    double mfu, hfu;             /* model and hardware FLOPs utilisation */
     double tokens_per_step;      /* per rank: micro_batch x seq x micro-batches */
     double tokens_per_s_gpu, tokens_per_s;
 } Sim;
@@ -898,6 +989,10 @@ void sim_trace(FILE *out, const Sim *sim);
  * alternative weighed is in p->tries. NULL, with the error reported, when
  * nothing fits the budget. */
 Plan *plan_choose(Model *m, Graph *g, const SimCluster *c, Diag *d);
+/* Chooses each recomputation unit's mode before the graph is transformed
+ * (recompute_apply): what the .fsd asks, and for `auto` the planner's
+ * choice, none until the budget search chooses. */
+void plan_recompute(Recompute *rc);
 /* The alternatives weighed, as --dump-plan (bucket sizes) and
  * --dump-memory (policies) list them. */
 void plan_dump_buckets(FILE *out, const Plan *p);

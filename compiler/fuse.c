@@ -28,6 +28,11 @@
  * the product's) layer, .fsd location and shard group, and takes over the
  * first op's inputs and output; the first op leaves the graph and the ops
  * after it move up by one. `fsdpc --no-fuse` skips the pass.
+ *
+ * Recompute ops (recompute.c, which runs before this pass) are forward ops
+ * run again in backward, a unit's in forward order: the same pairs among
+ * consecutive recompute ops fuse the same way, so the recomputation
+ * launches what forward launched.
  */
 #include "fsdpc.h"
 
@@ -86,23 +91,33 @@ static void fuse_bias_gelu(OpNode *mm, OpNode *gelu)
     gelu->out[0]->producer = mm;
 }
 
+/* Whether ops i and i + 1 may fuse: both forward ops, or both recompute ops. */
+static bool neighbours(const Graph *g, int i)
+{
+    if (i + 1 >= g->nops)
+        return false;
+    return i + 1 < g->nfwd || (g->ops[i]->recompute && g->ops[i + 1]->recompute);
+}
+
 void fuse(Graph *g)
 {
     int kept = 0, nfwd = g->nfwd;
     for (int i = 0; i < g->nops; i++) {
         OpNode *op = g->ops[i];
-        OpKind kind = i + 1 < g->nfwd ? fused_kind(op, g->ops[i + 1]) : OP_COUNT;
+        OpKind kind = neighbours(g, i) ? fused_kind(op, g->ops[i + 1]) : OP_COUNT;
+        bool fwd = i < g->nfwd;
         if (kind == OP_MATMUL_BIAS_GELU) {
             fuse_bias_gelu(op, g->ops[++i]);   /* gelu leaves the graph */
-            nfwd--;
+            nfwd -= fwd;
         } else if (kind != OP_COUNT) {
             op = g->ops[++i];                   /* the add leaves the graph */
             fuse_add_norm(g->ops[i - 1], op, kind);
-            nfwd--;
+            nfwd -= fwd;
         }
         op->index = kept;
         g->ops[kept++] = op;
     }
     g->nops = kept;
     g->nfwd = nfwd;
+    g->fused = true;
 }

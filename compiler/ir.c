@@ -208,7 +208,9 @@ double op_bytes(const OpNode *op, int64_t batch)
  * Every op has its table's arity; no tensor is read before it is written
  * (inputs and parameters excepted); a non-accumulating write never
  * overwrites a value another op wrote; every backward op's forward reads
- * are marked saved. */
+ * are marked saved. A recompute op (recompute.c) lies in backward, reads
+ * forward values, parameters and inputs only, and writes new values, each
+ * shaped as the forward value it computes again. */
 int ir_verify(Graph *g, FILE *err)
 {
     int bad = 0;
@@ -254,9 +256,19 @@ int ir_verify(Graph *g, FILE *err)
             Tensor *t = op->in[j];
             if (!written[t->id])
                 FAIL("reads %s before any op writes it", t->name);
-            if (op->backward && (t->kind == TK_ACT || t->kind == TK_INPUT) && !t->saved &&
-                t->kind != TK_INPUT)
+            if (op->backward && t->kind == TK_ACT && !t->saved && !t->recompute_of)
                 FAIL("reads forward value %s, which is not marked saved", t->name);
+            if (op->recompute && (t->kind == TK_AGRAD || t->kind == TK_PGRAD))
+                FAIL("is a recompute op but reads the gradient %s", t->name);
+        }
+        if (op->recompute && !op->backward)
+            FAIL("is a recompute op in forward");
+        for (int j = 0; j < op->nout && op->recompute; j++) {
+            const Tensor *t = op->out[j], *o = t->recompute_of;
+            if (!o || t->kind != TK_ACT || o->kind != TK_ACT || !o->producer ||
+                o->producer->backward || o->rank != t->rank ||
+                memcmp(o->dim, t->dim, sizeof t->dim) != 0 || o->store != t->store)
+                FAIL("writes %s, which is not a new value shaped as a forward one", t->name);
         }
         for (int j = 0; j < op->nout; j++) {
             Tensor *t = op->out[j];
@@ -281,6 +293,15 @@ double graph_flops(const Graph *g, int from, int to, int64_t batch)
     return f;
 }
 
+double graph_model_flops(const Graph *g, int64_t batch)
+{
+    double f = 0;
+    for (int i = 0; i < g->nops; i++)
+        if (!g->ops[i]->recompute)
+            f += op_flops(g->ops[i], batch);
+    return f;
+}
+
 /* ── --dump-ir ── */
 
 static void dump_tensor(FILE *out, Tensor *t)
@@ -299,7 +320,10 @@ void ir_dump(FILE *out, Graph *g)
         Tensor *t = g->tensors[i];
         fprintf(out, "  ");
         dump_tensor(out, t);
-        fprintf(out, "  %-5s %s%s\n", kinds[t->kind], t->name, t->saved ? "  (saved)" : "");
+        fprintf(out, "  %-5s %s%s", kinds[t->kind], t->name, t->saved ? "  (saved)" : "");
+        if (t->recompute_of)
+            fprintf(out, "  (recomputes %%%d)", t->recompute_of->id);
+        fputc('\n', out);
     }
     for (int i = 0; i < g->nops; i++) {
         OpNode *op = g->ops[i];
@@ -331,11 +355,17 @@ void ir_dump(FILE *out, Graph *g)
             fprintf(out, " width=%" PRId64, op_norm_width(op));
         if (op->group >= 0)
             fprintf(out, "  [group %s]", m->groups[op->group]->name);
+        if (op->recompute)
+            fprintf(out, "  recompute");
         int line, col;
         loc_line_col(m->prog->src, op->loc.begin, &line, &col);
         fprintf(out, "  ; %s line %d\n", op->layer && op->layer->path[0] ? op->layer->path : m->name,
                 line);
     }
-    fprintf(out, "\nflops per sample: forward %.6g, backward %.6g\n", graph_flops(g, 0, g->nfwd, 1),
+    double model = graph_model_flops(g, 1), all = graph_flops(g, 0, g->nops, 1);
+    fprintf(out, "\nflops per sample: forward %.6g, backward %.6g", graph_flops(g, 0, g->nfwd, 1),
             graph_flops(g, g->nfwd, g->nops, 1));
+    if (all > model)
+        fprintf(out, " (of which recompute ops %.6g)", all - model);
+    fputc('\n', out);
 }

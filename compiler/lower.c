@@ -22,7 +22,18 @@ typedef struct Env {
 typedef struct Lower {
     Graph *g;
     Model *m;
+    Layer *inst;    /* the instance whose forward is being lowered */
 } Lower;
+
+/* Every op lowering makes: its scope is its layer, or for a function or
+ * an operator the instance whose forward it is written in (recompute.c
+ * finds a unit's ops by it). */
+static OpNode *new_op(Lower *L, OpKind k, Layer *ly, Loc loc)
+{
+    OpNode *op = ir_op(L->g, k, ly, loc);
+    op->scope = ly ? ly : L->inst;
+    return op;
+}
 
 static Tensor *act(Lower *L, const char *name, ValueDtype dt, int rank, const int64_t *dim)
 {
@@ -49,7 +60,7 @@ static Tensor *param(Lower *L, Param *p) { return L->g->param_t[p->index]; }
 
 static OpNode *op_for(Lower *L, OpKind k, Layer *ly)
 {
-    return ir_op(L->g, k, ly, ly ? ly->loc : (Loc){0, 0});
+    return new_op(L, k, ly, ly ? ly->loc : (Loc){0, 0});
 }
 
 /* Linear: y = x·Wᵀ (+ b); a tied Linear reads its Embedding's weight. A
@@ -73,7 +84,7 @@ static Tensor *linear(Lower *L, Layer *ly, Tensor *x)
 
 static Tensor *unary(Lower *L, OpKind k, Layer *ly, Loc loc, Tensor *x, const char *name)
 {
-    OpNode *op = ir_op(L->g, k, ly, loc);
+    OpNode *op = new_op(L, k, ly, loc);
     ir_in(op, x);
     Tensor *y = act_like(L, name, x, x->dim[x->rank - 1]);
     ir_out(op, y, false);
@@ -228,7 +239,7 @@ static Tensor *lower_expr(Lower *L, Layer *inst, Env *env, Expr *e)
         case FN_RELU: return unary(L, OP_RELU, NULL, e->loc, args[0], tname(inst, "relu"));
         case FN_SILU: return unary(L, OP_SILU, NULL, e->loc, args[0], tname(inst, "silu"));
         case FN_CROSS_ENTROPY: {
-            OpNode *op = ir_op(L->g, OP_CROSS_ENTROPY, NULL, e->loc);
+            OpNode *op = new_op(L, OP_CROSS_ENTROPY, NULL, e->loc);
             ir_in(op, args[0]);
             ir_in(op, args[1]);
             ir_out(op, ir_stat(act(L, "loss", DT_F32, 0, NULL)), false);
@@ -241,7 +252,7 @@ static Tensor *lower_expr(Lower *L, Layer *inst, Env *env, Expr *e)
     }
     case EX_BINOP: {
         Tensor *a = lower_expr(L, inst, env, e->lhs), *b = lower_expr(L, inst, env, e->rhs);
-        OpNode *op = ir_op(L->g, e->op == '+' ? OP_ADD : OP_MUL, NULL, e->loc);
+        OpNode *op = new_op(L, e->op == '+' ? OP_ADD : OP_MUL, NULL, e->loc);
         /* the larger operand first: b broadcasts over a's leading dims */
         if (b->rank > a->rank) {
             Tensor *t = a;
@@ -263,6 +274,8 @@ static Tensor *lower_expr(Lower *L, Layer *inst, Env *env, Expr *e)
 static Tensor *run_forward(Lower *L, Layer *inst, Tensor **args, int nargs)
 {
     Decl *fw = inst->mtype->forward;
+    Layer *outer = L->inst;
+    L->inst = inst;
     Env *env = NULL;
     int i = 0;
     for (Name *n = fw->params; n && i < nargs; n = n->next, i++) {
@@ -272,8 +285,10 @@ static Tensor *run_forward(Lower *L, Layer *inst, Tensor **args, int nargs)
     }
     for (Stmt *st = fw->body; st; st = st->next) {
         Tensor *t = lower_expr(L, inst, env, st->value);
-        if (st->kind == ST_RETURN)
+        if (st->kind == ST_RETURN) {
+            L->inst = outer;
             return t;
+        }
         Env *e = arena_alloc(sizeof *e);
         *e = (Env){st->name, t, env};
         env = e;
@@ -285,7 +300,7 @@ Graph *lower_model(Model *m)
 {
     Graph *g = arena_alloc(sizeof *g);
     g->m = m;
-    Lower L = {g, m};
+    Lower L = {g, m, m->root};
     g->param_t = arena_alloc(sizeof(Tensor *) * (size_t)(m->nparams + 1));
     g->pgrad_t = arena_alloc(sizeof(Tensor *) * (size_t)(m->nparams + 1));
     for (int i = 0; i < m->nparams; i++) {

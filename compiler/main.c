@@ -2,14 +2,16 @@
  * main.c — the fsdpc command line, and the pipeline as one list of passes:
  *
  *   parse_program → sema_check → model_build → lower_model → autodiff
- *   → fuse (unless --no-fuse) → plan_choose → the dumps, --sim and --trace
- *   → emit_program
+ *   → recompute_units, plan_recompute, recompute_apply → fuse (unless
+ *   --no-fuse) → plan_choose → the dumps, --sim and --trace → emit_program
  *
  * with a verifier after every pass that builds or transforms the IR: a
  * failure there is a compiler bug and stops with an internal error. Every
  * choice the compiler makes (fully_shard auto's groups, the policy under
  * memory_budget) is made inside plan_choose (planner.c); the passes after
- * it only read the plan. The run stops after the last stage an output
+ * it only read the plan. The one choice made before it, each recomputation
+ * unit's mode, is the planner's too (plan_recompute): the graph it plans
+ * must already hold the recompute ops. The run stops after the last stage an output
  * needs: --dump-ast after parsing, --check and --dump-model after
  * model_build. --verify stops after fusion: it compiles the graph's kernel
  * templates with NVRTC and prints its report instead of writing train.cu.
@@ -353,16 +355,20 @@ static bool write_plan_outputs(const Options *o, Output *out, Plan *plan)
     Sim *sim = o->sim_spec || o->trace ? sim_run(plan->sched, &o->cluster) : NULL;
     if (o->dump_ir && output(out))
         ir_dump(out->f, plan->g);
-    if (o->dump_plan && output(out))
+    if (o->dump_plan && output(out)) {
         plan_dump(out->f, plan, o->world);
+        recompute_dump_plan(out->f, plan->g, plan->micro_batch);
+    }
     if (o->dump_schedule && output(out)) {
         if (o->schedule_json)
             schedule_dump_json(out->f, plan->sched, o->world, plan->mem);
         else
             schedule_dump(out->f, plan->sched, o->world, plan->mem);
     }
-    if (o->dump_memory && output(out))
+    if (o->dump_memory && output(out)) {
         memplan_dump(out->f, plan->mem);
+        recompute_dump_memory(out->f, plan->g, plan->micro_batch);
+    }
     if (o->sim_spec && output(out))
         sim_dump(out->f, sim, plan->mem);
     return !out->failed && !(o->trace && write_trace(o->trace, sim));
@@ -402,6 +408,10 @@ int main(int argc, char **argv)
     verified(&out, ir_verify(graph, stderr), "lowering");
     autodiff(graph);
     verified(&out, ir_verify(graph, stderr), "autodiff");
+    Recompute *rc = recompute_units(model, graph);
+    plan_recompute(rc);
+    graph = recompute_apply(graph, rc);
+    verified(&out, ir_verify(graph, stderr), "recomputation");
     if (!o.no_fuse) {
         fuse(graph);
         verified(&out, ir_verify(graph, stderr), "fusion");

@@ -39,6 +39,13 @@ static const Signature sig_adamw = {"adamw", {{"lr", A_FLOAT, true}, {"betas", A
 static const Signature sig_sgd = {"sgd", {{"lr", A_FLOAT, true}, {"momentum", A_FLOAT},
                                           {"weight_decay", A_FLOAT}, {"nesterov", A_BOOL}}};
 static const Signature sig_cosine = {"cosine", {{"warmup", A_INT}, {"min_lr", A_FLOAT}}};
+/* What a fully_shard line takes after its target, as FSDP2's fully_shard
+ * takes per-module arguments: `fully_shard blocks[*] (recompute = full)`.
+ * Only `recompute` so far; a per-target reshard_after_forward or
+ * mixed_precision would be one more entry here and one more field beside
+ * Layer.recompute. */
+static const Signature sig_target = {"fully_shard", {{"recompute", A_ENUM}}};
+static const Signature sig_every = {"every", {{"k", A_INT, true}}};
 static const Signature sig_checkpoint = {"checkpoint", {{"every", A_INT, true},
                                                         {"dir", A_STRING},
                                                         {"async", A_BOOL},
@@ -414,6 +421,63 @@ static void auto_bucket(Build *mb, Setting *st)
         mb->m->shard.auto_bucket_bytes = v.i;
 }
 
+/* recompute = none | full | selective | every(k) | auto
+ * (docs/design.md#activation-recomputation) */
+static bool parse_recompute(Build *mb, Expr *e, RecomputeSpec *out)
+{
+    static const char *const kinds[] = {"none", "full", "selective", "every", "auto", NULL};
+    const char *choices = "`none`, `full`, `selective`, `every(k)` or `auto`";
+    Diag *D = mb->d;
+    *out = (RecomputeSpec){.written = true, .loc = e->loc};
+    if (e->kind == EX_CALL && e->lhs->kind == EX_IDENT && strcmp(e->lhs->str, "every") == 0) {
+        Arg *b[MAX_ARGS];
+        Scope sc = {mb->model_sec->decls, NULL, mb->root_type};
+        if (!eval_bind_args(D, &sig_every, e->loc, e->args, b) ||
+            !eval_int(D, &sc, b[0]->value, "the interval of `every(k)`", 1, &out->every))
+            return false;
+        out->kind = RC_EVERY;
+        return true;
+    }
+    if (e->kind == EX_IDENT) {
+        for (int i = 0; kinds[i]; i++)
+            if (strcmp(kinds[i], e->str) == 0) {
+                if (i == RC_EVERY) {
+                    diag_error(D, e->loc, "`every` takes the interval k: `every(2)` recomputes "
+                                          "every second unit");
+                    return false;
+                }
+                out->kind = (RecomputeKind)i;
+                return true;
+            }
+        diag_error(D, e->loc, "`recompute` must be %s, not `%s`%s", choices, e->str,
+                   diag_suggest(e->str, kinds));
+        return false;
+    }
+    diag_error(D, e->loc, "`recompute` must be %s", choices);
+    return false;
+}
+
+/* fully_shard PATH (name = value, ...): the per-target arguments, by name
+ * only, so a new one never shifts another. NULL when there are none (or
+ * they were wrong, reported). */
+static const RecomputeSpec *target_args(Build *mb, Expr *call)
+{
+    for (Arg *a = call->args; a; a = a->next)
+        if (!a->name) {
+            diag_error(mb->d, a->loc, "`fully_shard` takes its per-target arguments by name: "
+                                      "`fully_shard blocks[*] (recompute = full)`");
+            return NULL;
+        }
+    Arg *b[MAX_ARGS];
+    if (!eval_bind_args(mb->d, &sig_target, call->loc, call->args, b) || !b[0])
+        return NULL;
+    RecomputeSpec *spec = arena_alloc(sizeof *spec);
+    if (!parse_recompute(mb, b[0]->value, spec))
+        return NULL;
+    spec->per_target = true;
+    return spec;
+}
+
 static void plan_groups(Build *mb, Setting *settings)
 {
     Diag *D = mb->d;
@@ -434,21 +498,46 @@ static void plan_groups(Build *mb, Setting *settings)
                 auto_line = st;
             continue;
         }
+        /* auto's groups are the planner's, and so are its units: the
+         * shard section's `recompute` covers them */
+        if (v->kind == EX_CALL && v->lhs->kind == EX_CALL && v->lhs->lhs->kind == EX_IDENT &&
+            strcmp(v->lhs->lhs->str, "auto") == 0) {
+            diag_error(D, v->args ? v->args->loc : v->loc,
+                       "`fully_shard auto(...)` takes no per-target arguments: the planner "
+                       "makes its groups; set `recompute` in the shard section, which then "
+                       "covers each element of the model's layer arrays");
+            continue;
+        }
         if (!first_target)
             first_target = st;
-        int k = resolve_path(mb, st->value, found, maxk);
+        /* fully_shard PATH (args): PATH's instances with the line's settings */
+        const RecomputeSpec *spec = NULL;
+        if (v->kind == EX_CALL) {
+            spec = target_args(mb, v);
+            v = v->lhs;
+        }
+        int k = resolve_path(mb, v, found, maxk);
         for (int i = 0; i < k; i++) {
             if (!found[i]) {
                 root_loc = st->loc;
+                /* the root is the rest of the model, not an instance: the
+                 * units are its non-root targets */
+                if (spec && spec->kind != RC_NONE)
+                    diag_error(D, spec->loc, "`root` cannot be recomputed: it holds what no "
+                                             "other target claims, and recomputation works on "
+                                             "the instances of the other `fully_shard` targets; "
+                                             "set `recompute` on those (or in the shard "
+                                             "section, for all of them)");
                 continue;
             }
+            found[i]->recompute = spec;
             /* A target's group holds its index in targets until the groups
              * are made, so a second claim is found at once: searching the
              * list made `fully_shard blocks[*]` over 100,000 blocks take
              * seconds. */
             if (found[i]->group >= 0) {
-                diag_error(D, st->value->loc, "`%s` is claimed by two fully_shard lines: "
-                                              "here and at %s",
+                diag_error(D, v->loc, "`%s` is claimed by two fully_shard lines: "
+                                      "here and at %s",
                            found[i]->path, diag_where(D, targets[found[i]->group].loc));
                 break;
             }
@@ -518,6 +607,7 @@ static const SettingSpec shard_settings[] = {
     {"memory_budget", SET_ASSIGN, "memory_budget = 70GiB"},
     {"accumulate", SET_ASSIGN, "accumulate = sharded"},
     {"reshard_after_backward", SET_ASSIGN, "reshard_after_backward = true"},
+    {"recompute", SET_ASSIGN, "recompute = full"},
     {NULL, 0, NULL},
 };
 
@@ -586,7 +676,7 @@ static void check_shard(Build *mb)
     *c = (ShardConfig){.reshard_after_forward = -1, .prefetch_forward = 1,
                        .prefetch_backward = 1, .reshard_after_backward = true};
     c->auto_bucket_bytes = auto_bucket;
-    Setting *by[8];
+    Setting *by[16];
     collect_settings(mb, mb->shard_sec, shard_settings, by);
     if (by[0]) {
         bool v;
@@ -667,6 +757,70 @@ static void check_shard(Build *mb)
         if (eval_bool(mb->d, &sc, by[6]->value, "`reshard_after_backward`", &v))
             c->reshard_after_backward = v;
     }
+    /* the default every unit without a per-target setting takes */
+    if (by[7])
+        parse_recompute(mb, by[7]->value, &c->recompute);
+}
+
+/* Marks the elements of the layer arrays under L units, the outermost
+ * arrays only (an array inside an element is part of that element);
+ * returns how many. */
+static int mark_array_elements(Layer *L, const RecomputeSpec *spec)
+{
+    if (L->kind == LK_ARRAY) {
+        for (int i = 0; i < L->nchildren; i++)
+            L->children[i]->recompute = spec;
+        return L->nchildren;
+    }
+    int n = 0;
+    for (int i = 0; i < L->nchildren; i++)
+        n += mark_array_elements(L->children[i], spec);
+    return n;
+}
+
+/* The units of recomputation and the setting each follows
+ * (docs/design.md#activation-recomputation): every instance of a non-root
+ * fully_shard target, its line's `(recompute = ...)` winning over the shard
+ * section's `recompute`; under fully_shard auto, whose groups the planner
+ * makes, each element of the model's layer arrays (each transformer block,
+ * the unit torchtitan checkpoints). A shard-wide mode with nothing to apply
+ * to is an error: it would change nothing. */
+static void assign_recompute(Build *mb)
+{
+    Model *m = mb->m;
+    const RecomputeSpec *wide = &m->shard.recompute;
+    int n = 0;
+    if (m->shard.auto_bucket_bytes) {
+        n = mark_array_elements(m->root, wide);
+    } else {
+        for (int i = 0; i < m->ngroups; i++) {
+            Layer *t = m->groups[i]->target;
+            if (!t)
+                continue;
+            if (!t->recompute)
+                t->recompute = wide;
+            n++;
+        }
+    }
+    if (n == 0 && wide->written && wide->kind != RC_NONE && wide->kind != RC_AUTO)
+        diag_error(mb->d, wide->loc,
+                   m->shard.auto_bucket_bytes
+                       ? "`recompute = %s` has nothing to apply to: under `fully_shard "
+                         "auto(...)` it covers the elements of the model's layer arrays, and "
+                         "this model has none; name the layers to recompute with `fully_shard` "
+                         "lines instead"
+                       : "`recompute = %s` has nothing to apply to: it covers the instances of "
+                         "the non-root `fully_shard` targets, and this shard section has none; "
+                         "add `fully_shard` lines for the layers to recompute",
+                   model_recompute_name(wide));
+}
+
+const char *model_recompute_name(const RecomputeSpec *s)
+{
+    static const char *const names[] = {"none", "full", "selective", "every", "auto"};
+    if (s->kind == RC_EVERY)
+        return arena_printf("every(%" PRId64 ")", s->every);
+    return names[s->kind];
 }
 
 static void check_lr_positive(Build *mb, Arg *a, double lr)
@@ -936,8 +1090,12 @@ void model_dump(FILE *out, Model *m)
         fputs("\nshard groups (bottom-up: children first, root last)\n", out);
         for (int i = 0; i < m->ngroups; i++) {
             ShardGroup *g = m->groups[i];
-            fprintf(out, "  %3d %-24s %3d tensors %14s params\n", g->index, g->name,
+            fprintf(out, "  %3d %-24s %3d tensors %14s params", g->index, g->name,
                     g->nparams, fmt_count(g->numel));
+            /* a per-target argument, when the line has one */
+            if (g->target && g->target->recompute && g->target->recompute->per_target)
+                fprintf(out, "  (recompute = %s)", model_recompute_name(g->target->recompute));
+            fputc('\n', out);
         }
     }
     ShardConfig *c = &m->shard;
@@ -957,6 +1115,8 @@ void model_dump(FILE *out, Model *m)
         fputs("  reshard_after_backward = false\n", out);
     if (c->memory_budget_bytes)
         fprintf(out, "  memory_budget = %" PRId64 " bytes\n", c->memory_budget_bytes);
+    if (c->recompute.written)
+        fprintf(out, "  recompute = %s\n", model_recompute_name(&c->recompute));
     TrainConfig *t = &m->train;
     fputs("\ntrain\n", out);
     fprintf(out, "  micro_batch = %" PRId64 "\n  grad_accum = %" PRId64 "\n  steps = %" PRId64
@@ -1014,6 +1174,7 @@ Model *model_build(Model *m, Diag *d)
 
     plan_groups(mb, mb->shard_sec ? mb->shard_sec->settings : NULL);
     check_shard(mb);
+    assign_recompute(mb);
     check_train(mb);
     return d->errors ? NULL : m;
 }

@@ -18,6 +18,10 @@
  * sizes, --dump-memory the policies. The passes it calls stay free of
  * choices: plan.c lays groups out, schedule.c orders events, memplan.c
  * counts bytes, sim.c predicts time.
+ *
+ * One choice comes before the graph it plans: each recomputation unit's
+ * mode (plan_recompute), which recompute_apply turns into recompute ops
+ * before fusion (docs/compiler.md#the-planning-entry-point).
  */
 #include "fsdpc.h"
 
@@ -322,6 +326,30 @@ static bool choose_policy(Plan *p, int64_t world, Diag *d)
     apply_policy(p, chosen);
     p->sched = p->mem->sched;
     return true;
+}
+
+/* ── recomputation: each unit's mode ──
+ * What the .fsd asks is taken as written (every(k) was resolved per unit by
+ * recompute_units); `auto` asks the planner. */
+
+/* The mode `auto` gets. None until the budget search chooses: it will try
+ * units' modes against memory_budget here, each through recompute_apply on
+ * Graph.base, and keep the fastest plan that fits. */
+static RecomputeKind choose_auto(const RecomputeUnit *u)
+{
+    (void)u;
+    return RC_NONE;
+}
+
+void plan_recompute(Recompute *rc)
+{
+    for (int i = 0; i < rc->nunits; i++) {
+        RecomputeUnit *u = &rc->units[i];
+        if (u->mode == RC_AUTO) {
+            u->mode = choose_auto(u);
+            u->auto_chosen = true;
+        }
+    }
 }
 
 Plan *plan_choose(Model *m, Graph *g, const SimCluster *c, Diag *d)

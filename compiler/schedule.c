@@ -282,7 +282,12 @@ Schedule *schedule_build_full(Plan *p, int micro_batches)
  *     n - 1, where micro-batch 1 stands for 1 .. n - 2: then it must leave
  *     every group's state (gathered, gradients allocated, reduce-scatters
  *     in flight) as it found it, so that each repetition replays alike and
- *     checking one checks them all; its reduce-scatters count n - 2 times.
+ *     checking one checks them all; its reduce-scatters count n - 2 times;
+ *   - a recompute op (recompute.c) runs in backward, after the backward
+ *     all-gather of each group whose parameters it reads was waited for
+ *     (when the group reshards after forward; one that keeps its
+ *     parameters is gathered still), and before every op that reads what
+ *     it writes.
  * The events name no rank and no data-dependent branch exists, so every
  * rank issues the same collectives in the same order. */
 int schedule_verify(Schedule *s, FILE *err)
@@ -301,6 +306,7 @@ int schedule_verify(Schedule *s, FILE *err)
     /* the state micro-batch 1 found, to hold its end to when it repeats */
     int *pstate_in = arena_alloc(sizeof(int) * (size_t)G);
     bool *grads_in = arena_alloc((size_t)G), *rs_flight_in = arena_alloc((size_t)G);
+    bool *bwd_waited = arena_alloc((size_t)G);   /* backward all-gather waited, this micro-batch */
     bool norm_done = false;
     int micro = -2, want_micro = 0;
     int n = s->micro_batches;
@@ -364,6 +370,7 @@ int schedule_verify(Schedule *s, FILE *err)
             memset(ran, 0, (size_t)g->nops);
             for (int k = 0; k < G; k++) {
                 rs_done[k] = false;
+                bwd_waited[k] = false;
                 writes_left[k] = writes_total[k];
             }
         }
@@ -379,6 +386,7 @@ int schedule_verify(Schedule *s, FILE *err)
             if (pstate[gi] != GATHERING)
                 BAD("no all-gather of this group is in flight");
             pstate[gi] = GATHERED;
+            bwd_waited[gi] |= e->phase == PH_BACKWARD;
             break;
         case EV_RESHARD:
             if (pstate[gi] != GATHERED)
@@ -395,11 +403,18 @@ int schedule_verify(Schedule *s, FILE *err)
             for (int k = 0; k < op->nin; k++) {
                 Tensor *t = op->in[k];
                 if (t->producer && !ran[t->producer->index] && t->kind != TK_PGRAD)
-                    BAD("reads %s before op %d writes it", t->name, t->producer->index);
+                    BAD("reads %s before %sop %d writes it", t->name,
+                        t->producer->recompute ? "the recompute " : "", t->producer->index);
                 if (t->kind == TK_PARAM && pstate[t->param->group] != GATHERED)
                     BAD("reads %s while group %s is not gathered", t->name,
                         m->groups[t->param->group]->name);
+                if (op->recompute && t->kind == TK_PARAM && m->groups[t->param->group]->reshard &&
+                    !bwd_waited[t->param->group])
+                    BAD("recomputes before the backward all-gather of group %s is waited for",
+                        m->groups[t->param->group]->name);
             }
+            if (op->recompute && e->phase != PH_BACKWARD)
+                BAD("is a recompute op outside backward");
             for (int k = 0; k < op->nout; k++) {
                 Tensor *t = op->out[k];
                 if (t->kind != TK_PGRAD)
@@ -507,7 +522,8 @@ static const char *event_what(const Schedule *s, const Event *e)
 {
     if (e->op) {
         const OpNode *op = e->op;
-        return arena_printf("%d %s %s", op->index, op_name(op->kind),
+        return arena_printf("%d %s%s %s", op->index, op->recompute ? "recompute " : "",
+                            op_name(op->kind),
                             op->layer && op->layer->path[0] ? op->layer->path : "");
     }
     return "";
@@ -588,8 +604,9 @@ void schedule_dump_json(FILE *out, Schedule *s, int64_t world, MemPlan *mp)
         else
             fputs("null", out);
         if (e->op)
-            fprintf(out, ", \"op\": %d, \"op_kind\": \"%s\", \"layer\": \"%s\"", e->op->index,
-                    op_name(e->op->kind), e->op->layer ? e->op->layer->path : "");
+            fprintf(out, ", \"op\": %d, \"op_kind\": \"%s\", \"layer\": \"%s\"%s", e->op->index,
+                    op_name(e->op->kind), e->op->layer ? e->op->layer->path : "",
+                    e->op->recompute ? ", \"recompute\": true" : "");
         fprintf(out, ", \"bytes\": %" PRId64 ", \"runs\": %" PRId64,
                 event_comm_bytes(s, e, world), schedule_runs(s, e));
         if (mp)

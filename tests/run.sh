@@ -97,6 +97,18 @@ for f in examples/*.fsd tests/plan/*.fsd; do
     done
 done
 
+# ── recomputation: the training graph of a plan that recomputes (the
+# recompute ops, marked, and the tensors they write, each naming the value
+# it computes again) and its model dump (the settings as written); its
+# plans, schedules and memory are among the golden plans above ──
+for dump in ir model; do
+    if "$FSDPC" tests/plan/tiny_recompute.fsd --dump-$dump >"$TMP/out" 2>"$TMP/err"; then
+        compare "golden tiny_recompute.$dump" "tests/golden/tiny_recompute.$dump" "$TMP/out"
+    else
+        bad "golden tiny_recompute.$dump: fsdpc failed" "$TMP/err"
+    fi
+done
+
 # ── fully_shard auto: the chosen bucket size is the fastest the simulator
 # found, and no larger than the target ──
 for w in 8 64; do

@@ -4,9 +4,10 @@
  * Each input is one .fsd source: it is parsed, checked and, when that
  * succeeds, dumped (AST and model) into /dev/null, so the dumpers see every
  * tree the checker accepts. A model that checks out then goes through every
- * later pass — lowering, autodiff, planning at a world of 3 (uneven shards),
- * scheduling, the memory plan, emission — with each verifier run, and a
- * verifier's complaint aborts like a crash: it is a compiler bug. Models
+ * later pass — lowering, autodiff, recomputation, planning at a world of 3
+ * (uneven shards), scheduling, the memory plan, emission — with each
+ * verifier run, and a verifier's complaint aborts like a crash: it is a
+ * compiler bug. Models
  * with more than MAX_PARAMS tensors stop after the front end, to keep each
  * input fast. Diagnostics are counted but not printed. The
  * arena is released after every input, so a leak report means memory that
@@ -34,6 +35,10 @@ static void back_end(Model *m, Diag *diag, FILE *devnull)
     must_verify(ir_verify(g, NULL), "ir verify after lowering");
     autodiff(g);
     must_verify(ir_verify(g, NULL), "ir verify after autodiff");
+    Recompute *rc = recompute_units(m, g);
+    plan_recompute(rc);
+    g = recompute_apply(g, rc);
+    must_verify(ir_verify(g, NULL), "ir verify after recomputation");
     SimCluster cluster = sim_default_cluster(3);
     Plan *plan = plan_choose(m, g, &cluster, diag);
     if (!plan)

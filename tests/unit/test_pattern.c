@@ -98,6 +98,9 @@ static Plan *plan_for(const char *path, int k, int n)
     m->train.grad_accum = n;
     Graph *g = lower_model(m);
     autodiff(g);
+    Recompute *rc = recompute_units(m, g);   /* as main does: a file's recompute ops too */
+    plan_recompute(rc);
+    g = recompute_apply(g, rc);
     fuse(g);
     if (ir_verify(g, stderr))
         return NULL;

@@ -5,12 +5,18 @@
  *    forward, and after backward), prefetch depth 0-2, both accumulation
  *    modes, both mixed-precision policies and one or three micro-batches,
  *    yields a schedule the verifier accepts.
+ *    Each combination is built with the model's recomputation as written,
+ *    then with `recompute = full` and `selective` shard-wide.
  * 2. Mutations: deleting any single event of a valid schedule, moving a
  *    reshard before an op that still reads the group, moving a gradient write
  *    after its group's reduce-scatter, and issuing a wait before its
  *    collective must each be caught, with reshard_after_backward true and
  *    false; and a schedule that reshards after every backward is refused
  *    when reshard_after_backward is false.
+ * 3. Recomputation (`recompute = full`, or the file's own settings): moving
+ *    a recompute op before the backward all-gather wait of the group whose
+ *    parameters it reads, or after the first op that reads what it writes,
+ *    must each be caught, and so must deleting any one of them.
  *
  * Usage: test_schedule FILE.fsd...   Prints one line per check and a final
  * "N passed, N failed".
@@ -55,6 +61,12 @@ static Schedule *build(Model *m)
 {
     Graph *g = lower_model(m);
     autodiff(g);
+    if (ir_verify(g, stderr))
+        return NULL;
+    /* recomputation as main applies it */
+    Recompute *rc = recompute_units(m, g);
+    plan_recompute(rc);
+    g = recompute_apply(g, rc);
     if (ir_verify(g, stderr))
         return NULL;
     /* the step main plans for --world 8 */
@@ -115,12 +127,18 @@ static void combinations(const char *path)
     Model *m = load(path);
     int total = 0, bad = 0;
     const char *first_bad = NULL;
+    RecomputeSpec written = m->shard.recompute;
+    static const char *const rc_names[] = {"as written", "full", "selective"};
+    for (int rcm = 0; rcm <= 2; rcm++)
     for (int rab = 0; rab <= 1; rab++)
         for (int reshard = 0; reshard <= 1; reshard++)
             for (int pf = 0; pf <= 2; pf++)
                 for (int accum = 0; accum <= 1; accum++)
                     for (int bf16 = 0; bf16 <= 1; bf16++)
                         for (int k = 1; k <= 3; k += 2) {
+                            m->shard.recompute = written;
+                            if (rcm)
+                                m->shard.recompute.kind = rcm == 1 ? RC_FULL : RC_SELECTIVE;
                             m->shard.reshard_after_forward = reshard;
                             m->shard.reshard_after_backward = rab;
                             m->shard.prefetch_forward = m->shard.prefetch_backward = pf;
@@ -132,12 +150,14 @@ static void combinations(const char *path)
                             if (!s || schedule_verify(s, stderr)) {
                                 bad++;
                                 if (!first_bad)
-                                    first_bad = arena_printf("reshard=%d after-backward=%d "
-                                                             "prefetch=%d accum=%d bf16=%d "
-                                                             "micro-batches=%d",
-                                                             reshard, rab, pf, accum, bf16, k);
+                                    first_bad = arena_printf("recompute %s reshard=%d "
+                                                             "after-backward=%d prefetch=%d "
+                                                             "accum=%d bf16=%d micro-batches=%d",
+                                                             rc_names[rcm], reshard, rab, pf,
+                                                             accum, bf16, k);
                             }
                         }
+    m->shard.recompute = written;
     char what[512];
     snprintf(what, sizeof what, "%s: %d policy combinations verify%s%s", path, total,
              first_bad ? "; first failure: " : "", first_bad ? first_bad : "");
@@ -223,6 +243,72 @@ static void mutations(const char *path, bool rab)
     check(tried > 0 && caught == tried, what);
 }
 
+static bool reads_output_of(const Event *e, const OpNode *op)
+{
+    if (e->kind != EV_COMPUTE)
+        return false;
+    for (int i = 0; i < e->op->nin; i++)
+        for (int k = 0; k < op->nout; k++)
+            if (e->op->in[i] == op->out[k])
+                return true;
+    return false;
+}
+
+/* Recompute ops out of place: before the backward wait of a group whose
+ * parameters they read, after the first op reading what they write, or
+ * gone. The units recompute fully unless the file says otherwise. */
+static void recompute_mutations(const char *path)
+{
+    Model *m = load(path);
+    if (!m->shard.recompute.written)
+        m->shard.recompute = (RecomputeSpec){.kind = RC_FULL, .written = true};
+    m->train.grad_accum = 2;
+    Schedule *s = build(m);
+    int nrc = 0;
+    for (int i = 0; s && i < s->nev; i++)
+        nrc += s->ev[i].kind == EV_COMPUTE && s->ev[i].op->recompute;
+    check(s && nrc > 0 && schedule_verify(s, NULL) == 0,
+          arena_printf("%s, recomputing: the schedule verifies, with %d recompute events", path,
+                       nrc));
+    if (!s || !nrc)
+        return;
+    int early = 0, early_caught = 0, late = 0, late_caught = 0, gone = 0;
+    for (int i = 0; i < s->nev; i++) {
+        const Event *r = &s->ev[i];
+        if (r->kind != EV_COMPUTE || !r->op->recompute)
+            continue;
+        /* before the wait of the group it reads, when that group reshards
+         * after forward (one kept after forward has no wait in backward) */
+        int g = r->op->group;
+        if (g >= 0 && op_reads_params(r->op) && m->groups[g]->reshard) {
+            int j = i - 1;
+            while (j >= 0 && !(s->ev[j].kind == EV_WAIT_GATHER && s->ev[j].group == g))
+                j--;
+            if (j >= 0 && s->ev[j].phase == PH_BACKWARD && s->ev[j].micro == r->micro) {
+                early++;
+                early_caught += schedule_verify(copy_moved(s, i, j), NULL) > 0;
+            }
+        }
+        /* after the first op reading its outputs */
+        int j = i + 1;
+        while (j < s->nev && !reads_output_of(&s->ev[j], r->op))
+            j++;
+        if (j < s->nev) {
+            late++;
+            late_caught += schedule_verify(copy_moved(s, i, j + 1), NULL) > 0;
+        }
+        gone += schedule_verify(copy_without(s, i), NULL) > 0;
+    }
+    check(early > 0 && early_caught == early,
+          arena_printf("%s: %d recompute ops moved before their group's backward wait caught of "
+                       "%d",
+                       path, early_caught, early));
+    check(late > 0 && late_caught == late,
+          arena_printf("%s: %d recompute ops moved after their first reader caught of %d", path,
+                       late_caught, late));
+    check(gone == nrc, arena_printf("%s: %d deleted recompute ops caught of %d", path, gone, nrc));
+}
+
 /* A schedule built to reshard after every backward, checked as if the model
  * said reshard_after_backward = false: the verifier must see that it does
  * not keep the groups gathered. */
@@ -247,6 +333,7 @@ int main(int argc, char **argv)
         mutations(argv[i], true);
         mutations(argv[i], false);
         kept_gathered(argv[i]);
+        recompute_mutations(argv[i]);
         arena_reset();
     }
     printf("%d passed, %d failed\n", passed, failed);
