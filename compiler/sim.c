@@ -763,12 +763,16 @@ Sim *sim_run(Schedule *s, const SimCluster *c)
     /* MFU counts the planner's FLOPs (ops.def: matmuls 2 per multiply-add,
      * causal attention only its unmasked half) for every op of every
      * micro-batch, over the peak matmuls run at: the same convention the
-     * trainer logs (docs/design.md#flops-and-mfu). The optimizer and recomputation
-     * count nothing; there is no recomputation yet. */
+     * trainer logs (docs/design.md#flops-and-mfu). The optimizer counts
+     * nothing, and neither do recompute ops: MFU counts the model's FLOPs,
+     * as PaLM's definition (which torchtitan and MosaicML follow) does.
+     * HFU, the hardware FLOPs utilisation, counts them: what the GPU ran. */
     Graph *g = p->g;
-    sim->model_flops = graph_flops(g, 0, g->nops, p->micro_batch) * s->micro_batches;
+    sim->model_flops = graph_model_flops(g, p->micro_batch) * s->micro_batches;
+    sim->hw_flops = graph_flops(g, 0, g->nops, p->micro_batch) * s->micro_batches;
     sim->peak_flops = matmul_peak(sim);
     sim->mfu = sim->step_s > 0 ? sim->model_flops / (sim->step_s * sim->peak_flops) : 0;
+    sim->hfu = sim->step_s > 0 ? sim->hw_flops / (sim->step_s * sim->peak_flops) : 0;
     sim->tokens_per_step = (double)p->micro_batch * (double)m->seq * s->micro_batches;
     sim->tokens_per_s_gpu = sim->step_s > 0 ? sim->tokens_per_step / sim->step_s : 0;
     sim->tokens_per_s = sim->tokens_per_s_gpu * (double)W;
@@ -849,6 +853,8 @@ void sim_dump(FILE *out, const Sim *sim, const MemPlan *mp)
     fprintf(out, "  %-16s %9.1f%%  (%s counted FLOPs per rank per step; by 6*N*tokens: %.1f%%)\n",
             "MFU", sim->mfu * 100, human_rate(sim->model_flops, "FLOP"),
             sim->step_s > 0 ? 100 * n6 / (sim->step_s * sim->peak_flops) : 0.0);
+    fprintf(out, "  %-16s %9.1f%%  (%s FLOPs run per rank per step, recompute ops included)\n",
+            "HFU", sim->hfu * 100, human_rate(sim->hw_flops, "FLOP"));
     fprintf(out, "  %-16s %10.0f per GPU, %.0f in total\n", "tokens/s", sim->tokens_per_s_gpu,
             sim->tokens_per_s);
     if (mp)
@@ -902,6 +908,8 @@ void sim_trace(FILE *out, const Sim *sim)
             name = e->op->layer && e->op->layer->path[0]
                        ? arena_printf("%s %s", op_name(e->op->kind), e->op->layer->path)
                        : op_name(e->op->kind);
+            if (e->op->recompute)   /* named as the trainer's trace names it (emit.c) */
+                name = arena_printf("%s (recompute)", name);
             break;
         case EV_ALL_GATHER:
         case EV_REDUCE_SCATTER:
@@ -967,6 +975,6 @@ void sim_trace(FILE *out, const Sim *sim)
     fprintf(out, ", \"gpu\": ");
     json_str(out, c->gpu->name);
     fprintf(out, ", \"world\": %" PRId64 ", \"step_ms\": %.6f, \"exposed_comm_ms\": %.6f, "
-                 "\"mfu\": %.6f}\n}\n",
-            c->world, sim->step_s * 1e3, sim->exposed_s * 1e3, sim->mfu);
+                 "\"mfu\": %.6f, \"hfu\": %.6f}\n}\n",
+            c->world, sim->step_s * 1e3, sim->exposed_s * 1e3, sim->mfu, sim->hfu);
 }

@@ -15,6 +15,9 @@
 #   e. contention: on one rank every op takes exactly its roofline time;
 #      beside collectives no op runs faster than that, nor slower than the
 #      most the collectives can take from it over the time they overlap it;
+#   f. recomputation: GPT-2 with `recompute = full` counts the same model
+#      FLOPs for MFU as without it, more for HFU, takes longer and peaks
+#      lower, and its trace names the recompute ops;
 #   and the --sim command line's errors.
 set -u
 cd "$(dirname "$0")/.."
@@ -353,6 +356,34 @@ check_cli trace-needs-arg 1 "--trace needs a file name" "$FSDPC" examples/tiny.f
 check_cli preset-case 0 "on 2 nodes x 4 A100 SXM 80GB (world 8)" \
     "$FSDPC" examples/tiny.fsd --sim A100:nodes=2,gpus=4
 check_cli help-mentions-sim 0 "--sim PRESET" "$FSDPC" --help
+
+# ── f. recomputation: MFU counts the model's FLOPs, HFU what runs ──
+variant examples/gpt2.fsd "$TMP/gpt2_rc.fsd" -e 's/^shard {/shard {\n  recompute = full/'
+"$FSDPC" examples/gpt2.fsd --sim h100 >"$TMP/rc0" 2>&1
+"$FSDPC" "$TMP/gpt2_rc.fsd" --sim h100 --trace "$TMP/rc.json" >"$TMP/rc1" 2>&1
+# flops LABEL FILE: the FLOPs in parentheses after MFU or HFU ("26.54 TFLOP")
+flops() { sed -n "s/^  $1 .*(\([0-9.]* [TPG]FLOP\) .*/\1/p" "$2"; }
+m0=$(flops MFU "$TMP/rc0") h0=$(flops HFU "$TMP/rc0") m1=$(flops MFU "$TMP/rc1") h1=$(flops HFU "$TMP/rc1")
+if [ -n "$m0" ] && [ "$m0" = "$h0" ] && [ "$m1" = "$m0" ] && [ -n "$h1" ] && [ "$h1" != "$m1" ] &&
+    awk -v a="$(field HFU "$TMP/rc1")" -v b="$(field MFU "$TMP/rc1")" 'BEGIN { exit !(a > b) }'; then
+    ok "sim recompute: gpt2 counts $m1 model FLOPs with or without recomputation (MFU), $h1 run with it (HFU $(field HFU "$TMP/rc1")% > MFU $(field MFU "$TMP/rc1")%)"
+else
+    bad "sim recompute: MFU FLOPs $m0 / $m1, HFU FLOPs $h0 / $h1 without / with recompute = full" "$TMP/rc1"
+fi
+s0=$(field step "$TMP/rc0") s1=$(field step "$TMP/rc1")
+g0=$(field memory "$TMP/rc0") g1=$(field memory "$TMP/rc1")
+if [ -n "$s1" ] && [ -n "$g1" ] && awk -v s0="$s0" -v s1="$s1" -v g0="$g0" -v g1="$g1" \
+        'BEGIN { exit !(s1 > s0 && g1 < g0) }'; then
+    ok "sim recompute: gpt2's step $s0 -> $s1 ms, peak $g0 -> $g1 GiB with recompute = full"
+else
+    bad "sim recompute: step $s0 -> $s1 ms, peak $g0 -> $g1 GiB with recompute = full" "$TMP/rc1"
+fi
+if n=$(python3 -c "import json,sys; e=json.load(open(sys.argv[1]))['traceEvents']; print(sum(1 for x in e if x.get('name','').endswith(' (recompute)')))" "$TMP/rc.json") &&
+    [ "$n" -gt 0 ]; then
+    ok "sim recompute: the trace names $n recompute op slices"
+else
+    bad "sim recompute: no recompute op in the trace ('${n:-}')"
+fi
 
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]
