@@ -273,13 +273,6 @@ static bool choose_copies(RC *x)
     return any;
 }
 
-static void add_tensor(Tensor ***list, int *n, Tensor *t, int cap)
-{
-    if (!*list)
-        *list = arena_alloc(sizeof(Tensor *) * (size_t)cap);
-    (*list)[(*n)++] = t;
-}
-
 Graph *recompute_apply(const Graph *base, Recompute *rc)
 {
     Graph *g = copy_graph(base);
@@ -345,22 +338,31 @@ Graph *recompute_apply(const Graph *base, Recompute *rc)
     int n = 0;
     for (int i = 0; i < nf; i++)
         ops[n++] = g->ops[i];
-    /* units by placement: a unit's index is its forward order */
-    int *first_at = arena_alloc(sizeof(int) * (size_t)(nb + 1)), *next_unit = arena_alloc(sizeof(int) * (size_t)(rc->nunits + 1));
+    /* lists, as linked lists of indices: the units placed before each
+     * backward op, in unit (forward) order; each unit's copied ops, in
+     * forward order */
+    int *first_at = arena_alloc(sizeof(int) * (size_t)(nb + 1));
+    int *next_unit = arena_alloc(sizeof(int) * (size_t)(rc->nunits + 1));
+    int *first_op = arena_alloc(sizeof(int) * (size_t)(rc->nunits + 1));
+    int *next_op = arena_alloc(sizeof(int) * (size_t)(nf + 1));
     for (int i = 0; i <= nb; i++)
         first_at[i] = -1;
-    for (int u = rc->nunits - 1; u >= 0; u--)
+    for (int u = rc->nunits - 1; u >= 0; u--) {
+        first_op[u] = -1;
         if (at[u] >= 0) {
             next_unit[u] = first_at[at[u] - nf];
             first_at[at[u] - nf] = u;
         }
+    }
+    for (int f = nf - 1; f >= 0; f--)
+        if (x.cloned[f]) {
+            next_op[f] = first_op[g->ops[f]->unit->index];
+            first_op[g->ops[f]->unit->index] = f;
+        }
     for (int i = nf; i < base->nops; i++) {
         for (int u = first_at[i - nf]; u >= 0; u = next_unit[u]) {
-            RecomputeUnit *unit = &rc->units[u];
-            for (int f = 0; f < nf; f++) {
+            for (int f = first_op[u]; f >= 0; f = next_op[f]) {
                 OpNode *src = g->ops[f];
-                if (!x.cloned[f] || src->unit != unit)
-                    continue;
                 OpNode *c = arena_alloc(sizeof *c);
                 *c = *src;
                 c->backward = c->recompute = true;
@@ -404,17 +406,27 @@ Graph *recompute_apply(const Graph *base, Recompute *rc)
             if (t->kind == TK_ACT && !t->recompute_of)
                 t->saved = true;
         }
-    /* for the dumps: each unit's forward values, saved or dropped */
-    for (int t = 0; t < nt; t++) {
-        Tensor *tt = g->tensors[t];
-        OpNode *p = tt->producer;
-        if (tt->kind != TK_ACT || !p || p->backward || !p->unit || !base->tensors[t]->saved)
-            continue;
-        RecomputeUnit *u = p->unit;
-        if (tt->saved)
-            add_tensor(&u->saved, &u->nsaved, tt, nt);
-        else
-            add_tensor(&u->dropped, &u->ndropped, tt, nt);
+    /* for the dumps: each unit's forward values that backward read before,
+     * saved or dropped now; counted, then listed */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < rc->nunits && pass == 1; i++) {
+            RecomputeUnit *u = &rc->units[i];
+            u->saved = arena_alloc(sizeof(Tensor *) * (size_t)(u->nsaved + 1));
+            u->dropped = arena_alloc(sizeof(Tensor *) * (size_t)(u->ndropped + 1));
+            u->nsaved = u->ndropped = 0;
+        }
+        for (int t = 0; t < nt; t++) {
+            Tensor *tt = g->tensors[t];
+            OpNode *p = tt->producer;
+            if (tt->kind != TK_ACT || !p || p->backward || !p->unit || !base->tensors[t]->saved)
+                continue;
+            RecomputeUnit *u = p->unit;
+            if (tt->saved && pass)
+                u->saved[u->nsaved] = tt;
+            else if (pass)
+                u->dropped[u->ndropped] = tt;
+            *(tt->saved ? &u->nsaved : &u->ndropped) += 1;
+        }
     }
     return g;
 }
