@@ -204,8 +204,8 @@ show() {
 # cores (12.4 minutes in all): cudasim 11 minutes; kernels 6.6, cuda 4.6,
 # rtsan 1; compiler 28 s, unit 3 s, san 33 s, fuzz 45 s, runtime 86 s,
 # ckpt 82 s, faults 3.4 minutes, install 1 s, e2e 2.8 minutes, oracle 72 s.
-# recompute (about 55 s of CPU: 101 s on two cores busy with other work,
-# 4 minutes beside a load of 10) rides in cudasim's lane, the shortest.
+# recompute (about 75 s of CPU: 2.5 minutes on two cores beside a load of
+# 7) rides in cudasim's lane, the shortest.
 case $mode in
 quick)  lanes=("smoke" "docs compiler unit san") ;;
 *)      lanes=("cudasim recompute" "kernels cuda rtsan" "docs compiler unit san fuzz runtime ckpt faults install e2e oracle") ;;

@@ -16,8 +16,10 @@
 # Variants (shard-wide `recompute = MODE`, or a per-target argument, added
 # to the examples with sed): tiny none, full, selective, every(2);
 # tiny_llama none, full, selective; mlp none and `fully_shard fc1 (recompute
-# = full)`, whose output only ReLU's backward reads again; and tiny in bf16
-# (mixed_precision(param = bf16)), none and full, on 2 ranks.
+# = full)`, whose output only ReLU's backward reads again; on 2 ranks, tiny
+# in bf16 (mixed_precision(param = bf16)), none and full, and the oracle's
+# tiny_variants (bias-free LayerNorms, q/k/v biases only, qk_norm, GPT-2's
+# scaled init), none, full and selective.
 #
 # Trainers and variants go to build/recompute/. Every test prints one line;
 # the last line is "N passed, N failed".
@@ -56,13 +58,17 @@ VARIANTS=(
     "mlp_fc1_full examples/mlp.fsd s/^  fully_shard fc1\$/  fully_shard fc1 (recompute = full)/"
     "tiny_bf16_none examples/tiny.fsd $(shard_set 'mixed_precision(param = bf16, reduce = fp32)')"
     "tiny_bf16_full examples/tiny.fsd $(shard_set 'mixed_precision(param = bf16, reduce = fp32)\n  recompute = full')"
+    "variants_none tests/oracle/tiny_variants.fsd s/^//"
+    "variants_full tests/oracle/tiny_variants.fsd $(shard_set 'recompute = full')"
+    "variants_selective tests/oracle/tiny_variants.fsd $(shard_set 'recompute = selective')"
 )
 for v in "${VARIANTS[@]}"; do
     read -r name src script <<<"$v"
     sed "$script" "$src" >"$OUT/$name.fsd"
 done
 # a variant whose sed found nothing to change would test `none` against itself
-for v in tiny_full tiny_selective tiny_every2 tiny_llama_full tiny_llama_selective mlp_fc1_full tiny_bf16_full; do
+for v in tiny_full tiny_selective tiny_every2 tiny_llama_full tiny_llama_selective mlp_fc1_full \
+         tiny_bf16_full variants_full variants_selective; do
     grep -q "recompute" "$OUT/$v.fsd" || bad "variant $v: the sed script set no recompute (the example changed?)"
 done
 
@@ -178,6 +184,10 @@ for w in 1 2 3; do
 done
 # bf16 compute: the recompute ops round what they store as forward did
 run tiny_bf16_none 2 && run tiny_bf16_full 2 && compare tiny_bf16_none tiny_bf16_full 2
+# the layer options: bias-free norms, qk_norm's per-head RMSNorms run again
+if run variants_none 2; then
+    for n in variants_full variants_selective; do run $n 2 && compare variants_none $n 2; done
+fi
 
 echo "     (recompute took $(($(date +%s) - t0)) s)" >&2
 done_
