@@ -358,7 +358,8 @@ typedef struct ShardGroup {
     bool reshard;            /* free the unsharded params after forward */
 } ShardGroup;
 
-typedef enum { SCHED_CONSTANT, SCHED_COSINE } LrSchedule;
+/* lr_schedule's forms (docs/design.md#learning-rate-schedule) */
+typedef enum { SCHED_CONSTANT, SCHED_COSINE, SCHED_LINEAR, SCHED_WSD } LrSchedule;
 typedef enum { OPT_ADAMW, OPT_SGD } OptimizerKind;
 
 typedef struct ShardConfig {
@@ -379,14 +380,17 @@ typedef struct TrainConfig {
     double lr, beta1, beta2, eps, weight_decay, momentum;
     bool nesterov;
     LrSchedule schedule;
-    int64_t warmup;
-    double min_lr;
+    int64_t warmup;              /* every schedule's; `constant` too */
+    double min_lr;               /* cosine, linear and wsd */
+    double decay;                /* wsd: the fraction of the steps that decays */
     double grad_clip;            /* 0: none */
     int64_t ckpt_every;          /* 0: no checkpoints */
     const char *ckpt_dir;
     bool ckpt_async;
     int64_t ckpt_keep;           /* 0: keep all */
     const char *data, *val_data;
+    int64_t eval_every;          /* eval(every = N): 0, none */
+    int64_t eval_sequences;      /* eval(..., sequences = K): 0, every whole one in the file */
 } TrainConfig;
 
 typedef struct Model {
@@ -704,6 +708,7 @@ typedef struct Event {
 typedef struct Schedule {
     Plan *plan;
     int micro_batches;      /* the step this schedule is: plan->micro_batches when built */
+    bool forward_only;      /* schedule_build_eval's: one micro-batch's forward, nothing else */
     Event *ev;
     int nev, cap;
 } Schedule;
@@ -715,6 +720,10 @@ StreamId event_stream(EventKind k);
 /* The events of one step of `micro_batches` micro-batches under the plan's
  * groups and policies. */
 Schedule *schedule_build(Plan *p, int micro_batches);
+/* The forward of one micro-batch alone, for evaluation: the step's forward
+ * events, then every group still gathered resharded; no gradient, no
+ * optimizer (docs/compiler.md#the-schedule). */
+Schedule *schedule_build_eval(Plan *p);
 /* Replays the schedule against the plan's rules; prints each violation to
  * err (when not NULL) and returns how many there were. */
 int schedule_verify(Schedule *s, FILE *err);
