@@ -34,6 +34,9 @@
 #             simulated device, against the CPU build;
 #   e2e       tests/e2e/run.sh: emitted trainers end to end;
 #   oracle    tests/oracle/run.sh: PyTorch as the reference;
+#   eval      tests/eval/run.sh: evaluation (val_loss on any number of ranks,
+#             against PyTorch, at its steps, after a resume) and the
+#             learning-rate schedules against torch.optim.lr_scheduler;
 #   smoke     tests/smoke/run.sh: tiny's trainer on 1 and 2 ranks, resumed
 #             from a checkpoint (--quick only: runtime, ckpt and e2e hold
 #             all of it and more).
@@ -52,7 +55,7 @@
 # the shared builds (build/fsdata, build/runtime's libraries) are made
 # before the lanes start, and each suite builds its trainers in a folder of
 # its own (build/ckpt, build/faults*, build/oracle, build/e2e, build/smoke,
-# build/kernels; build/<model>/cpu and cudasim are cudasim's,
+# build/kernels, build/eval; build/<model>/cpu and cudasim are cudasim's,
 # build/<model>/cuda cuda's).
 # Each part writes to its own log and scratch folder; its lines are printed
 # as one block, under a header with its time, when it finishes.
@@ -155,6 +158,7 @@ part_cuda()    { suite "" env MAKE="$MAKE" tests/cuda/run.sh; }
 part_cudasim() { suite "" env MAKE="$MAKE" tests/cudasim/run.sh; }
 part_e2e()     { suite "e2e: " env MAKE="$MAKE" tests/e2e/run.sh; }
 part_oracle()  { suite "oracle: " env MAKE="$MAKE" tests/oracle/run.sh; }
+part_eval()    { suite "eval: " env MAKE="$MAKE" tests/eval/run.sh; }
 part_rtsan()   { suite "rtsan: " env MAKE="$MAKE" tests/faults/sanitize.sh; }
 part_smoke()   { suite "" env MAKE="$MAKE" tests/smoke/run.sh; }
 
@@ -194,7 +198,7 @@ show() {
 # ckpt 82 s, faults 3.4 minutes, install 1 s, e2e 2.8 minutes, oracle 72 s.
 case $mode in
 quick)  lanes=("smoke" "docs compiler unit san") ;;
-*)      lanes=("cudasim" "kernels cuda rtsan" "docs compiler unit san fuzz runtime ckpt faults install e2e oracle") ;;
+*)      lanes=("cudasim eval" "kernels cuda rtsan" "docs compiler unit san fuzz runtime ckpt faults install e2e oracle") ;;
 esac
 
 if [ $mode = serial ]; then
