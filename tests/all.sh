@@ -195,7 +195,8 @@ show() {
 # The lanes, longest first. Times from one clean-clone run on two quiet
 # cores (12.4 minutes in all): cudasim 11 minutes; kernels 6.6, cuda 4.6,
 # rtsan 1; compiler 28 s, unit 3 s, san 33 s, fuzz 45 s, runtime 86 s,
-# ckpt 82 s, faults 3.4 minutes, install 1 s, e2e 2.8 minutes, oracle 72 s.
+# ckpt 82 s, faults 3.4 minutes, install 1 s, e2e 2.8 minutes, oracle 72 s;
+# eval, added since, 41 s (beside other work), in the shortest lane.
 case $mode in
 quick)  lanes=("smoke" "docs compiler unit san") ;;
 *)      lanes=("cudasim eval" "kernels cuda rtsan" "docs compiler unit san fuzz runtime ckpt faults install e2e oracle") ;;
