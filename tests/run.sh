@@ -215,6 +215,18 @@ train_case "lr_schedule = wsd(warmup = 3, decay = 0.25, min_lr = 0)" "lr_schedul
 train_case "eval(every = 7, sequences = 33)" "eval(every = 7, sequences = 33)" \
     "7, 33,  /* eval_every, eval_sequences */"
 train_case "eval(every = 7)" "eval(every = 7)" "7, 0,  /* eval_every, eval_sequences */"
+# only the cross-entropy the forward returns is the loss: one computed and not
+# returned runs, and adds nothing to the step's loss or evaluation's
+sed 's/^    return cross_entropy(head(ln_f(x)), targets)$/    y = head(ln_f(x))\n    z = cross_entropy(y, idx)\n    return cross_entropy(y, targets)/' \
+    examples/tiny.fsd >"$TMP/two_losses.fsd"
+if "$FSDPC" "$TMP/two_losses.fsd" -o "$TMP/two_losses.cu" 2>"$TMP/two_losses.err" &&
+        [ "$(grep -c 'OP("cross_entropy ' "$TMP/two_losses.cu")" = 4 ] &&
+        [ "$(grep -c 'fsdrt_add_loss_tensor(r, ' "$TMP/two_losses.cu")" = 1 ] &&
+        [ "$(grep -c 'fsdrt_eval_loss_tensor(r, ' "$TMP/two_losses.cu")" = 1 ]; then
+    ok "a cross_entropy the forward does not return runs, and is not the loss"
+else
+    bad "a cross_entropy the forward does not return: expected one fsdrt_add_loss_tensor and one fsdrt_eval_loss_tensor" "$TMP/two_losses.err"
+fi
 
 # ── command line ──
 check_cli() { # NAME EXPECTED_STATUS PATTERN CMD...
