@@ -42,8 +42,9 @@ void eval_open(FsdRun *r)
     if (c->eval_every <= 0 || c->steps == 0 || r->grad_check)
         return;   /* no step to evaluate after */
     if (!c->val_data) {
-        rt_fail(r, "--eval-every %lld needs validation data: pass --val-data FILE (model %s's "
-                   "train section names none)",
+        rt_fail(r, "evaluation (--eval-every %lld, or the train section's eval(every = ...)) "
+                   "needs validation data: pass --val-data FILE (model %s's train section names "
+                   "none), or --eval-every 0",
                 (long long)c->eval_every, r->m->name);
         return;
     }

@@ -174,7 +174,7 @@ if [ -x "$T" ]; then
     mp 1 "$T" --data "$DATA" --steps 2 --eval-every 1 >"$d/noval.out" 2>&1
     st=$?
     check "tiny: --eval-every without validation data is refused" \
-        "[ $st = 1 ] && grep -q 'eval-every 1 needs validation data: pass --val-data FILE' '$d/noval.out'" "$d/noval.out"
+        "[ $st = 1 ] && grep -q 'evaluation (--eval-every 1, .*) needs validation data: pass --val-data FILE' '$d/noval.out'" "$d/noval.out"
 fi
 
 # ── the schedules against torch.optim.lr_scheduler ──
