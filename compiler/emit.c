@@ -432,13 +432,12 @@ static void emit_op(Emit *e, const OpNode *op)
                                 rows, V, R(y));
             break;
         }
+        call = arena_printf("cross_entropy_fwd(%s, %s, %s, %s, %s, %" PRId64 ")", R(y),
+                            R(op->out[1]), R(x), R(op->in[1]), rows_expr(x), last_dim(x));
         /* the model's loss is what the step logs; another cross_entropy
          * (a value the forward computes and never returns) only runs */
-        call = arena_printf("cross_entropy_fwd(%s, %s, %s, %s, %s, %" PRId64 ")%s%s%s", R(y),
-                            R(op->out[1]), R(x), R(op->in[1]), rows_expr(x), last_dim(x),
-                            y == e->g->loss && !e->eval ? "; fsdrt_add_loss_tensor(r, " : "",
-                            y == e->g->loss && !e->eval ? R(y) : "",
-                            y == e->g->loss && !e->eval ? ")" : "");
+        if (y == e->g->loss && !e->eval)
+            call = arena_printf("%s; fsdrt_add_loss_tensor(r, %s)", call, R(y));
         break;
     case OP_CROSS_ENTROPY_BWD: /* in: logits, targets, lse; out: dlogits */
         call = arena_printf("cross_entropy_bwd(%s, %s, %s, %s, %s, %s, %" PRId64

@@ -1256,8 +1256,7 @@ void fsdrt_end_step(FsdRun *r)
             if (ckpt_worked)
                 snprintf(ck, sizeof ck, " | ckpt %.1f ms", ckpt_ms);
             if (evaluated)
-                snprintf(ck + strlen(ck), sizeof ck - strlen(ck), " | val_loss %.6f (%.1f ms)",
-                         val_loss, eval_ms);
+                eval_describe(ck + strlen(ck), sizeof ck - strlen(ck), false, val_loss, eval_ms);
             if (r->stopped)
                 snprintf(sk, sizeof sk, " | not finite: stopped");
             else if (skipped)
@@ -1270,7 +1269,7 @@ void fsdrt_end_step(FsdRun *r)
             fflush(stdout);
         }
         if (r->log) {
-            char ls[32], ns[32], vs[32], ck[160] = "";
+            char ls[32], ns[32], ck[160] = "";
             /* with checkpoints on: how long this step waited for them */
             if (c->ckpt_every > 0)
                 snprintf(ck, sizeof ck, ", \"ckpt_block_ms\": %.3f", ckpt_ms);
@@ -1278,16 +1277,8 @@ void fsdrt_end_step(FsdRun *r)
              * stopped the run) says so; the others' lines are as before */
             if (skipped)
                 snprintf(ck + strlen(ck), sizeof ck - strlen(ck), ", \"skipped\": true");
-            /* an evaluation after the step: every digit, so that runs can
-             * be compared bit for bit (eval.c) */
-            if (evaluated) {
-                if (isfinite(val_loss))
-                    snprintf(vs, sizeof vs, "%.17g", val_loss);
-                else
-                    snprintf(vs, sizeof vs, "null");
-                snprintf(ck + strlen(ck), sizeof ck - strlen(ck),
-                         ", \"val_loss\": %s, \"eval_ms\": %.3f", vs, eval_ms);
-            }
+            if (evaluated)
+                eval_describe(ck + strlen(ck), sizeof ck - strlen(ck), true, val_loss, eval_ms);
             /* JSON has no NaN: a diverged run logs null */
             json_number(ls, sizeof ls, loss);
             json_number(ns, sizeof ns, norm);

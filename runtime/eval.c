@@ -33,6 +33,8 @@
  */
 #include "internal.h"
 
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -126,4 +128,14 @@ bool eval_after_step(FsdRun *r, double *loss, double *ms)
     *loss = eval_run(r);
     *ms = (rt_now() - t0) * 1e3;
     return true;
+}
+
+void eval_describe(char *buf, size_t n, bool json, double loss, double ms)
+{
+    if (!json)
+        snprintf(buf, n, " | val_loss %.6f (%.1f ms)", loss, ms);
+    else if (isfinite(loss))   /* every digit: runs are compared bit for bit */
+        snprintf(buf, n, ", \"val_loss\": %.17g, \"eval_ms\": %.3f", loss, ms);
+    else   /* JSON has no NaN */
+        snprintf(buf, n, ", \"val_loss\": null, \"eval_ms\": %.3f", ms);
 }

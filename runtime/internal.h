@@ -222,6 +222,9 @@ void eval_free(FsdRun *r);
  * over the first eval_k validation sequences, the same on every rank and
  * at every world size, and the milliseconds it took. */
 bool eval_after_step(FsdRun *r, double *loss, double *ms);
+/* An evaluation's part of the step's line, written into buf: for people
+ * (" | val_loss ...") or for the --log JSON (", \"val_loss\": ..."). */
+void eval_describe(char *buf, size_t n, bool json, double loss, double ms);
 
 /* ── weights.c: initialisation, safetensors ── */
 
