@@ -10,7 +10,9 @@
  *      world size stays a run-time value;
  *   3. one function per distinct micro-batch of the schedule: its tensors
  *      declared by name with their shapes, then every event in schedule
- *      order, one line per op with the .fsd line it comes from;
+ *      order, one line per op with the .fsd line it comes from; and
+ *      eval_forward, evaluation's forward-only micro-batch, written the same
+ *      way from schedule_build_eval's events;
  *   4. main: the step loop the runtime drives.
  *
  * Names: an arena tensor is a local named after the model (blocks.0.ln2.out
@@ -50,6 +52,7 @@ typedef struct Emit {
     const char **gvar; /* by group index: its enumerator, G_... */
     int lines;         /* newlines written so far: train.cu's line for #line */
     const RecomputeUnit *recomputing;   /* the unit of the last op written, if a recompute op */
+    bool eval;         /* writing eval_forward: the loss is taken per sequence */
 } Emit;
 
 /* Everything goes out through put, which counts lines for #line. */
@@ -446,9 +449,33 @@ static void emit_op(Emit *e, const OpNode *op)
         call = arena_printf("copy(%s, %s, %s, %s)", R(y), acc(op, 0), R(x), numel_expr(x));
         break;
     case OP_CROSS_ENTROPY:
-        call = arena_printf("cross_entropy_fwd(%s, %s, %s, %s, %s, %" PRId64
-                            "); fsdrt_add_loss_tensor(r, %s)", R(y), R(op->out[1]), R(x),
-                            R(op->in[1]), rows_expr(x), last_dim(x), R(y));
+        if (e->eval && y == e->g->loss && x->dim[0] != DIM_BATCH) {
+            /* a loss over no batch dimension is every sequence's */
+            call = arena_printf("cross_entropy_fwd(%s, %s, %s, %s, %s, %" PRId64 "); for (int64_t "
+                                "k = 0; k < B; k++) fsdrt_eval_loss_tensor(r, k, %s)", R(y),
+                                R(op->out[1]), R(x), R(op->in[1]), rows_expr(x), last_dim(x), R(y));
+            break;
+        }
+        if (e->eval && y == e->g->loss) {
+            /* evaluation takes the loss of each sequence: the same kernel
+             * on each sequence's rows (docs/runtime.md#evaluation); the
+             * logits are [B, ..., V], the batch first (sema) */
+            int64_t rows = 1, V = last_dim(x);
+            for (int i = 1; i + 1 < x->rank; i++)
+                rows *= x->dim[i];
+            call = arena_printf("for (int64_t k = 0; k < B; k++) { cross_entropy_fwd(%s, %s + k * %"
+                                PRId64 ", %s + k * %" PRId64 ", %s + k * %" PRId64 ", %" PRId64
+                                ", %" PRId64 "); fsdrt_eval_loss_tensor(r, k, %s); }",
+                                R(y), R(op->out[1]), rows, R(x), rows * V, R(op->in[1]), rows,
+                                rows, V, R(y));
+            break;
+        }
+        call = arena_printf("cross_entropy_fwd(%s, %s, %s, %s, %s, %" PRId64 ")", R(y),
+                            R(op->out[1]), R(x), R(op->in[1]), rows_expr(x), last_dim(x));
+        /* the model's loss is what the step logs; another cross_entropy
+         * (a value the forward computes and never returns) only runs */
+        if (y == e->g->loss && !e->eval)
+            call = arena_printf("%s; fsdrt_add_loss_tensor(r, %s)", call, R(y));
         break;
     case OP_CROSS_ENTROPY_BWD: /* in: logits, targets, lse; out: dlogits */
         call = arena_printf("cross_entropy_bwd(%s, %s, %s, %s, %s, %s, %" PRId64
@@ -518,7 +545,7 @@ static void emit_micro(Emit *e, const Schedule *s, int micro, const char *name, 
 {
     e->recomputing = NULL;
     P("/* micro-batch: %s */\n", why);
-    P("static void micro_%s(FsdRun *r)\n{\n", name);
+    P("static void %s(FsdRun *r)\n{\n", name);
     P("    const int64_t B = fsdrt_batch(r);\n");
     /* every arena tensor this function touches, with its shape */
     bool *used = arena_alloc(sizeof(bool) * (size_t)e->g->ntensors);
@@ -549,6 +576,17 @@ static void emit_micro(Emit *e, const Schedule *s, int micro, const char *name, 
         if (s->ev[i].micro == micro)
             emit_event(e, &s->ev[i]);
     P("}\n\n");
+}
+
+/* Evaluation's micro-batch: the forward-only schedule (schedule_build_eval),
+ * with the loss taken per sequence (emit_op); the runtime loads the
+ * validation sequences and reads the losses (docs/runtime.md#evaluation). */
+static void emit_eval(Emit *e, const Schedule *s)
+{
+    e->eval = true;
+    emit_micro(e, s, 0, "eval_forward",
+               "evaluation's: the forward alone, each sequence's loss kept");
+    e->eval = false;
 }
 
 /* ── tables ── */
@@ -651,16 +689,23 @@ static void emit_model(Emit *e, uint64_t hash)
       t->optimizer == OPT_ADAMW ? "FSD_ADAMW" : "FSD_SGD", t->lr, t->beta1, t->beta2, t->eps);
     P("        %.17g, %.17g, %s,  /* weight_decay, momentum, nesterov */\n", t->weight_decay,
       t->momentum, t->nesterov ? "true" : "false");
-    P("        %s, %" PRId64 ", %.17g, %.17g,  /* schedule, warmup, min_lr, grad_clip */\n",
-      t->schedule == SCHED_COSINE ? "FSD_LR_COSINE" : "FSD_LR_CONSTANT", t->warmup, t->min_lr,
-      t->grad_clip);
+    static const char *const schedules[] = {[SCHED_CONSTANT] = "FSD_LR_CONSTANT",
+                                            [SCHED_COSINE] = "FSD_LR_COSINE",
+                                            [SCHED_LINEAR] = "FSD_LR_LINEAR",
+                                            [SCHED_WSD] = "FSD_LR_WSD"};
+    P("        %s, %" PRId64 ", %.17g, %.17g, %.17g,  /* schedule, warmup, min_lr, decay, "
+      "grad_clip */\n",
+      schedules[t->schedule], t->warmup, t->min_lr, t->decay, t->grad_clip);
     P("        %" PRId64 ", %s, %s, %" PRId64 ",  /* ckpt_every, ckpt_dir, ckpt_async, ckpt_keep */\n",
       t->ckpt_every, cstr(t->ckpt_dir), t->ckpt_async ? "true" : "false", t->ckpt_keep);
     P("        %s, %s,  /* data, val_data */\n", cstr(t->data), cstr(t->val_data));
+    P("        %" PRId64 ", %" PRId64 ",  /* eval_every, eval_sequences */\n", t->eval_every,
+      t->eval_sequences);
     P("    },\n");
     P("    %s,  /* offload_cpu */\n", c->offload_cpu ? "true" : "false");
     P("    %d, %d, buf_one, buf_three,  /* nbuf_one, nbuf_three, buf_one, buf_three */\n",
       e->nbuf[0], e->nbuf[1]);
+    P("    eval_forward,  /* eval */\n");
     P("};\n\n");
 }
 
@@ -805,7 +850,7 @@ static uint64_t model_hash(Model *m)
 
 /* ── the file ── */
 
-static void write_program(FILE *out, Schedule *one, Schedule *three)
+static void write_program(FILE *out, Schedule *one, Schedule *three, Schedule *eval)
 {
     Plan *p = one->plan;
     Model *m = p->m;
@@ -846,6 +891,8 @@ static void write_program(FILE *out, Schedule *one, Schedule *three)
     P("/* unsharded-buffer events of a step, for the CUDA runtime's pools */\n");
     emit_buffers(e, one, "buf_one", 0);
     emit_buffers(e, three, "buf_three", 1);
+    P("/* evaluation's forward (below), which the model table names */\n");
+    P("static void eval_forward(FsdRun *r);\n\n");
     emit_model(e, hash);
 
     /* micro-batch variants from the verified schedules */
@@ -857,22 +904,24 @@ static void write_program(FILE *out, Schedule *one, Schedule *three)
       "#define OP(label, ...) \\\n"
       "    do { fsdrt_trace_begin(r, label); __VA_ARGS__; fsdrt_trace_end(r); } while (0)\n\n");
     if (uniform) {
-        emit_micro(e, one, 0, "any", "every micro-batch of a step runs the same events");
+        emit_micro(e, one, 0, "micro_any", "every micro-batch of a step runs the same events");
     } else {
-        emit_micro(e, one, 0, "only", "a step of one micro-batch");
+        emit_micro(e, one, 0, "micro_only", "a step of one micro-batch");
         /* reshard_after_backward = false: the first gathers what the
          * others find gathered, the last reshards it */
         bool keep = !m->shard.reshard_after_backward;
-        emit_micro(e, three, 0, "first",
+        emit_micro(e, three, 0, "micro_first",
                    keep ? "the first of several: gathers parameters and keeps them gathered"
                         : "the first of several: allocates gradient buffers");
-        emit_micro(e, three, 1, "middle",
+        emit_micro(e, three, 1, "micro_middle",
                    keep ? "neither first nor last: finds parameters gathered, keeps them"
                         : "neither first nor last: accumulates gradients");
-        emit_micro(e, three, 2, "last",
+        emit_micro(e, three, 2, "micro_last",
                    keep ? "the last of several: reshards every group after its last backward"
                         : "the last of several: reduce-scatters gradients");
     }
+
+    emit_eval(e, eval);
 
     P("/* one step: every micro-batch of it, in order */\n");
     P("static void step(FsdRun *r)\n{\n");
@@ -889,7 +938,8 @@ static void write_program(FILE *out, Schedule *one, Schedule *three)
     }
     P("    }\n}\n\n");
     P("/* fsdrt_train runs the steps; after each, fsdrt_end_step takes the gradient\n"
-      " * norm, clips, runs the optimizer on every group's shard and logs. */\n");
+      " * norm, clips, runs the optimizer on every group's shard, evaluates when\n"
+      " * --eval-every says so (eval_forward) and logs. */\n");
     P("int main(int argc, char **argv)\n{\n");
     P("    return fsdrt_train(fsdrt_init(argc, argv, &model), step);\n}\n");
 }
@@ -897,8 +947,9 @@ static void write_program(FILE *out, Schedule *one, Schedule *three)
 int emit_program(FILE *out, Plan *p, FILE *err)
 {
     Schedule *one = schedule_build(p, 1), *three = schedule_build(p, 3);
-    int bad = schedule_verify(one, err) + schedule_verify(three, err);
+    Schedule *eval = schedule_build_eval(p);
+    int bad = schedule_verify(one, err) + schedule_verify(three, err) + schedule_verify(eval, err);
     if (!bad)
-        write_program(out, one, three);
+        write_program(out, one, three, eval);
     return bad;
 }

@@ -388,7 +388,8 @@ typedef struct ShardGroup {
     bool reshard;            /* free the unsharded params after forward */
 } ShardGroup;
 
-typedef enum { SCHED_CONSTANT, SCHED_COSINE } LrSchedule;
+/* lr_schedule's forms (docs/design.md#learning-rate-schedule) */
+typedef enum { SCHED_CONSTANT, SCHED_COSINE, SCHED_LINEAR, SCHED_WSD } LrSchedule;
 typedef enum { OPT_ADAMW, OPT_SGD } OptimizerKind;
 
 typedef struct ShardConfig {
@@ -411,14 +412,17 @@ typedef struct TrainConfig {
     double lr, beta1, beta2, eps, weight_decay, momentum;
     bool nesterov;
     LrSchedule schedule;
-    int64_t warmup;
-    double min_lr;
+    int64_t warmup;              /* every schedule's; `constant` too */
+    double min_lr;               /* cosine, linear and wsd */
+    double decay;                /* wsd: the fraction of the steps that decays */
     double grad_clip;            /* 0: none */
     int64_t ckpt_every;          /* 0: no checkpoints */
     const char *ckpt_dir;
     bool ckpt_async;
     int64_t ckpt_keep;           /* 0: keep all */
     const char *data, *val_data;
+    int64_t eval_every;          /* eval(every = N): 0, none */
+    int64_t eval_sequences;      /* eval(..., sequences = K): 0, every whole one in the file */
 } TrainConfig;
 
 typedef struct Model {
@@ -837,6 +841,7 @@ typedef struct Schedule {
     int micro_batches;      /* n, the step this schedule is: plan->micro_batches when built */
     int repeat;             /* times micro-batch 1's events run per step: n - 2 for a
                                pattern of n >= 4 micro-batches, else 1 */
+    bool forward_only;      /* schedule_build_eval's: one micro-batch's forward, nothing else */
     Event *ev;
     int nev, cap;
 } Schedule;
@@ -857,6 +862,10 @@ static inline int64_t schedule_runs(const Schedule *s, const Event *e)
 {
     return e->micro == 1 ? s->repeat : 1;
 }
+/* The forward of one micro-batch alone, for evaluation: the step's forward
+ * events, then every group still gathered resharded; no gradient, no
+ * optimizer (docs/compiler.md#the-schedule). */
+Schedule *schedule_build_eval(Plan *p);
 /* Replays the schedule against the plan's rules; prints each violation to
  * err (when not NULL) and returns how many there were. */
 int schedule_verify(Schedule *s, FILE *err);

@@ -15,6 +15,7 @@
 #include "fsdpc.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,6 +39,7 @@ static const Signature sig_adamw = {"adamw", {{"lr", A_FLOAT, true}, {"betas", A
                                               {"eps", A_FLOAT}, {"weight_decay", A_FLOAT}}};
 static const Signature sig_sgd = {"sgd", {{"lr", A_FLOAT, true}, {"momentum", A_FLOAT},
                                           {"weight_decay", A_FLOAT}, {"nesterov", A_BOOL}}};
+static const Signature sig_constant = {"constant", {{"warmup", A_INT}}};
 static const Signature sig_cosine = {"cosine", {{"warmup", A_INT}, {"min_lr", A_FLOAT}}};
 /* What a fully_shard line takes after its target, as FSDP2's fully_shard
  * takes per-module arguments: `fully_shard blocks[*] (recompute = full)`.
@@ -46,6 +48,10 @@ static const Signature sig_cosine = {"cosine", {{"warmup", A_INT}, {"min_lr", A_
  * Layer.recompute. */
 static const Signature sig_target = {"fully_shard", {{"recompute", A_ENUM}}};
 static const Signature sig_every = {"every", {{"k", A_INT, true}}};
+static const Signature sig_linear = {"linear", {{"warmup", A_INT}, {"min_lr", A_FLOAT}}};
+static const Signature sig_wsd = {"wsd", {{"warmup", A_INT}, {"decay", A_FLOAT, true},
+                                          {"min_lr", A_FLOAT}}};
+static const Signature sig_eval = {"eval", {{"every", A_INT, true}, {"sequences", A_INT}}};
 static const Signature sig_checkpoint = {"checkpoint", {{"every", A_INT, true},
                                                         {"dir", A_STRING},
                                                         {"async", A_BOOL},
@@ -622,6 +628,7 @@ static const SettingSpec train_settings[] = {
     {"checkpoint", SET_CALL, "checkpoint(every = 1000, dir = \"ckpt\")"},
     {"data", SET_ASSIGN, "data = \"train.bin\""},
     {"val_data", SET_ASSIGN, "val_data = \"val.bin\""},
+    {"eval", SET_CALL, "eval(every = 100, sequences = 64)"},
     {NULL, 0, NULL},
 };
 
@@ -892,6 +899,98 @@ static void check_optimizer(Build *mb, Scope *sc, Expr *e)
                                      : "");
 }
 
+/* wsd's decay steps: the fraction `decay` of `steps`, rounded to the
+ * nearest, at least 1 and at most steps (runtime/lr.c takes the same). */
+static int64_t lr_decay_steps(double decay, int64_t steps)
+{
+    double d = floor(decay * (double)steps + 0.5);
+    return d < 1 ? 1 : d > (double)steps ? steps : (int64_t)d;
+}
+
+/* lr_schedule = constant | constant(warmup = W)
+ *             | cosine(warmup = W, min_lr = m) | linear(warmup = W, min_lr = m)
+ *             | wsd(warmup = W, decay = f, min_lr = m)
+ * (docs/design.md#learning-rate-schedule). The warmup must fit in the
+ * section's steps (`steps_set`, or the default), min_lr in [0, lr], wsd's
+ * decay in (0, 1], and wsd's warmup and decay together in the steps; a
+ * trainer's --steps may still shorten the run (the runtime's formulas say
+ * what then happens). `opt` is the optimizer setting, for min_lr's message. */
+static void check_schedule(Build *mb, Scope *sc, Expr *e, Setting *steps_set, Setting *opt)
+{
+    Diag *D = mb->d;
+    TrainConfig *t = &mb->m->train;
+    static const struct {
+        const char *name;
+        LrSchedule kind;
+        const Signature *sig;
+    } forms[] = {{"constant", SCHED_CONSTANT, &sig_constant},
+                 {"cosine", SCHED_COSINE, &sig_cosine},
+                 {"linear", SCHED_LINEAR, &sig_linear},
+                 {"wsd", SCHED_WSD, &sig_wsd}};
+    static const char *const names[] = {"constant", "cosine", "linear", "wsd", NULL};
+    const char *name = e->kind == EX_IDENT                                ? e->str
+                       : e->kind == EX_CALL && e->lhs->kind == EX_IDENT ? e->lhs->str
+                                                                        : NULL;
+    int f = 0;
+    while (name && f < 4 && strcmp(forms[f].name, name) != 0)
+        f++;
+    if (e->kind == EX_IDENT && f > 0 && f < 4) {
+        diag_error(D, e->loc, "`lr_schedule = %s` needs its parentheses: %s", name,
+                   f == 3 ? "`wsd(warmup = ..., decay = ..., min_lr = ...)` (decay required)"
+                          : arena_printf("`%s(warmup = ..., min_lr = ...)`, or `%s()` for "
+                                         "no warmup and min_lr 0", name, name));
+        return;
+    }
+    if (!name || f == 4) {
+        diag_error(D, e->loc, "`lr_schedule` must be `constant`, `constant(warmup = ...)`, "
+                              "`cosine(warmup = ..., min_lr = ...)`, `linear(warmup = ..., "
+                              "min_lr = ...)` or `wsd(warmup = ..., decay = ..., min_lr = ...)`%s",
+                   name && f == 4 ? diag_suggest(name, names) : "");
+        return;
+    }
+    t->schedule = forms[f].kind;
+    if (e->kind == EX_IDENT)
+        return;
+    Arg *b[MAX_ARGS];
+    if (!eval_bind_args(D, forms[f].sig, e->loc, e->args, b))
+        return;
+    const char *what = forms[f].name;
+    /* argument positions: warmup first; min_lr last (wsd: decay between) */
+    Arg *warmup = b[0], *decay = t->schedule == SCHED_WSD ? b[1] : NULL;
+    Arg *min_lr = t->schedule == SCHED_WSD ? b[2] : t->schedule == SCHED_CONSTANT ? NULL : b[1];
+    const char *steps_from = steps_set
+                                 ? arena_printf("`steps` at %s", diag_where(D, steps_set->value->loc))
+                                 : "the default `steps`";
+    if (warmup && eval_int(D, sc, warmup->value, arena_printf("`%s` argument `warmup`", what), 0,
+                           &t->warmup) &&
+        t->warmup > t->steps)
+        diag_error(D, warmup->value->loc, "`warmup` is %" PRId64 " steps, more than the %" PRId64
+                                          " the run has (%s)",
+                   t->warmup, t->steps, steps_from);
+    if (min_lr && eval_float(D, sc, min_lr->value, arena_printf("`%s` argument `min_lr`", what),
+                             &t->min_lr)) {
+        if (!(t->min_lr >= 0))
+            diag_error(D, min_lr->value->loc, "`min_lr` must be zero or more");
+        else if (t->lr > 0 && t->min_lr > t->lr)
+            diag_error(D, min_lr->value->loc, "`min_lr` %g is larger than the optimizer's lr %g "
+                                              "(at %s)",
+                       t->min_lr, t->lr, diag_where(D, opt->value->loc));
+    }
+    if (decay && eval_float(D, sc, decay->value, "`wsd` argument `decay`", &t->decay)) {
+        if (!(t->decay > 0 && t->decay <= 1))
+            diag_error(D, decay->value->loc, "`decay` is the fraction of the steps that decays: "
+                                             "more than 0 and at most 1, got %g",
+                       t->decay);
+        else if (t->warmup <= t->steps &&
+                 t->warmup + lr_decay_steps(t->decay, t->steps) > t->steps)
+            diag_error(D, e->loc, "`wsd` warms up for %" PRId64 " steps and decays over the last "
+                                  "%" PRId64 " (%g of %" PRId64 ", %s): together more than the "
+                                  "run's steps; lower `warmup` or `decay`",
+                       t->warmup, lr_decay_steps(t->decay, t->steps), t->decay, t->steps,
+                       steps_from);
+    }
+}
+
 static void check_train(Build *mb)
 {
     Model *m = mb->m;
@@ -926,32 +1025,8 @@ static void check_train(Build *mb)
                    "%s: `optimizer` has no default; add `optimizer = adamw(lr = 3e-4)` to "
                    "the `train` section",
                    mb->train_sec ? "the train section sets no optimizer" : "no `train` section");
-    if (by[5]) {
-        Expr *e = by[5]->value;
-        if (e->kind == EX_IDENT && strcmp(e->str, "constant") == 0) {
-            t->schedule = SCHED_CONSTANT;
-        } else if (e->kind == EX_CALL && e->lhs->kind == EX_IDENT &&
-                   strcmp(e->lhs->str, "cosine") == 0) {
-            Arg *b[MAX_ARGS];
-            t->schedule = SCHED_COSINE;
-            if (eval_bind_args(mb->d, &sig_cosine, e->loc, e->args, b)) {
-                if (b[0])
-                    eval_int(mb->d, &sc, b[0]->value, "`cosine` argument `warmup`", 0, &t->warmup);
-                if (b[1] && eval_float(mb->d, &sc, b[1]->value, "`cosine` argument `min_lr`",
-                                       &t->min_lr)) {
-                    if (!(t->min_lr >= 0))
-                        diag_error(D, b[1]->value->loc, "`min_lr` must be zero or more");
-                    else if (t->lr > 0 && t->min_lr > t->lr)
-                        diag_error(D, b[1]->value->loc, "`min_lr` %g is larger than the "
-                                                        "optimizer's lr %g (at %s)",
-                                   t->min_lr, t->lr, diag_where(D, by[4]->value->loc));
-                }
-            }
-        } else {
-            diag_error(D, e->loc, "`lr_schedule` must be `constant` or `cosine(warmup = ..., "
-                                  "min_lr = ...)`");
-        }
-    }
+    if (by[5])
+        check_schedule(mb, &sc, by[5]->value, by[2], by[4]);
     if (by[6] && eval_float(mb->d, &sc, by[6]->value, "`grad_clip`", &t->grad_clip) &&
         !(t->grad_clip > 0))
         diag_error(D, by[6]->value->loc, "`grad_clip` must be positive, got %g", t->grad_clip);
@@ -971,6 +1046,15 @@ static void check_train(Build *mb)
         eval_string(mb->d, by[8]->value, "`data`", &t->data);
     if (by[9])
         eval_string(mb->d, by[9]->value, "`val_data`", &t->val_data);
+    if (by[10]) {
+        Arg *b[MAX_ARGS];
+        if (eval_bind_args(mb->d, &sig_eval, by[10]->loc, by[10]->args, b)) {
+            eval_int(mb->d, &sc, b[0]->value, "`eval` argument `every`", 1, &t->eval_every);
+            if (b[1])
+                eval_int(mb->d, &sc, b[1]->value, "`eval` argument `sequences`", 1,
+                         &t->eval_sequences);
+        }
+    }
 }
 
 /* ── --dump-model ── */
@@ -1128,11 +1212,23 @@ void model_dump(FILE *out, Model *m)
     else
         fprintf(out, "  optimizer = sgd(lr = %g, momentum = %g, weight_decay = %g, nesterov = %s)\n",
                 t->lr, t->momentum, t->weight_decay, t->nesterov ? "true" : "false");
-    if (t->schedule == SCHED_COSINE)
-        fprintf(out, "  lr_schedule = cosine(warmup = %" PRId64 ", min_lr = %g)\n", t->warmup,
-                t->min_lr);
-    else
-        fputs("  lr_schedule = constant\n", out);
+    switch (t->schedule) {
+    case SCHED_CONSTANT:
+        if (t->warmup)
+            fprintf(out, "  lr_schedule = constant(warmup = %" PRId64 ")\n", t->warmup);
+        else
+            fputs("  lr_schedule = constant\n", out);
+        break;
+    case SCHED_COSINE:
+    case SCHED_LINEAR:
+        fprintf(out, "  lr_schedule = %s(warmup = %" PRId64 ", min_lr = %g)\n",
+                t->schedule == SCHED_COSINE ? "cosine" : "linear", t->warmup, t->min_lr);
+        break;
+    case SCHED_WSD:
+        fprintf(out, "  lr_schedule = wsd(warmup = %" PRId64 ", decay = %g, min_lr = %g)\n",
+                t->warmup, t->decay, t->min_lr);
+        break;
+    }
     if (t->grad_clip > 0)
         fprintf(out, "  grad_clip = %g\n", t->grad_clip);
     else
@@ -1147,6 +1243,12 @@ void model_dump(FILE *out, Model *m)
         fprintf(out, "  data = \"%s\"\n", t->data);
     if (t->val_data)
         fprintf(out, "  val_data = \"%s\"\n", t->val_data);
+    /* shown only when set, so dumps of other models keep their form */
+    if (t->eval_every && t->eval_sequences)
+        fprintf(out, "  eval(every = %" PRId64 ", sequences = %" PRId64 ")\n", t->eval_every,
+                t->eval_sequences);
+    else if (t->eval_every)
+        fprintf(out, "  eval(every = %" PRId64 ")\n", t->eval_every);
 }
 
 /* Builds the layer tree, its parameters and shard groups, and checks the

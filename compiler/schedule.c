@@ -33,6 +33,9 @@
  * so nothing downstream grows with grad_accum
  * (docs/compiler.md#the-micro-batch-pattern); schedule_build_full writes
  * every micro-batch, for the tests.
+ * Evaluation's schedule (schedule_build_eval) is the forward of a step of
+ * one micro-batch, then a reshard of every group still gathered: nothing of
+ * backward or the update.
  */
 #include "fsdpc.h"
 
@@ -131,12 +134,64 @@ static void finish_reduce(Builder *b, int micro)
     b->pending_rs = -1;
 }
 
+/* Each group's last parameter read in forward and in backward, and its
+ * last gradient write: op indices, or -1. */
+typedef struct LastUse {
+    int *fwd, *read, *write;
+} LastUse;
+
+static LastUse last_uses(Plan *p)
+{
+    Graph *g = p->g;
+    int G = p->m->ngroups;
+    LastUse u = {arena_alloc(sizeof(int) * (size_t)G), arena_alloc(sizeof(int) * (size_t)G),
+                 arena_alloc(sizeof(int) * (size_t)G)};
+    for (int i = 0; i < G; i++)
+        u.fwd[i] = u.read[i] = u.write[i] = -1;
+    for (int i = 0; i < g->nops; i++) {
+        OpNode *op = g->ops[i];
+        if (op->group < 0)
+            continue;
+        if (op_reads_params(op)) {
+            if (!op->backward)
+                u.fwd[op->group] = i;
+            else
+                u.read[op->group] = i;
+        }
+        if (op_writes_grads(op))
+            u.write[op->group] = i;
+    }
+    return u;
+}
+
+/* The forward ops of micro-batch `micro` with their gathers and reshards;
+ * `keep`: the next micro-batch finds its groups gathered (below). */
+static void forward(Builder *b, int micro, const LastUse *u, bool keep)
+{
+    Plan *p = b->p;
+    Graph *g = p->g;
+    Model *m = p->m;
+    for (int i = 0; i < g->nfwd; i++) {
+        OpNode *op = g->ops[i];
+        if (op->group >= 0 && op_reads_params(op))
+            gather(b, PH_FORWARD, micro, op->group, i, g->nfwd, p->prefetch_fwd);
+        emit(b->s, EV_COMPUTE, PH_FORWARD, micro, -1, op);
+        /* free after the last forward read when the group reshards, or when
+         * backward never reads its parameters (embeddings) and the next
+         * micro-batch does not find them gathered */
+        if (op->group >= 0 && u->fwd[op->group] == i &&
+            (m->groups[op->group]->reshard || (u->read[op->group] < 0 && !keep))) {
+            emit(b->s, EV_RESHARD, PH_FORWARD, micro, op->group, NULL);
+            b->gathered[op->group] = false;
+        }
+    }
+}
+
 static void micro_batch(Builder *b, int micro)
 {
     Plan *p = b->p;
     Graph *g = p->g;
     Model *m = p->m;
-    int G = b->ngroups;
     bool last_micro = micro == b->s->micro_batches - 1;
     bool reduce_now = p->accum == ACCUM_SHARDED || last_micro;
     /* reshard_after_backward = false (FSDP2's set_reshard_after_backward):
@@ -147,40 +202,8 @@ static void micro_batch(Builder *b, int micro)
      * all-gather of the later micro-batches, the root (kept after forward)
      * is gathered once per step. */
     bool keep = !m->shard.reshard_after_backward && !last_micro;
-
-    /* each group's last parameter read in forward and in backward, and its
-     * last gradient write */
-    int *last_fwd = arena_alloc(sizeof(int) * (size_t)G), *last_read = arena_alloc(sizeof(int) * (size_t)G);
-    int *last_write = arena_alloc(sizeof(int) * (size_t)G);
-    for (int i = 0; i < G; i++)
-        last_fwd[i] = last_read[i] = last_write[i] = -1;
-    for (int i = 0; i < g->nops; i++) {
-        OpNode *op = g->ops[i];
-        if (op->group < 0)
-            continue;
-        if (op_reads_params(op)) {
-            if (!op->backward)
-                last_fwd[op->group] = i;
-            else
-                last_read[op->group] = i;
-        }
-        if (op_writes_grads(op))
-            last_write[op->group] = i;
-    }
-    for (int i = 0; i < g->nfwd; i++) {
-        OpNode *op = g->ops[i];
-        if (op->group >= 0 && op_reads_params(op))
-            gather(b, PH_FORWARD, micro, op->group, i, g->nfwd, p->prefetch_fwd);
-        emit(b->s, EV_COMPUTE, PH_FORWARD, micro, -1, op);
-        /* free after the last forward read when the group reshards, or when
-         * backward never reads its parameters (embeddings) and the next
-         * micro-batch does not find them gathered */
-        if (op->group >= 0 && last_fwd[op->group] == i &&
-            (m->groups[op->group]->reshard || (last_read[op->group] < 0 && !keep))) {
-            emit(b->s, EV_RESHARD, PH_FORWARD, micro, op->group, NULL);
-            b->gathered[op->group] = false;
-        }
-    }
+    LastUse u = last_uses(p);
+    forward(b, micro, &u, keep);
     for (int i = g->nfwd; i < g->nops; i++) {
         OpNode *op = g->ops[i];
         int gi = op->group;
@@ -193,11 +216,11 @@ static void micro_batch(Builder *b, int micro)
         emit(b->s, EV_COMPUTE, PH_BACKWARD, micro, -1, op);
         if (gi < 0)
             continue;
-        if (last_read[gi] == i && !keep) {
+        if (u.read[gi] == i && !keep) {
             emit(b->s, EV_RESHARD, PH_BACKWARD, micro, gi, NULL);
             b->gathered[gi] = false;
         }
-        if (last_write[gi] == i && reduce_now) {
+        if (u.write[gi] == i && reduce_now) {
             emit(b->s, EV_REDUCE_SCATTER, PH_BACKWARD, micro, gi, NULL);
             int prev = b->pending_rs;
             b->pending_rs = gi;
@@ -211,6 +234,13 @@ static void micro_batch(Builder *b, int micro)
     finish_reduce(b, micro);
 }
 
+static Builder builder(Schedule *s, Plan *p)
+{
+    size_t G = (size_t)p->m->ngroups;
+    return (Builder){s, p, (int)G, arena_alloc(G), arena_alloc(G), arena_alloc(G),
+                     arena_alloc(G), -1};
+}
+
 /* Writes micro-batches `micros` (step indices, ascending) of a step of
  * n, then the optimizer phase. The builder's state carries from one
  * micro-batch to the next as the step would carry it; skipping the
@@ -220,15 +250,13 @@ static Schedule *build(Plan *p, int n, const int *micros, int nmicros, int repea
 {
     Schedule *s = arena_alloc(sizeof *s);
     s->plan = p;
-    int G = p->m->ngroups;
-    Builder b = {s, p, G, arena_alloc((size_t)G), arena_alloc((size_t)G), arena_alloc((size_t)G),
-                 arena_alloc((size_t)G), -1};
     s->micro_batches = n;
     s->repeat = repeat;
+    Builder b = builder(s, p);
     for (int k = 0; k < nmicros; k++)
         micro_batch(&b, micros[k]);
     emit(s, EV_GRAD_NORM, PH_OPTIMIZER, -1, -1, NULL);
-    for (int gi = 0; gi < G; gi++)
+    for (int gi = 0; gi < p->m->ngroups; gi++)
         emit(s, EV_OPTIMIZER, PH_OPTIMIZER, -1, p->fwd_order[gi]->index, NULL);
     return s;
 }
@@ -262,6 +290,33 @@ Schedule *schedule_build_full(Plan *p, int micro_batches)
     return build(p, micro_batches, micros, micro_batches, 1);
 }
 
+/* Evaluation's micro-batch (docs/runtime.md#evaluation): the forward of a
+ * step of one micro-batch, event for event — the same all-gathers,
+ * prefetches, waits and reshards after forward — and then a reshard of
+ * every group still gathered (those kept for backward: the root, or any
+ * group with reshard_after_forward = false), in forward order. Its events
+ * are the step's up to the end of its forward, and reshards after, so what
+ * it holds at each event is what the step holds there or less: the step's
+ * memory plan covers it. */
+Schedule *schedule_build_eval(Plan *p)
+{
+    Schedule *s = arena_alloc(sizeof *s);
+    s->plan = p;
+    s->micro_batches = 1;
+    s->repeat = 1;
+    s->forward_only = true;
+    Builder b = builder(s, p);
+    LastUse u = last_uses(p);
+    forward(&b, 0, &u, false);
+    for (int k = 0; k < p->m->ngroups; k++) {
+        int gi = p->fwd_order[k]->index;
+        if (b.gathered[gi])
+            emit(s, EV_RESHARD, PH_FORWARD, 0, gi, NULL);
+        b.gathered[gi] = false;
+    }
+    return s;
+}
+
 /* ── verifier ──
  * Replays the events with each group's state and checks the rules that make
  * a schedule correct on every rank:
@@ -288,6 +343,9 @@ Schedule *schedule_build_full(Plan *p, int micro_batches)
  *     (when the group reshards after forward; one that keeps its
  *     parameters is gathered still), and before every op that reads what
  *     it writes.
+ *   - a forward-only schedule (schedule_build_eval's) runs every forward op
+ *     once and nothing else: no backward op, no gradient buffer, no
+ *     reduce-scatter, norm or optimizer.
  * The events name no rank and no data-dependent branch exists, so every
  * rank issues the same collectives in the same order. */
 int schedule_verify(Schedule *s, FILE *err)
@@ -375,6 +433,9 @@ int schedule_verify(Schedule *s, FILE *err)
             }
         }
         int gi = e->group;
+        if (s->forward_only && e->kind != EV_ALL_GATHER && e->kind != EV_WAIT_GATHER &&
+            e->kind != EV_RESHARD && e->kind != EV_COMPUTE)
+            BAD("a forward-only schedule has no gradients and no optimizer");
         switch (e->kind) {
         case EV_ALL_GATHER:
             if (pstate[gi] != SHARDED)
@@ -400,6 +461,8 @@ int schedule_verify(Schedule *s, FILE *err)
             OpNode *op = e->op;
             if (ran[op->index])
                 BAD("runs twice in one micro-batch");
+            if (s->forward_only && op->backward)
+                BAD("a backward op in a forward-only schedule");
             for (int k = 0; k < op->nin; k++) {
                 Tensor *t = op->in[k];
                 if (t->producer && !ran[t->producer->index] && t->kind != TK_PGRAD)
@@ -481,6 +544,15 @@ int schedule_verify(Schedule *s, FILE *err)
     }
     int i = s->nev;
     Event end = {EV_OPTIMIZER, PH_OPTIMIZER, -1, -1, NULL}, *e = &end;
+    if (s->forward_only) {
+        for (int k = 0; k < g->nfwd; k++)
+            if (!ran[k])
+                BAD("the forward never runs op %d (%s)", k, op_name(g->ops[k]->kind));
+        for (int k = 0; k < G; k++)
+            if (pstate[k] != SHARDED)
+                BAD("group %s still holds unsharded parameters at the end", m->groups[k]->name);
+        return bad;
+    }
     for (int k = 0; k < G; k++) {
         ShardGroup *sg = m->groups[k];
         int want_rs = writes_total[k] == 0 ? 0

@@ -1,8 +1,9 @@
 /*
  * common.c — the runtime's backend-independent half: start-up and the
- * trainer's flags, the step loop (learning-rate schedule, clipping, the log
- * line), the collectives' entry points (the schedule's rules, then the
- * backend's bk_* hook), the trace, counters, and shutdown.
+ * trainer's flags, the step loop (clipping, the log line; the learning-rate
+ * schedule is lr.c's, evaluation after a step eval.c's), the collectives'
+ * entry points (the schedule's rules, then the backend's bk_* hook), the
+ * trace, counters, and shutdown.
  *
  * fsdrt_init turns the emitted program's tables and its command line into a
  * running FsdRun: flags override the .fsd train section, shard groups are
@@ -112,7 +113,7 @@ typedef struct Flag {
     const char *meta, *help;
 } Flag;
 
-enum { NFLAGS = 27 };
+enum { NFLAGS = 29 };
 
 static void flag_table(FsdRun *r, Flag *f)
 {
@@ -125,6 +126,10 @@ static void flag_table(FsdRun *r, Flag *f)
         {"seed", ARG_COUNT, &c->seed, INT64_MAX, "N", "initialisation seed"},
         {"data", ARG_FILE, &c->data, 0, "FILE", "training tokens (llm.c's format; see fsdata)"},
         {"val-data", ARG_FILE, &c->val_data, 0, "FILE", "validation tokens (checked at start-up)"},
+        {"eval-every", ARG_COUNT, &c->eval_every, INT64_MAX / 2, "N",
+         "the validation loss after every N-th step and the last (0: none)"},
+        {"eval-sequences", ARG_COUNT, &c->eval_sequences, INT64_MAX / 2, "K",
+         "evaluate on the first K sequences of --val-data (0: all)"},
         {"log", ARG_FILE, &r->log_path, 0, "FILE", "one JSON object per step"},
         {"init-from", ARG_FILE, &r->init_from, 0, "FILE", "initial weights (safetensors, F32)"},
         {"export", ARG_FILE, &r->export_path, 0, "FILE", "write the weights after the last step (safetensors)"},
@@ -480,6 +485,7 @@ static void free_all(FsdRun *r)
     r->idx = r->targets = r->positions = NULL;
     data_close(&r->data);
     data_close(&r->val);
+    eval_free(r);
     free(r->trace);
     r->trace = NULL;
     ckpt_free(r);
@@ -606,6 +612,7 @@ FsdRun *fsdrt_init(int argc, char **argv, const FsdModel *m)
         data_open(r, &r->data, r->cfg.data);
     if (r->cfg.val_data)
         data_open(r, &r->val, r->cfg.val_data);
+    eval_open(r);
     /* a resumed run appends to its log (log_resume cuts the lines of the
      * steps it will run again); a fresh one starts it anew */
     if (r->rank == 0 && r->log_path && !(r->log = fopen(r->log_path, r->resume ? "a+" : "w")))
@@ -1176,20 +1183,6 @@ static void json_number(char *buf, size_t n, double x)
         snprintf(buf, n, "null");
 }
 
-/* The learning-rate schedules (docs/design.md#learning-rate-schedule), for step s of S. */
-static double lr_at(const FsdTrainConfig *c, int64_t s)
-{
-    if (c->schedule == FSD_LR_CONSTANT)
-        return c->lr;
-    if (s < c->warmup)
-        return c->lr * (double)(s + 1) / (double)c->warmup;
-    if (c->steps <= c->warmup)
-        return c->lr;
-    const double pi = 3.14159265358979323846;
-    double progress = (double)(s - c->warmup) / (double)(c->steps - c->warmup);
-    return c->min_lr + 0.5 * (1 + cos(pi * progress)) * (c->lr - c->min_lr);
-}
-
 /* nan, inf or -inf, without the sign printf gives a NaN */
 static const char *nonfinite_name(double x)
 {
@@ -1251,11 +1244,19 @@ void fsdrt_end_step(FsdRun *r)
     double tok_s = secs > 0 ? (double)tokens / secs : 0;
     int64_t gathered = r->counters.gather_bytes - r->gather_at_step;
     int64_t reduced = r->counters.reduce_bytes - r->reduce_at_step;
+    /* evaluation after this update, when due: outside the step's time and
+     * bytes, so step_ms, tokens/s and the step's gather_bytes are
+     * training's alone; not after a step that stopped the run, whose
+     * update was not applied */
+    double val_loss = 0, eval_ms = 0;
+    const bool evaluated = !r->stopped && eval_after_step(r, &val_loss, &eval_ms);
     if (r->rank == 0) {
         if (!r->quiet) {
-            char a[32], b[32], ck[48] = "", sk[96] = "";
+            char a[32], b[32], ck[96] = "", sk[96] = "";
             if (ckpt_worked)
                 snprintf(ck, sizeof ck, " | ckpt %.1f ms", ckpt_ms);
+            if (evaluated)
+                eval_describe(ck + strlen(ck), sizeof ck - strlen(ck), false, val_loss, eval_ms);
             if (r->stopped)
                 snprintf(sk, sizeof sk, " | not finite: stopped");
             else if (skipped)
@@ -1268,7 +1269,7 @@ void fsdrt_end_step(FsdRun *r)
             fflush(stdout);
         }
         if (r->log) {
-            char ls[32], ns[32], ck[48] = "";
+            char ls[32], ns[32], ck[160] = "";
             /* with checkpoints on: how long this step waited for them */
             if (c->ckpt_every > 0)
                 snprintf(ck, sizeof ck, ", \"ckpt_block_ms\": %.3f", ckpt_ms);
@@ -1276,11 +1277,13 @@ void fsdrt_end_step(FsdRun *r)
              * stopped the run) says so; the others' lines are as before */
             if (skipped)
                 snprintf(ck + strlen(ck), sizeof ck - strlen(ck), ", \"skipped\": true");
+            if (evaluated)
+                eval_describe(ck + strlen(ck), sizeof ck - strlen(ck), true, val_loss, eval_ms);
             /* JSON has no NaN: a diverged run logs null */
             json_number(ls, sizeof ls, loss);
             json_number(ns, sizeof ns, norm);
             fprintf(r->log,
-                    "{\"step\": %lld, \"loss\": %s, \"lr\": %.9g, \"grad_norm\": %s, "
+                    "{\"step\": %lld, \"loss\": %s, \"lr\": %.17g, \"grad_norm\": %s, "
                     "\"tokens_per_s\": %.1f, \"step_ms\": %.3f, \"mem_peak_bytes\": %lld, "
                     "\"comm_bytes\": %lld, \"gather_bytes\": %lld, \"reduce_bytes\": %lld, "
                     "\"first_seq\": %lld%s}\n",

@@ -130,6 +130,8 @@ static void run_place(const FsdRun *r, char *buf, size_t n)
 {
     if (r->in_step)
         snprintf(buf, n, "in step %lld", (long long)r->step);
+    else if (r->evaluating)
+        snprintf(buf, n, "in the evaluation after step %lld", (long long)r->step);
     else if (r->done)
         snprintf(buf, n, "after the last step");
     else if (r->t0 == 0)

@@ -230,7 +230,9 @@ static void *device(FsdRun *r, int64_t bytes, bool counted)
  *   device buffer outside the plan. The host narrows a group once a step,
  *   at its first all-gather (stage_bf16): the masters change only in the
  *   update between steps, whose host wait has seen every copy out of h_act
- *   done, so no copy in flight ever reads what the host rewrites;
+ *   done, so no copy in flight ever reads what the host rewrites (the
+ *   update clears the mark, so an evaluation after it, eval.c, stages the
+ *   new masters; its loss reads wait for its copies before the next step's);
  * - a reduce-scatter leaves this rank's averaged fp32 slice on the device
  *   (widened there for a 16-bit reduce dtype); with grad_accum 1 and fp32
  *   act the d2h stream copies that slice straight into the pinned gradient

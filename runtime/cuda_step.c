@@ -134,6 +134,10 @@ static void host_update(FsdRun *r, double lr, int64_t t, double v[2])
         cuda_allreduce_small(r, v, 2, ncclFloat64, sizeof *v, ncclSum);
     }
     optim_step(r, lr, update_coef(r->cfg.grad_clip, v[0], v[1]), t);
+    /* the masters changed: an all-gather before the next step (an
+     * evaluation's, eval.c) must stage them again, not reuse this step's */
+    for (int g = 0; g < r->m->ngroups; g++)
+        bk->gc[g].staged_step = -1;
 }
 
 void bk_update(FsdRun *r, double lr, int64_t t, double v[2])

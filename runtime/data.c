@@ -29,6 +29,8 @@
  *
  * So the step's G sequences are the same for every world size with the
  * same G, and the logged loss (the mean over all of them) is too.
+ * Evaluation reads the validation file's sequences 0 … K − 1 the same way,
+ * B at a time (data_load_val; eval.c decides which B).
  *
  * Files are mapped, not read: ranks on one node share the pages, and a
  * large file costs no memory up front. Every token is checked against the
@@ -279,20 +281,21 @@ static void check_unchanged(FsdRun *r, const TokenFile *f)
                      (long long)st.st_size);
         else
             snprintf(what, sizeof what, "same size, %lld bytes, but modified", (long long)f->size);
-        fprintf(stderr, "train: rank %d: data file %s changed under the run (%s) before step %lld; "
+        fprintf(stderr, "train: rank %d: data file %s changed under the run (%s) %s step %lld; "
                         "a token file must stay as it is until the run ends: write a new one "
                         "under another name\n",
-                r->rank, f->path, what, (long long)r->step);
+                r->rank, f->path, what, r->evaluating ? "in the evaluation after" : "before",
+                (long long)r->step);
         bk_abort(r);
     }
 }
 
-void data_load(FsdRun *r, int micro)
+/* B sequences of f from sequence `first` on, wrapped around the file, into
+ * r->idx and r->targets. */
+static void load_sequences(FsdRun *r, const TokenFile *f, int64_t first)
 {
-    const TokenFile *f = &r->data;
     check_unchanged(r, f);
-    const int64_t B = r->cfg.micro_batch, T = r->m->seq, W = r->world;
-    const int64_t first = r->seq + ((int64_t)micro * W + r->rank) * B;
+    const int64_t B = r->cfg.micro_batch, T = r->m->seq;
     for (int64_t b = 0; b < B; b++) {
         int64_t at = (first + b) % f->nseq * T;
         int32_t *x = r->idx + b * T, *y = r->targets + b * T;
@@ -302,3 +305,11 @@ void data_load(FsdRun *r, int micro)
         }
     }
 }
+
+void data_load(FsdRun *r, int micro)
+{
+    const int64_t B = r->cfg.micro_batch, W = r->world;
+    load_sequences(r, &r->data, r->seq + ((int64_t)micro * W + r->rank) * B);
+}
+
+void data_load_val(FsdRun *r, int64_t first) { load_sequences(r, &r->val, first); }

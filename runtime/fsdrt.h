@@ -64,7 +64,8 @@ extern "C" {
 typedef enum { FSD_INIT_NORMAL, FSD_INIT_ZEROS, FSD_INIT_ONES } FsdInit;
 typedef enum { FSD_FP32, FSD_BF16, FSD_FP16 } FsdDtype;
 typedef enum { FSD_ADAMW, FSD_SGD } FsdOptimizer;
-typedef enum { FSD_LR_CONSTANT, FSD_LR_COSINE } FsdSchedule;
+/* docs/design.md#learning-rate-schedule */
+typedef enum { FSD_LR_CONSTANT, FSD_LR_COSINE, FSD_LR_LINEAR, FSD_LR_WSD } FsdSchedule;
 
 typedef struct FsdParamInfo {
     const char *name;        /* blocks.3.attn.q.weight (docs/design.md#parameter-names-and-layouts) */
@@ -100,14 +101,17 @@ typedef struct FsdTrainConfig {
     double lr, beta1, beta2, eps, weight_decay, momentum;
     bool nesterov;
     FsdSchedule schedule;
-    int64_t warmup;
-    double min_lr;
+    int64_t warmup;          /* steps; any schedule, constant too */
+    double min_lr;           /* cosine, linear, wsd */
+    double decay;            /* wsd: the fraction of the steps that decays */
     double grad_clip;        /* 0: none */
     int64_t ckpt_every;      /* 0: none */
     const char *ckpt_dir;
     bool ckpt_async;
     int64_t ckpt_keep;
     const char *data, *val_data;   /* NULL: must come from --data */
+    int64_t eval_every;      /* evaluate after every N-th step and the last; 0: never */
+    int64_t eval_sequences;  /* the first K sequences of val_data; 0: all of them */
 } FsdTrainConfig;
 
 /* One unsharded-buffer event of the schedule (FsdModel's buf_one, buf_three). */
@@ -117,6 +121,13 @@ typedef struct FsdBufEvent {
     int group;
     int micro;               /* the micro-batch of the step it belongs to */
 } FsdBufEvent;
+
+typedef struct FsdRun FsdRun;
+
+/* One step's forward and backward over all its micro-batches (the emitted
+ * program's schedule: load each micro-batch, run its events); or, as
+ * FsdModel's eval, one micro-batch's forward alone. */
+typedef void (*FsdStepFn)(FsdRun *r);
 
 typedef struct FsdModel {
     const char *name;        /* model name */
@@ -140,9 +151,12 @@ typedef struct FsdModel {
      * buffer pools, so that no step allocates device memory. */
     int nbuf_one, nbuf_three;
     const FsdBufEvent *buf_one, *buf_three;
+    /* Evaluation's micro-batch (docs/runtime.md#evaluation): the forward
+     * alone, with the step's gathers and kernels, every group resharded at
+     * its end, each sequence's loss handed to fsdrt_eval_loss_tensor; the
+     * runtime loads its inputs. NULL: the program cannot evaluate. */
+    FsdStepFn eval;
 } FsdModel;
-
-typedef struct FsdRun FsdRun;
 
 /* ── lifecycle ── */
 
@@ -162,9 +176,6 @@ int fsdrt_world(const FsdRun *r);
 
 /* ── the training loop ── */
 
-/* One step's forward and backward over all its micro-batches: the emitted
- * program's schedule (load each micro-batch, run its events). */
-typedef void (*FsdStepFn)(FsdRun *r);
 /* The whole run: every step (begin, step(r), end), then fsdrt_finalize.
  * Returns the process exit status. The emitted main is just
  * `return fsdrt_train(fsdrt_init(argc, argv, &model), step);`. */
@@ -185,13 +196,19 @@ void fsdrt_add_loss(FsdRun *r, real loss);
  * device memory on the GPU, added there without a host synchronisation and
  * read when the step ends. What emitted programs call. */
 void fsdrt_add_loss_tensor(FsdRun *r, const real *loss);
+/* In evaluation's micro-batch (FsdModel's eval): records the mean loss of
+ * its sequence `seq` (0 … B−1) from the one-element loss tensor the
+ * cross-entropy kernel wrote for that sequence's rows (device memory on the
+ * GPU: read back here, outside the step's hot path). */
+void fsdrt_eval_loss_tensor(FsdRun *r, int64_t seq, const real *loss);
 /* Scale of d(loss)/d(logits) for one micro-batch: 1 / (B·T·grad_accum), so
  * that summing over micro-batches and averaging over ranks gives the
  * gradient of the step's mean loss. */
 real fsdrt_loss_scale(const FsdRun *r);
 /* Gradient norm, clipping, the optimizer on every group, the learning-rate
- * schedule, the log line, checkpoints. Every group must be resharded, its
- * gradients freed and no collective in flight. */
+ * schedule, checkpoints, evaluation when due (FsdModel's eval), the log
+ * line. Every group must be resharded, its gradients freed and no
+ * collective in flight. */
 void fsdrt_end_step(FsdRun *r);
 
 /* ── tensors ── */

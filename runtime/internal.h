@@ -6,10 +6,11 @@
  *
  * base.c holds what every one of these files may call: rt_fail, rt_bug,
  * rt_now, rt_count, rt_check_gemm.
- * common.c holds everything that is the same on every backend: flags, the
- * data loader, initialisation, the learning-rate schedule, logging,
- * safetensors, the trace, and the collectives' entry points
- * (their checks against the schedule, the group's state). The backend owns
+ * common.c holds everything that is the same on every backend: flags,
+ * start-up, the step, logging, the trace, and the collectives' entry points
+ * (their checks against the schedule, the group's state); beside it, one job
+ * a file, data.c the token files, lr.c the learning-rate schedules, eval.c
+ * evaluation, weights.c and ckpt.c the weights and checkpoints. The backend owns
  * communication, the unsharded buffers and every loop over a shard's
  * elements (the optimizer, the gradient norm), because on the GPU those are
  * kernels; optim.c holds the host version both backends use when the
@@ -110,6 +111,12 @@ struct FsdRun {
     TokenFile data, val;
     int32_t *idx, *targets, *positions;
 
+    /* evaluation (eval.c) */
+    int64_t eval_k;          /* sequences each evaluation takes (0: evaluation off) */
+    double *eval_loss;       /* [eval_k]: the losses of this rank's sequences, 0 elsewhere */
+    int64_t eval_first;      /* the sequence of the micro-batch being evaluated, -1: padding */
+    bool evaluating;         /* inside eval_run: fsdrt_eval_loss_tensor records */
+
     /* the step */
     int64_t step;            /* the step running, or the next to run */
     /* the data position: the first sequence of step r->step in the data
@@ -190,6 +197,34 @@ void data_close(TokenFile *f);
  * whose first sequence is r->seq. A data file changed since it was mapped
  * ends the job with a message. */
 void data_load(FsdRun *r, int micro);
+/* The same for evaluation: B sequences of the validation file from
+ * sequence `first` on (wrapping around the file). */
+void data_load_val(FsdRun *r, int64_t first);
+
+/* ── lr.c: the learning-rate schedules ── */
+
+/* The learning rate of step s of a run of c->steps steps
+ * (docs/design.md#learning-rate-schedule). */
+double lr_at(const FsdTrainConfig *c, int64_t s);
+/* "constant", "cosine", "linear", "wsd" */
+const char *lr_schedule_name(FsdSchedule k);
+
+/* ── eval.c: evaluation on the validation file (docs/runtime.md#evaluation) ── */
+
+/* Start-up, after the data files are open: with --eval-every, checks that
+ * there is validation data holding --eval-sequences whole sequences and a
+ * program that can evaluate, and allocates what evaluation needs; errors go
+ * to rt_fail (the caller agrees on them). */
+void eval_open(FsdRun *r);
+void eval_free(FsdRun *r);
+/* After step r->step's update: when the schedule says so (every N-th step
+ * and the last), evaluates (collective) and returns true with the mean loss
+ * over the first eval_k validation sequences, the same on every rank and
+ * at every world size, and the milliseconds it took. */
+bool eval_after_step(FsdRun *r, double *loss, double *ms);
+/* An evaluation's part of the step's line, written into buf: for people
+ * (" | val_loss ...") or for the --log JSON (", \"val_loss\": ..."). */
+void eval_describe(char *buf, size_t n, bool json, double loss, double ms);
 
 /* ── weights.c: initialisation, safetensors ── */
 

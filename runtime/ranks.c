@@ -143,9 +143,10 @@ static void describe(const FsdRun *r, Text *t)
     put(t, "weight_decay", NULL, "%s", real_str(x, sizeof x, c->weight_decay));
     put(t, "momentum", NULL, "%s%s", real_str(x, sizeof x, c->momentum),
         c->nesterov ? " (nesterov)" : "");
-    put(t, "schedule", NULL, "%s", c->schedule == FSD_LR_COSINE ? "cosine" : "constant");
+    put(t, "schedule", NULL, "%s", lr_schedule_name(c->schedule));
     put(t, "warmup", NULL, "%lld", (long long)c->warmup);
     put(t, "min_lr", NULL, "%s", real_str(x, sizeof x, c->min_lr));
+    put(t, "decay", NULL, "%s", real_str(x, sizeof x, c->decay));
     put(t, "grad_clip", NULL, "%s", real_str(x, sizeof x, c->grad_clip));
     put(t, "--ckpt-dir", NULL, "%s", c->ckpt_dir ? c->ckpt_dir : "(default)");
     put(t, "--ckpt-every", NULL, "%lld", (long long)c->ckpt_every);
@@ -155,6 +156,8 @@ static void describe(const FsdRun *r, Text *t)
     put(t, "--grad-check", NULL, "%lld", (long long)r->grad_check);
     put(t, "--grad-check-eps", NULL, "%s", real_str(x, sizeof x, r->grad_check_eps));
     put(t, "--hf-names", NULL, "%s", r->hf_names ? r->hf_names : "none");
+    put(t, "--eval-every", NULL, "%lld", (long long)c->eval_every);
+    put(t, "--eval-sequences", NULL, "%lld", (long long)c->eval_sequences);
     put_file(t, "--data", c->data);
     put_file(t, "--val-data", c->val_data);
     put_file(t, "--init-from", r->init_from);

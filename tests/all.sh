@@ -40,6 +40,9 @@
 #             recomputation against the same models without it, bit for bit,
 #             and their memory peaks against the plan;
 #   oracle    tests/oracle/run.sh: PyTorch as the reference;
+#   eval      tests/eval/run.sh: evaluation (val_loss on any number of ranks,
+#             against PyTorch, at its steps, after a resume) and the
+#             learning-rate schedules against torch.optim.lr_scheduler;
 #   smoke     tests/smoke/run.sh: tiny's trainer on 1 and 2 ranks, resumed
 #             from a checkpoint (--quick only: runtime, ckpt and e2e hold
 #             all of it and more).
@@ -58,7 +61,7 @@
 # the shared builds (build/fsdata, build/runtime's libraries) are made
 # before the lanes start, and each suite builds its trainers in a folder of
 # its own (build/ckpt, build/faults*, build/oracle, build/e2e, build/smoke,
-# build/kernels, build/recompute; build/<model>/cpu and cudasim are cudasim's,
+# build/kernels, build/recompute, build/eval; build/<model>/cpu and cudasim are cudasim's,
 # build/<model>/cuda cuda's).
 # Each part writes to its own log and scratch folder; its lines are printed
 # as one block, under a header with its time, when it finishes.
@@ -167,6 +170,7 @@ part_cudasim() { suite "" env MAKE="$MAKE" tests/cudasim/run.sh; }
 part_e2e()     { suite "e2e: " env MAKE="$MAKE" tests/e2e/run.sh; }
 part_recompute() { suite "recompute: " env MAKE="$MAKE" tests/recompute/run.sh; }
 part_oracle()  { suite "oracle: " env MAKE="$MAKE" tests/oracle/run.sh; }
+part_eval()    { suite "eval: " env MAKE="$MAKE" tests/eval/run.sh; }
 part_rtsan()   { suite "rtsan: " env MAKE="$MAKE" tests/faults/sanitize.sh; }
 part_smoke()   { suite "" env MAKE="$MAKE" tests/smoke/run.sh; }
 
@@ -204,11 +208,12 @@ show() {
 # cores (12.4 minutes in all): cudasim 11 minutes; kernels 6.6, cuda 4.6,
 # rtsan 1; compiler 28 s, unit 3 s, san 33 s, fuzz 45 s, runtime 86 s,
 # ckpt 82 s, faults 3.4 minutes, install 1 s, e2e 2.8 minutes, oracle 72 s.
-# recompute (about 75 s of CPU: 2.5 minutes on two cores beside a load of
-# 7) rides in cudasim's lane, the shortest.
+# Added since, and measured beside other work: recompute (about 75 s of
+# CPU: 2.5 minutes on two cores beside a load of 7), in cudasim's lane;
+# eval (41 s), in kernels' lane.
 case $mode in
 quick)  lanes=("smoke" "docs compiler unit san") ;;
-*)      lanes=("cudasim recompute" "kernels cuda rtsan" "docs compiler unit san fuzz runtime ckpt faults install e2e oracle") ;;
+*)      lanes=("cudasim recompute" "kernels cuda rtsan eval" "docs compiler unit san fuzz runtime ckpt faults install e2e oracle") ;;
 esac
 
 if [ $mode = serial ]; then

@@ -60,10 +60,11 @@ fi
 
 # ── #line: an error planted in a pasted template is reported at the
 # template's own line, one planted after it at train.cu's ──
+# (after it: the first embed pos op, the step's; eval_forward has one too)
 if [ $REGEN = 0 ] && [ -s "$TMP/train.cu" ]; then
     tl=$(grep -n '^LAUNCHER void gelu_fwd' templates/act.h | cut -d: -f1)
     pl=$(grep -n '^LAUNCHER void gelu_fwd' "$TMP/train.cu" | cut -d: -f1)
-    ol=$(grep -n '^    OP("embed pos"' "$TMP/train.cu" | cut -d: -f1)
+    ol=$(grep -n -m1 '^    OP("embed pos"' "$TMP/train.cu" | cut -d: -f1)
     if [ -z "$tl" ] || [ -z "$pl" ] || [ -z "$ol" ]; then
         bad "#line: gelu_fwd in templates/act.h or the embed pos op in tiny's train.cu not found"
     else
@@ -247,6 +248,40 @@ expect_count examples/gpt2.fsd 124475904 "gpt2 (vocab 50304)"
 sed 's/vocab = 50304/vocab = 50257/' examples/gpt2.fsd >"$TMP/gpt2_50257.fsd"
 expect_count "$TMP/gpt2_50257.fsd" 124439808 "gpt2 (vocab 50257)"
 expect_count examples/llama3_8b.fsd 8030261248 "llama3_8b"
+
+# ── train settings: each lr_schedule form and eval(...), as --dump-model prints
+# them and train.cu's table carries them (tests/eval runs them) ──
+train_case() { # SETTINGS DUMP_LINE TABLE_LINE: SETTINGS replace tiny's lr_schedule line
+    sed "s/^  lr_schedule = .*/  $1/" examples/tiny.fsd >"$TMP/train.fsd"
+    if "$FSDPC" "$TMP/train.fsd" --dump-model >"$TMP/train.txt" 2>&1 &&
+            "$FSDPC" "$TMP/train.fsd" -o "$TMP/train.cu" 2>>"$TMP/train.txt" &&
+            grep -qxF "  $2" "$TMP/train.txt" && grep -qF "$3" "$TMP/train.cu"; then
+        ok "train setting $1"
+    else
+        bad "train setting $1: expected '$2' in --dump-model and '$3' in train.cu" "$TMP/train.txt"
+    fi
+}
+train_case "lr_schedule = constant(warmup = 5)" "lr_schedule = constant(warmup = 5)" \
+    "FSD_LR_CONSTANT, 5, 0, 0, 1,  /* schedule, warmup, min_lr, decay, grad_clip */"
+train_case "lr_schedule = linear(warmup = 4, min_lr = 1e-4)" "lr_schedule = linear(warmup = 4, min_lr = 0.0001)" \
+    "FSD_LR_LINEAR, 4, 0.0001, 0, 1,"
+train_case "lr_schedule = wsd(warmup = 3, decay = 0.25, min_lr = 0)" "lr_schedule = wsd(warmup = 3, decay = 0.25, min_lr = 0)" \
+    "FSD_LR_WSD, 3, 0, 0.25, 1,"
+train_case "eval(every = 7, sequences = 33)" "eval(every = 7, sequences = 33)" \
+    "7, 33,  /* eval_every, eval_sequences */"
+train_case "eval(every = 7)" "eval(every = 7)" "7, 0,  /* eval_every, eval_sequences */"
+# only the cross-entropy the forward returns is the loss: one computed and not
+# returned runs, and adds nothing to the step's loss or evaluation's
+sed 's/^    return cross_entropy(head(ln_f(x)), targets)$/    y = head(ln_f(x))\n    z = cross_entropy(y, idx)\n    return cross_entropy(y, targets)/' \
+    examples/tiny.fsd >"$TMP/two_losses.fsd"
+if "$FSDPC" "$TMP/two_losses.fsd" -o "$TMP/two_losses.cu" 2>"$TMP/two_losses.err" &&
+        [ "$(grep -c 'OP("cross_entropy ' "$TMP/two_losses.cu")" = 4 ] &&
+        [ "$(grep -c 'fsdrt_add_loss_tensor(r, ' "$TMP/two_losses.cu")" = 1 ] &&
+        [ "$(grep -c 'fsdrt_eval_loss_tensor(r, ' "$TMP/two_losses.cu")" = 1 ]; then
+    ok "a cross_entropy the forward does not return runs, and is not the loss"
+else
+    bad "a cross_entropy the forward does not return: expected one fsdrt_add_loss_tensor and one fsdrt_eval_loss_tensor" "$TMP/two_losses.err"
+fi
 
 # ── command line ──
 check_cli() { # NAME EXPECTED_STATUS PATTERN CMD...

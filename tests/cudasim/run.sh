@@ -42,7 +42,11 @@
 #      copy of its file, makes tiny_offload or tiny fail;
 #  11. built with AddressSanitizer (CUDASIM_SAN=1, each cudaMalloc exactly
 #      its size): tiny_offload and tiny_bf16 with a checkpoint and a trace,
-#      and a resharded resume, without a report.
+#      and a resharded resume, without a report;
+#  12. evaluation after every step (--eval-every 1): tiny's val_loss the CPU
+#      build's to the last bit, and tiny_bf16 with offload = cpu (whose
+#      evaluation gathers masters the host update has just changed) within
+#      1e-6 of tiny_bf16's.
 #
 # Like the other suites: one line per check, then "N passed, N failed".
 set -u
@@ -446,5 +450,27 @@ if [ $san_ok = 1 ]; then
     unset ASAN_OPTIONS
     [ $san_ok = 1 ] && ok "cudasim: no AddressSanitizer report: $san_runs (checkpoint, trace, resharded resume)"
 fi
+
+# ── 12. evaluation ──
+# Each sequence's loss is read back from the device between kernels
+# (runtime/eval.c); with offload = cpu and bf16 act the all-gathers of an
+# evaluation right after the host update must stage the new masters, not
+# the step's bf16 copy of the old ones (cuda_step.c), which would put the
+# offload run's val_loss one update behind (1.6e-4 away here, with the reset
+# removed).
+build/fsdata synth "$DATA/val.bin" --tokens 641 --seed 4 >/dev/null
+EV=(--steps 3 --val-data "$DATA/val.bin" --eval-every 1 --eval-sequences 10)
+sed 's/^  mixed_precision(param = bf16, reduce = fp32)/&\n  offload = cpu/; s/^model tiny_bf16 /model tiny_bf16_offload /' \
+    tests/cuda/tiny_bf16.fsd >"$OUT/tiny_bf16_offload.fsd"
+if ! $MAKE --no-print-directory trainer-cudasim FSD="$OUT/tiny_bf16_offload.fsd" >"$TMP/bf16_offload.log" 2>&1; then
+    bad "cudasim: make trainer-cudasim FSD=tiny_bf16_offload.fsd" "$TMP/bf16_offload.log"
+fi
+cpu tiny_eval_cpu 2 tiny "${EV[@]}"
+sim tiny_eval_sim 2 FSD_TF32=0 tiny/cudasim "${EV[@]}"
+same "cudasim: tiny, world 2, evaluation after every step, vs CPU" tiny_eval_cpu tiny_eval_sim "val_loss 1e-6"
+sim tiny_bf16_eval_sim 2 tiny_bf16/cudasim "${EV[@]}"
+sim tiny_bf16_offload_eval_sim 2 tiny_bf16_offload/cudasim "${EV[@]}"
+same "cudasim: tiny_bf16 with offload = cpu against without, evaluation after every step" \
+    tiny_bf16_eval_sim tiny_bf16_offload_eval_sim "val_loss 1e-6"
 
 done_

@@ -2,7 +2,8 @@
 # sanitize.sh — the CPU runtime and its trainers under AddressSanitizer and
 # UBSan (`make trainer ... RT_SAN=1`, build/runtime-san): tiny and
 # tiny_llama, 6 steps of 6 sequences each, on 1 rank (started alone, MPI's
-# singleton), 2 and 3 ranks (mpirun), with checkpoints:
+# singleton), 2 and 3 ranks (mpirun), with checkpoints, and an evaluation on
+# 7 validation sequences after every second step:
 #
 #   - 1 rank and 2 ranks, saving at step 3; 2 ranks resumed from it on 2
 #     ranks, and on 3 (resharded 2 → 3, saving again at the end on 3);
@@ -58,8 +59,10 @@ SAN_ENV=(ASAN_OPTIONS=halt_on_error=1:detect_leaks=1:exitcode=86:fast_unwind_on_
 REPORT='ERROR: (Address|Leak)Sanitizer|runtime error:|(Address|UndefinedBehavior)Sanitizer'
 D=$TMP/data.bin
 build/fsdata synth "$D" --tokens 20000 >/dev/null
-# 6 sequences a step on 1, 2 and 3 ranks
-RUN=(--data "$D" --steps 6 --grad-accum 1 --quiet)
+build/fsdata synth "$TMP/val.bin" --tokens 2000 --seed 9 >/dev/null
+# 6 sequences a step on 1, 2 and 3 ranks; evaluation in chunks of 6, 3 and 2
+RUN=(--data "$D" --steps 6 --grad-accum 1 --quiet --val-data "$TMP/val.bin" --eval-every 2
+     --eval-sequences 7)
 
 # go BUILD NAME W ARGS...: the trainer of BUILD (san, plain) on W ranks (1:
 # started alone), its output in $TMP/NAME.BUILD.out and its log in

@@ -256,6 +256,9 @@ static const FsdBufEvent buf_three[48] = {
     {FSD_BUF_RESHARD, 0, 2}, {FSD_BUF_FREE_GRADS, 1, 2}, {FSD_BUF_FREE_GRADS, 0, 2}, {FSD_BUF_FREE_GRADS, 2, 2},
 };
 
+/* evaluation's forward (below), which the model table names */
+static void eval_forward(FsdRun *r);
+
 static const FsdModel model = {
     "tiny", "examples/tiny.fsd",  /* name, source */
     0x132fcfa30b179befull,  /* hash */
@@ -269,12 +272,14 @@ static const FsdModel model = {
         4, 2, 60, 1337,  /* micro_batch, grad_accum, steps, seed */
         FSD_ADAMW, 0.0030000000000000001, 0.90000000000000002, 0.94999999999999996, 1e-08,  /* optimizer, lr, beta1, beta2, eps */
         0.10000000000000001, 0, false,  /* weight_decay, momentum, nesterov */
-        FSD_LR_COSINE, 10, 0.00029999999999999997, 1,  /* schedule, warmup, min_lr, grad_clip */
+        FSD_LR_COSINE, 10, 0.00029999999999999997, 0, 1,  /* schedule, warmup, min_lr, decay, grad_clip */
         0, "ckpt", false, 0,  /* ckpt_every, ckpt_dir, ckpt_async, ckpt_keep */
         NULL, NULL,  /* data, val_data */
+        0, 0,  /* eval_every, eval_sequences */
     },
     false,  /* offload_cpu */
     16, 48, buf_one, buf_three,  /* nbuf_one, nbuf_three, buf_one, buf_three */
+    eval_forward,  /* eval */
 };
 
 /* ──── the schedule ──── */
@@ -465,6 +470,90 @@ static void micro_any(FsdRun *r)
     fsdrt_free_grads(r, G_root);
 }
 
+/* micro-batch: evaluation's: the forward alone, each sequence's loss kept */
+static void eval_forward(FsdRun *r)
+{
+    const int64_t B = fsdrt_batch(r);
+    act *tok_out = fsdrt_act(r, 0);                 /* f32[B, 64, 64] */
+    act *pos_out = fsdrt_act(r, 1);                 /* f32[64, 64] */
+    act *add = fsdrt_act(r, 2);                     /* f32[B, 64, 64] */
+    act *blocks_0_ln1_out = fsdrt_act(r, 3);        /* f32[B, 64, 64] */
+    real *blocks_0_ln1_mean = fsdrt_stat(r, 4);     /* f32[B, 64] */
+    real *blocks_0_ln1_rstd = fsdrt_stat(r, 5);     /* f32[B, 64] */
+    act *blocks_0_attn_q_out = fsdrt_act(r, 6);     /* f32[B, 64, 64] */
+    act *blocks_0_attn_k_out = fsdrt_act(r, 7);     /* f32[B, 64, 64] */
+    act *blocks_0_attn_v_out = fsdrt_act(r, 8);     /* f32[B, 64, 64] */
+    act *blocks_0_attn_attn = fsdrt_act(r, 9);      /* f32[B, 64, 64] */
+    real *blocks_0_attn_lse = fsdrt_stat(r, 10);    /* f32[B, 4, 64] */
+    act *blocks_0_attn_o_out = fsdrt_act(r, 11);    /* f32[B, 64, 64] */
+    act *blocks_0_add = fsdrt_act(r, 12);           /* f32[B, 64, 64] */
+    act *blocks_0_ln2_out = fsdrt_act(r, 13);       /* f32[B, 64, 64] */
+    real *blocks_0_ln2_mean = fsdrt_stat(r, 14);    /* f32[B, 64] */
+    real *blocks_0_ln2_rstd = fsdrt_stat(r, 15);    /* f32[B, 64] */
+    act *blocks_0_mlp_fc_out = fsdrt_act(r, 16);    /* f32[B, 64, 256] */
+    act *blocks_0_mlp_gelu = fsdrt_act(r, 17);      /* f32[B, 64, 256] */
+    act *blocks_0_mlp_proj_out = fsdrt_act(r, 18);  /* f32[B, 64, 64] */
+    act *blocks_0_add_2 = fsdrt_act(r, 19);         /* f32[B, 64, 64] */
+    act *blocks_1_ln1_out = fsdrt_act(r, 20);       /* f32[B, 64, 64] */
+    real *blocks_1_ln1_mean = fsdrt_stat(r, 21);    /* f32[B, 64] */
+    real *blocks_1_ln1_rstd = fsdrt_stat(r, 22);    /* f32[B, 64] */
+    act *blocks_1_attn_q_out = fsdrt_act(r, 23);    /* f32[B, 64, 64] */
+    act *blocks_1_attn_k_out = fsdrt_act(r, 24);    /* f32[B, 64, 64] */
+    act *blocks_1_attn_v_out = fsdrt_act(r, 25);    /* f32[B, 64, 64] */
+    act *blocks_1_attn_attn = fsdrt_act(r, 26);     /* f32[B, 64, 64] */
+    real *blocks_1_attn_lse = fsdrt_stat(r, 27);    /* f32[B, 4, 64] */
+    act *blocks_1_attn_o_out = fsdrt_act(r, 28);    /* f32[B, 64, 64] */
+    act *blocks_1_add = fsdrt_act(r, 29);           /* f32[B, 64, 64] */
+    act *blocks_1_ln2_out = fsdrt_act(r, 30);       /* f32[B, 64, 64] */
+    real *blocks_1_ln2_mean = fsdrt_stat(r, 31);    /* f32[B, 64] */
+    real *blocks_1_ln2_rstd = fsdrt_stat(r, 32);    /* f32[B, 64] */
+    act *blocks_1_mlp_fc_out = fsdrt_act(r, 33);    /* f32[B, 64, 256] */
+    act *blocks_1_mlp_gelu = fsdrt_act(r, 34);      /* f32[B, 64, 256] */
+    act *blocks_1_mlp_proj_out = fsdrt_act(r, 35);  /* f32[B, 64, 64] */
+    act *blocks_1_add_2 = fsdrt_act(r, 36);         /* f32[B, 64, 64] */
+    act *ln_f_out = fsdrt_act(r, 37);               /* f32[B, 64, 64] */
+    real *ln_f_mean = fsdrt_stat(r, 38);            /* f32[B, 64] */
+    real *ln_f_rstd = fsdrt_stat(r, 39);            /* f32[B, 64] */
+    act *head_out = fsdrt_act(r, 40);               /* f32[B, 64, 256] */
+    real *loss = fsdrt_stat(r, 41);                 /* f32[] */
+    real *logits_lse = fsdrt_stat(r, 42);           /* f32[B, 64] */
+    (void)B;
+
+    fsdrt_all_gather(r, G_root);
+    fsdrt_all_gather(r, G_blocks_0);
+    fsdrt_wait_gather(r, G_root);
+    OP("embed tok", embed_fwd(tok_out, fsdrt_param(r, P_tok_weight), fsdrt_idx(r), B * 64, 64, 256));  /* examples/tiny.fsd:20 */
+    OP("embed pos", embed_fwd(pos_out, fsdrt_param(r, P_pos_weight), fsdrt_positions(r), 64, 64, 64));  /* examples/tiny.fsd:21 */
+    OP("add tiny", add_fwd(add, tok_out, pos_out, B * 4096, 4096));  /* examples/tiny.fsd:27 */
+    fsdrt_all_gather(r, G_blocks_1);
+    fsdrt_wait_gather(r, G_blocks_0);
+    OP("layernorm blocks.0.ln1", layernorm_fwd(blocks_0_ln1_out, blocks_0_ln1_mean, blocks_0_ln1_rstd, add, fsdrt_param(r, P_blocks_0_ln1_weight), fsdrt_param(r, P_blocks_0_ln1_bias), B * 64, 64, 1e-05));  /* examples/tiny.fsd:8 */
+    OP("matmul_bias blocks.0.attn.q", fsdrt_gemm_bias(r, false, true, B * 64, 64, 64, blocks_0_ln1_out, 64, fsdrt_param(r, P_blocks_0_attn_q_weight), 64, fsdrt_param(r, P_blocks_0_attn_q_bias), blocks_0_attn_q_out, 64));  /* examples/tiny.fsd:9 */
+    OP("matmul_bias blocks.0.attn.k", fsdrt_gemm_bias(r, false, true, B * 64, 64, 64, blocks_0_ln1_out, 64, fsdrt_param(r, P_blocks_0_attn_k_weight), 64, fsdrt_param(r, P_blocks_0_attn_k_bias), blocks_0_attn_k_out, 64));  /* examples/tiny.fsd:9 */
+    OP("matmul_bias blocks.0.attn.v", fsdrt_gemm_bias(r, false, true, B * 64, 64, 64, blocks_0_ln1_out, 64, fsdrt_param(r, P_blocks_0_attn_v_weight), 64, fsdrt_param(r, P_blocks_0_attn_v_bias), blocks_0_attn_v_out, 64));  /* examples/tiny.fsd:9 */
+    OP("attention blocks.0.attn", attention_fwd(blocks_0_attn_attn, blocks_0_attn_lse, blocks_0_attn_q_out, blocks_0_attn_k_out, blocks_0_attn_v_out, B, 64, 4, 4, 16, true));  /* examples/tiny.fsd:9 */
+    OP("matmul_bias blocks.0.attn.o", fsdrt_gemm_bias(r, false, true, B * 64, 64, 64, blocks_0_attn_attn, 64, fsdrt_param(r, P_blocks_0_attn_o_weight), 64, fsdrt_param(r, P_blocks_0_attn_o_bias), blocks_0_attn_o_out, 64));  /* examples/tiny.fsd:9 */
+    OP("add_layernorm blocks.0.ln2", add_layernorm_fwd(blocks_0_add, blocks_0_ln2_out, blocks_0_ln2_mean, blocks_0_ln2_rstd, add, blocks_0_attn_o_out, fsdrt_param(r, P_blocks_0_ln2_weight), fsdrt_param(r, P_blocks_0_ln2_bias), B * 64, 64, 1e-05));  /* examples/tiny.fsd:10 */
+    OP("matmul_bias_gelu blocks.0.mlp.fc", if (!fsdrt_gemm_bias_gelu(r, false, true, B * 64, 256, 64, blocks_0_ln2_out, 64, fsdrt_param(r, P_blocks_0_mlp_fc_weight), 64, fsdrt_param(r, P_blocks_0_mlp_fc_bias), blocks_0_mlp_fc_out, blocks_0_mlp_gelu, 256)) gelu_fwd(blocks_0_mlp_gelu, blocks_0_mlp_fc_out, B * 16384));  /* examples/tiny.fsd:11 */
+    OP("matmul_bias blocks.0.mlp.proj", fsdrt_gemm_bias(r, false, true, B * 64, 64, 256, blocks_0_mlp_gelu, 256, fsdrt_param(r, P_blocks_0_mlp_proj_weight), 256, fsdrt_param(r, P_blocks_0_mlp_proj_bias), blocks_0_mlp_proj_out, 64));  /* examples/tiny.fsd:11 */
+    fsdrt_reshard(r, G_blocks_0);
+    fsdrt_wait_gather(r, G_blocks_1);
+    OP("add_layernorm blocks.1.ln1", add_layernorm_fwd(blocks_0_add_2, blocks_1_ln1_out, blocks_1_ln1_mean, blocks_1_ln1_rstd, blocks_0_add, blocks_0_mlp_proj_out, fsdrt_param(r, P_blocks_1_ln1_weight), fsdrt_param(r, P_blocks_1_ln1_bias), B * 64, 64, 1e-05));  /* examples/tiny.fsd:8 */
+    OP("matmul_bias blocks.1.attn.q", fsdrt_gemm_bias(r, false, true, B * 64, 64, 64, blocks_1_ln1_out, 64, fsdrt_param(r, P_blocks_1_attn_q_weight), 64, fsdrt_param(r, P_blocks_1_attn_q_bias), blocks_1_attn_q_out, 64));  /* examples/tiny.fsd:9 */
+    OP("matmul_bias blocks.1.attn.k", fsdrt_gemm_bias(r, false, true, B * 64, 64, 64, blocks_1_ln1_out, 64, fsdrt_param(r, P_blocks_1_attn_k_weight), 64, fsdrt_param(r, P_blocks_1_attn_k_bias), blocks_1_attn_k_out, 64));  /* examples/tiny.fsd:9 */
+    OP("matmul_bias blocks.1.attn.v", fsdrt_gemm_bias(r, false, true, B * 64, 64, 64, blocks_1_ln1_out, 64, fsdrt_param(r, P_blocks_1_attn_v_weight), 64, fsdrt_param(r, P_blocks_1_attn_v_bias), blocks_1_attn_v_out, 64));  /* examples/tiny.fsd:9 */
+    OP("attention blocks.1.attn", attention_fwd(blocks_1_attn_attn, blocks_1_attn_lse, blocks_1_attn_q_out, blocks_1_attn_k_out, blocks_1_attn_v_out, B, 64, 4, 4, 16, true));  /* examples/tiny.fsd:9 */
+    OP("matmul_bias blocks.1.attn.o", fsdrt_gemm_bias(r, false, true, B * 64, 64, 64, blocks_1_attn_attn, 64, fsdrt_param(r, P_blocks_1_attn_o_weight), 64, fsdrt_param(r, P_blocks_1_attn_o_bias), blocks_1_attn_o_out, 64));  /* examples/tiny.fsd:9 */
+    OP("add_layernorm blocks.1.ln2", add_layernorm_fwd(blocks_1_add, blocks_1_ln2_out, blocks_1_ln2_mean, blocks_1_ln2_rstd, blocks_0_add_2, blocks_1_attn_o_out, fsdrt_param(r, P_blocks_1_ln2_weight), fsdrt_param(r, P_blocks_1_ln2_bias), B * 64, 64, 1e-05));  /* examples/tiny.fsd:10 */
+    OP("matmul_bias_gelu blocks.1.mlp.fc", if (!fsdrt_gemm_bias_gelu(r, false, true, B * 64, 256, 64, blocks_1_ln2_out, 64, fsdrt_param(r, P_blocks_1_mlp_fc_weight), 64, fsdrt_param(r, P_blocks_1_mlp_fc_bias), blocks_1_mlp_fc_out, blocks_1_mlp_gelu, 256)) gelu_fwd(blocks_1_mlp_gelu, blocks_1_mlp_fc_out, B * 16384));  /* examples/tiny.fsd:11 */
+    OP("matmul_bias blocks.1.mlp.proj", fsdrt_gemm_bias(r, false, true, B * 64, 64, 256, blocks_1_mlp_gelu, 256, fsdrt_param(r, P_blocks_1_mlp_proj_weight), 256, fsdrt_param(r, P_blocks_1_mlp_proj_bias), blocks_1_mlp_proj_out, 64));  /* examples/tiny.fsd:11 */
+    fsdrt_reshard(r, G_blocks_1);
+    OP("add_layernorm ln_f", add_layernorm_fwd(blocks_1_add_2, ln_f_out, ln_f_mean, ln_f_rstd, blocks_1_add, blocks_1_mlp_proj_out, fsdrt_param(r, P_ln_f_weight), fsdrt_param(r, P_ln_f_bias), B * 64, 64, 1e-05));  /* examples/tiny.fsd:23 */
+    OP("matmul head", fsdrt_gemm(r, false, true, B * 64, 256, 64, 1, ln_f_out, 64, fsdrt_param(r, P_tok_weight), 64, 0, head_out, 256));  /* examples/tiny.fsd:24 */
+    OP("cross_entropy tiny", for (int64_t k = 0; k < B; k++) { cross_entropy_fwd(loss, logits_lse + k * 64, head_out + k * 16384, fsdrt_targets(r) + k * 64, 64, 256); fsdrt_eval_loss_tensor(r, k, loss); });  /* examples/tiny.fsd:29 */
+    fsdrt_reshard(r, G_root);
+}
+
 /* one step: every micro-batch of it, in order */
 static void step(FsdRun *r)
 {
@@ -476,7 +565,8 @@ static void step(FsdRun *r)
 }
 
 /* fsdrt_train runs the steps; after each, fsdrt_end_step takes the gradient
- * norm, clips, runs the optimizer on every group's shard and logs. */
+ * norm, clips, runs the optimizer on every group's shard, evaluates when
+ * --eval-every says so (eval_forward) and logs. */
 int main(int argc, char **argv)
 {
     return fsdrt_train(fsdrt_init(argc, argv, &model), step);

@@ -291,6 +291,7 @@ err "truncated data" 2 "data file $TMP/truncated.bin is truncated: its header sa
 err "data too short" 2 "data file $TMP/short.bin: 16 tokens is too short for one sequence of 16" --data "$TMP/short.bin"
 err "token >= vocab (found by the last rank)" 3 "data file $TMP/token.bin: token 87 at position $pos is not below the model's vocabulary size 64" --data "$TMP/token.bin"
 err "bad --val-data" 2 "data file $TMP/magic.bin: wrong magic number" --data "$D" --val-data "$TMP/magic.bin"
+err "--eval-every in a program without an evaluation pass" 2 "--eval-every: this trainer has no evaluation pass" --data "$D" --val-data "$D" --eval-every 1
 FSD_TEST_TINY=1 err "world larger than a group" 3 "world size 3 is larger than shard group tiny's 2 elements (its parameters, aligned): run on at most 2 ranks" --data "$D"
 FSD_TEST_FP16=1 TRAIN=$TRAIN_BF16 err "bf16 compute with fp16 parameters" 2 "model softmax_regression computes in bf16 but gathers its parameters in fp16" --data "$D"
 err "unwritable --log" 2 "cannot write --log file /nonexistent/log.json: No such file or directory" --data "$D" --log /nonexistent/log.json

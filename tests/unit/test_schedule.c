@@ -6,13 +6,17 @@
  *    modes, both mixed-precision policies and one or three micro-batches,
  *    yields a schedule the verifier accepts.
  *    Each combination is built with the model's recomputation as written,
- *    then with `recompute = full` and `selective` shard-wide.
+ *    then with `recompute = full` and `selective` shard-wide. Each one's
+ *    forward-only schedule (evaluation's) verifies too, and its memory plan
+ *    peaks no higher than the step's.
  * 2. Mutations: deleting any single event of a valid schedule, moving a
  *    reshard before an op that still reads the group, moving a gradient write
  *    after its group's reduce-scatter, and issuing a wait before its
  *    collective must each be caught, with reshard_after_backward true and
  *    false; and a schedule that reshards after every backward is refused
- *    when reshard_after_backward is false.
+ *    when reshard_after_backward is false. In the forward-only schedule,
+ *    every single deletion, and every reshard moved before a read, is
+ *    caught too.
  * 3. Recomputation (`recompute = full`, or the file's own settings): moving
  *    a recompute op before the backward all-gather wait of the group whose
  *    parameters it reads, or after the first op that reads what it writes,
@@ -125,7 +129,7 @@ static bool writes_group(const Event *e, int group)
 static void combinations(const char *path)
 {
     Model *m = load(path);
-    int total = 0, bad = 0;
+    int total = 0, bad = 0, eval_bad = 0, eval_over = 0;
     const char *first_bad = NULL;
     RecomputeSpec written = m->shard.recompute;
     static const char *const rc_names[] = {"as written", "full", "selective"};
@@ -147,6 +151,15 @@ static void combinations(const char *path)
                             m->train.grad_accum = k;
                             Schedule *s = build(m);
                             total++;
+                            /* evaluation's forward: verified, and within
+                             * the step's memory at the world planned for */
+                            Schedule *ev = s ? schedule_build_eval(s->plan) : NULL;
+                            if (!ev || schedule_verify(ev, stderr))
+                                eval_bad++;
+                            else {
+                                MemPlan *a = memplan_build(ev, 8), *b = memplan_build(s, 8);
+                                eval_over += a->peak > b->peak || a->as_placed > b->as_placed;
+                            }
                             if (!s || schedule_verify(s, stderr)) {
                                 bad++;
                                 if (!first_bad)
@@ -162,6 +175,47 @@ static void combinations(const char *path)
     snprintf(what, sizeof what, "%s: %d policy combinations verify%s%s", path, total,
              first_bad ? "; first failure: " : "", first_bad ? first_bad : "");
     check(bad == 0, what);
+    snprintf(what, sizeof what, "%s: evaluation's forward verifies in all %d (%d do not) and "
+                                "needs no more memory than the step (%d need more)",
+             path, total, eval_bad, eval_over);
+    check(eval_bad == 0 && eval_over == 0, what);
+}
+
+/* Evaluation's forward-only schedule: every single deletion, and every
+ * reshard moved before a read of its group, is caught. */
+static void eval_mutations(const char *path)
+{
+    Model *m = load(path);
+    m->shard.reshard_after_forward = -1;
+    Schedule *step = build(m);
+    Schedule *s = step ? schedule_build_eval(step->plan) : NULL;
+    check(s && schedule_verify(s, NULL) == 0, arena_printf("%s: evaluation's schedule verifies",
+                                                           path));
+    if (!s)
+        return;
+    int missed = 0, tried = 0, caught = 0;
+    for (int i = 0; i < s->nev; i++)
+        missed += schedule_verify(copy_without(s, i), NULL) == 0;
+    for (int i = 0; i < s->nev; i++) {
+        if (s->ev[i].kind != EV_RESHARD)
+            continue;
+        int j = i - 1;
+        while (j >= 0 && !reads_group(&s->ev[j], s->ev[i].group))
+            j--;
+        if (j < 0)
+            continue;
+        tried++;
+        caught += schedule_verify(copy_moved(s, i, j), NULL) > 0;
+    }
+    check(missed == 0 && tried > 0 && caught == tried,
+          arena_printf("%s: evaluation's schedule: each of %d single-event deletions caught "
+                       "(missed %d), %d early reshards caught of %d",
+                       path, s->nev, missed, caught, tried));
+    /* and a schedule of the step is not a forward-only one */
+    Schedule *fake = copy_without(step, -1);
+    fake->forward_only = true;
+    check(schedule_verify(fake, NULL) > 0,
+          arena_printf("%s: a step's schedule marked forward-only is refused", path));
 }
 
 static void mutations(const char *path, bool rab)
@@ -334,6 +388,7 @@ int main(int argc, char **argv)
         mutations(argv[i], false);
         kept_gathered(argv[i]);
         recompute_mutations(argv[i]);
+        eval_mutations(argv[i]);
         arena_reset();
     }
     printf("%d passed, %d failed\n", passed, failed);
