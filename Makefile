@@ -47,7 +47,7 @@ endif
 SRCS    := util.c ast.c parse.c eval.c sema.c model.c ir.c lower.c autodiff.c recompute.c fuse.c \
            plan.c schedule.c memplan.c sim.c planner.c emit.c verify.c
 OBJS    := $(addprefix $(B)/obj/,$(SRCS:.c=.o)) $(B)/obj/parser.o $(B)/obj/lexer.o \
-           $(B)/obj/templates.o $(B)/obj/jsonout.o
+           $(B)/obj/templates.o $(B)/obj/jsonout.o $(B)/obj/json.o
 GEN     := $(B)/gen
 INC     := -Icompiler -I$(GEN)
 
@@ -71,8 +71,12 @@ $(B)/obj/%.o: compiler/%.c compiler/fsdpc.h compiler/layers.def compiler/ops.def
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(WARN) $(INC) -c -o $@ $<
 
-# The runtime's libc-only JSON string escaper (--trace writes JSON too).
+# The runtime's libc-only JSON string escaper (--trace writes JSON too) and
+# JSON reader.
 $(B)/obj/jsonout.o: runtime/jsonout.c runtime/jsonout.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(WARN) -c -o $@ $<
+$(B)/obj/json.o: runtime/json.c runtime/json.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(WARN) -c -o $@ $<
 $(B)/obj/sim.o: runtime/jsonout.h
@@ -136,7 +140,7 @@ FUZZ_OPTS   := -timeout=5 -rss_limit_mb=2048 -max_len=8192 -dict=tests/fuzz/fsd.
 # The front end's objects again, instrumented (only what the harness calls,
 # so the build stays quick), plus the harness; generated sources come from
 # $(GEN), like the ordinary build's.
-FUZZ_SRCS   := $(SRCS) parser.c lexer.c templates.c jsonout.c
+FUZZ_SRCS   := $(SRCS) parser.c lexer.c templates.c jsonout.c json.c
 FUZZ_OBJS   := $(addprefix $(FUZZ_B)/obj/,$(FUZZ_SRCS:.c=.o)) $(FUZZ_B)/obj/fuzz_frontend.o
 FUZZ_CC_O    = $(FUZZ_CC) $(FUZZ_CFLAGS) -std=c11 -D_POSIX_C_SOURCE=200809L $(INC) -c -o $@ $<
 
@@ -149,6 +153,9 @@ $(FUZZ_B)/obj/%.o: $(GEN)/%.c $(GEN)/parser.h $(GEN)/lexer.h compiler/fsdpc.h
 	@mkdir -p $(@D)
 	$(FUZZ_CC_O)
 $(FUZZ_B)/obj/jsonout.o: runtime/jsonout.c runtime/jsonout.h
+	@mkdir -p $(@D)
+	$(FUZZ_CC_O)
+$(FUZZ_B)/obj/json.o: runtime/json.c runtime/json.h
 	@mkdir -p $(@D)
 	$(FUZZ_CC_O)
 $(FUZZ_B)/obj/fuzz_frontend.o: tests/fuzz/fuzz_frontend.c compiler/fsdpc.h
@@ -168,8 +175,8 @@ fuzz: setup $(FUZZ_B)/fuzz_frontend
 # It needs MPI and OpenBLAS (tools/setup.sh installs both). A trainer links
 #   mpicc -x c -O2 -fopenmp -Iruntime train.cu -Lbuild/runtime -lfsdrt_cpu $(RT_LIBS)
 # runtime/arena.c needs only libc (compiler/memplan.c places by the same rule);
-# runtime/jsonout.c (JSON string escaping) needs only libc, and the compiler
-# links it (above).
+# runtime/jsonout.c (JSON string escaping) and runtime/json.c (the JSON
+# reader) need only libc, and the compiler links them (above).
 MPICC    ?= mpicc
 # RT_SAN=1: the same libraries built with AddressSanitizer and UBSan, at -O1
 # with frame pointers, into build/runtime-san (CPU backend only); `make
@@ -187,9 +194,9 @@ else
   RT       := build/runtime
   RT_SANFLAGS :=
 endif
-RT_SRCS  := base.c common.c ranks.c cpu.c data.c weights.c arena.c json.c jsonout.c hfnames.c ckpt.c optim.c \
-            stop.c
-RT_HDRS  := runtime/fsdrt.h runtime/internal.h runtime/half.h runtime/jsonout.h
+RT_SRCS  := base.c common.c ranks.c cpu.c data.c weights.c safetensors.c arena.c json.c jsonout.c hfnames.c \
+            ckpt.c optim.c stop.c
+RT_HDRS  := runtime/fsdrt.h runtime/internal.h runtime/half.h runtime/json.h runtime/jsonout.h
 # -fno-math-errno: nothing reads errno after a math call, and without it a
 # sqrtf stops the compiler vectorising a loop (the optimizer's, a kernel's).
 RT_CFLAGS_BASE = -O2 -g -fopenmp -fno-math-errno $(WARN)

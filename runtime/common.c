@@ -112,7 +112,7 @@ typedef struct Flag {
     const char *meta, *help;
 } Flag;
 
-enum { NFLAGS = 27 };
+enum { NFLAGS = 29 };
 
 static void flag_table(FsdRun *r, Flag *f)
 {
@@ -126,8 +126,12 @@ static void flag_table(FsdRun *r, Flag *f)
         {"data", ARG_FILE, &c->data, 0, "FILE", "training tokens (llm.c's format; see fsdata)"},
         {"val-data", ARG_FILE, &c->val_data, 0, "FILE", "validation tokens (checked at start-up)"},
         {"log", ARG_FILE, &r->log_path, 0, "FILE", "one JSON object per step"},
-        {"init-from", ARG_FILE, &r->init_from, 0, "FILE", "initial weights (safetensors, F32)"},
-        {"export", ARG_FILE, &r->export_path, 0, "FILE", "write the weights after the last step (safetensors)"},
+        {"init-from", ARG_FILE, &r->init_from, 0, "FILE|DIR",
+         "initial weights: safetensors (F32, BF16, F16), or a model directory (sharded, with its index)"},
+        {"export", ARG_FILE, &r->export_path, 0, "FILE|DIR", "write the weights after the last step (safetensors)"},
+        {"export-dtype", ARG_FILE, &r->export_dtype_flag, 0, "fp32|bf16|fp16", "--export's element type (fp32)"},
+        {"export-shard-size", ARG_FILE, &r->export_shard_flag, 0, "SIZE",
+         "--export DIR: shards of at most SIZE (5GB, 500MB, bytes) and their index"},
         {"trace-out", ARG_FILE, &r->trace_path, 0, "FILE", "Chrome trace of what ran on each rank"},
         {"quiet", ARG_NONE, &r->quiet, 0, NULL, "no log lines on stdout"},
         {"grad-check", ARG_COUNT, &r->grad_check, 1 << 20, "N",
@@ -611,8 +615,7 @@ FsdRun *fsdrt_init(int argc, char **argv, const FsdModel *m)
     if (r->rank == 0 && r->log_path && !(r->log = fopen(r->log_path, r->resume ? "a+" : "w")))
         rt_fail(r, "cannot write --log file %s: %s", r->log_path, strerror(errno));
     /* refused now, not after the last step */
-    if (r->rank == 0 && r->export_path)
-        weights_export_path_ok(r, r->export_path);
+    weights_export_check(r);
     ckpt_check(r);
     agree_or_exit(r);
     /* before the first collective whose count or size depends on them */
