@@ -45,7 +45,7 @@ else
 endif
 
 SRCS    := util.c ast.c parse.c eval.c sema.c model.c ir.c lower.c autodiff.c recompute.c fuse.c \
-           plan.c schedule.c memplan.c sim.c planner.c emit.c verify.c
+           plan.c schedule.c memplan.c sim.c planner.c emit.c verify.c hfconfig.c
 OBJS    := $(addprefix $(B)/obj/,$(SRCS:.c=.o)) $(B)/obj/parser.o $(B)/obj/lexer.o \
            $(B)/obj/templates.o $(B)/obj/jsonout.o $(B)/obj/json.o
 GEN     := $(B)/gen
@@ -72,7 +72,7 @@ $(B)/obj/%.o: compiler/%.c compiler/fsdpc.h compiler/layers.def compiler/ops.def
 	$(CC) $(CFLAGS) $(WARN) $(INC) -c -o $@ $<
 
 # The runtime's libc-only JSON string escaper (--trace writes JSON too) and
-# JSON reader.
+# JSON reader (--from-hf reads a config.json).
 $(B)/obj/jsonout.o: runtime/jsonout.c runtime/jsonout.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(WARN) -c -o $@ $<
@@ -80,6 +80,7 @@ $(B)/obj/json.o: runtime/json.c runtime/json.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(WARN) -c -o $@ $<
 $(B)/obj/sim.o: runtime/jsonout.h
+$(B)/obj/hfconfig.o: runtime/json.h
 
 # The kernel templates, carried inside fsdpc as strings.
 %/gen/templates.c: $(wildcard templates/*.h) tools/embed_templates.sh
