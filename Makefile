@@ -9,13 +9,14 @@
 #                   from a checkpoint (tests/all.sh --quick)
 #   make test       set up, build, and run every test (what CI runs):
 #                   make check's compiler tests, a fuzz smoke test, the
-#                   kernels, the CPU runtime, checkpoints, the CUDA build,
-#                   cudasim, the emitted trainers end to end (and with
-#                   activation recomputation) and the PyTorch
-#                   oracle; 27 minutes of suites on two idle cores, run side
-#                   by side in three lanes, so about as long as the longest
-#                   lane, cudasim's (tests/all.sh; --serial runs them one
-#                   after another)
+#                   kernels, the CPU runtime, checkpoints, Hugging Face model
+#                   directories against transformers (tests/hf, in .venv:
+#                   tools/venv.sh), the CUDA build, cudasim, the emitted
+#                   trainers end to end (and with activation recomputation)
+#                   and the PyTorch oracle; 27 minutes of suites on two idle
+#                   cores, run side by side in three lanes, so about as long
+#                   as the longest lane, cudasim's (tests/all.sh; --serial
+#                   runs them one after another)
 #   make SANITIZE=1 build only the sanitizer build, build/san/fsdpc
 #   make runtime RT_SAN=1, make trainer FSD=... RT_SAN=1
 #                   the CPU runtime and a trainer with ASan and UBSan

@@ -129,7 +129,7 @@ static void flag_table(FsdRun *r, Flag *f)
         {"init-from", ARG_FILE, &r->init_from, 0, "FILE|DIR",
          "initial weights: safetensors (F32, BF16, F16), or a model directory (sharded, with its index)"},
         {"export", ARG_FILE, &r->export_path, 0, "FILE|DIR", "write the weights after the last step (safetensors)"},
-        {"export-dtype", ARG_FILE, &r->export_dtype_flag, 0, "fp32|bf16|fp16", "--export's element type (fp32)"},
+        {"export-dtype", ARG_FILE, &r->export_dtype_flag, 0, "TYPE", "--export's element type: fp32 (the default), bf16, fp16"},
         {"export-shard-size", ARG_FILE, &r->export_shard_flag, 0, "SIZE",
          "--export DIR: shards of at most SIZE (5GB, 500MB, bytes) and their index"},
         {"trace-out", ARG_FILE, &r->trace_path, 0, "FILE", "Chrome trace of what ran on each rank"},
