@@ -336,8 +336,10 @@ char *hfconfig_fsd(const char *path, int64_t seq, FILE *err)
         refuse(&c, "not a JSON object: a config.json holds one");
     else if (!o)
         refuse(&c, "out of memory");
-    else if (!type)
-        refuse(&c, "no `model_type`: fsdpc --from-hf reads gpt2 and llama configs");
+    else if (!type) {
+        if (!c.errors)   /* a model_type that is not a string is said already */
+            refuse(&c, "no `model_type`: fsdpc --from-hf reads gpt2 and llama configs");
+    }
     else if (strcmp(type, "gpt2") == 0)
         gpt2(o, &c, seq);
     else if (strcmp(type, "llama") == 0)

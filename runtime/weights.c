@@ -411,8 +411,9 @@ void weights_export(FsdRun *r, const char *path)
     }
     /* each file under a temporary name beside its own, renamed into place
      * when every file is complete */
-    for (int f = 0; writing && f < plan.nfiles; f++) {
+    for (int f = 0; writing && f < plan.nfiles; f++)
         fds[f] = -1;
+    for (int f = 0; writing && f < plan.nfiles; f++) {
         char name[128];
         snprintf(name, sizeof name, ".%s.tmp.%ld", plan.names[f], (long)getpid());
         final[f] = sharded ? path_join(path, plan.names[f]) : strdup(path);
