@@ -9,13 +9,14 @@
 #                   from a checkpoint (tests/all.sh --quick)
 #   make test       set up, build, and run every test (what CI runs):
 #                   make check's compiler tests, a fuzz smoke test, the
-#                   kernels, the CPU runtime, checkpoints, the CUDA build,
-#                   cudasim, the emitted trainers end to end (and with
-#                   activation recomputation) and the PyTorch
-#                   oracle; 27 minutes of suites on two idle cores, run side
-#                   by side in three lanes, so about as long as the longest
-#                   lane, cudasim's (tests/all.sh; --serial runs them one
-#                   after another)
+#                   kernels, the CPU runtime, checkpoints, Hugging Face model
+#                   directories against transformers (tests/hf, in .venv:
+#                   tools/venv.sh), the CUDA build, cudasim, the emitted
+#                   trainers end to end (and with activation recomputation)
+#                   and the PyTorch oracle; 27 minutes of suites on two idle
+#                   cores, run side by side in three lanes, so about as long
+#                   as the longest lane, cudasim's (tests/all.sh; --serial
+#                   runs them one after another)
 #   make SANITIZE=1 build only the sanitizer build, build/san/fsdpc
 #   make runtime RT_SAN=1, make trainer FSD=... RT_SAN=1
 #                   the CPU runtime and a trainer with ASan and UBSan
@@ -45,9 +46,9 @@ else
 endif
 
 SRCS    := util.c ast.c parse.c eval.c sema.c model.c ir.c lower.c autodiff.c recompute.c fuse.c \
-           plan.c schedule.c memplan.c sim.c planner.c emit.c verify.c
+           plan.c schedule.c memplan.c sim.c planner.c emit.c verify.c hfconfig.c
 OBJS    := $(addprefix $(B)/obj/,$(SRCS:.c=.o)) $(B)/obj/parser.o $(B)/obj/lexer.o \
-           $(B)/obj/templates.o $(B)/obj/jsonout.o
+           $(B)/obj/templates.o $(B)/obj/jsonout.o $(B)/obj/json.o
 GEN     := $(B)/gen
 INC     := -Icompiler -I$(GEN)
 
@@ -71,11 +72,16 @@ $(B)/obj/%.o: compiler/%.c compiler/fsdpc.h compiler/layers.def compiler/ops.def
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(WARN) $(INC) -c -o $@ $<
 
-# The runtime's libc-only JSON string escaper (--trace writes JSON too).
+# The runtime's libc-only JSON string escaper (--trace writes JSON too) and
+# JSON reader (--from-hf reads a config.json).
 $(B)/obj/jsonout.o: runtime/jsonout.c runtime/jsonout.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(WARN) -c -o $@ $<
+$(B)/obj/json.o: runtime/json.c runtime/json.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(WARN) -c -o $@ $<
 $(B)/obj/sim.o: runtime/jsonout.h
+$(B)/obj/hfconfig.o: runtime/json.h
 
 # The kernel templates, carried inside fsdpc as strings.
 %/gen/templates.c: $(wildcard templates/*.h) tools/embed_templates.sh
@@ -136,7 +142,7 @@ FUZZ_OPTS   := -timeout=5 -rss_limit_mb=2048 -max_len=8192 -dict=tests/fuzz/fsd.
 # The front end's objects again, instrumented (only what the harness calls,
 # so the build stays quick), plus the harness; generated sources come from
 # $(GEN), like the ordinary build's.
-FUZZ_SRCS   := $(SRCS) parser.c lexer.c templates.c jsonout.c
+FUZZ_SRCS   := $(SRCS) parser.c lexer.c templates.c jsonout.c json.c
 FUZZ_OBJS   := $(addprefix $(FUZZ_B)/obj/,$(FUZZ_SRCS:.c=.o)) $(FUZZ_B)/obj/fuzz_frontend.o
 FUZZ_CC_O    = $(FUZZ_CC) $(FUZZ_CFLAGS) -std=c11 -D_POSIX_C_SOURCE=200809L $(INC) -c -o $@ $<
 
@@ -149,6 +155,9 @@ $(FUZZ_B)/obj/%.o: $(GEN)/%.c $(GEN)/parser.h $(GEN)/lexer.h compiler/fsdpc.h
 	@mkdir -p $(@D)
 	$(FUZZ_CC_O)
 $(FUZZ_B)/obj/jsonout.o: runtime/jsonout.c runtime/jsonout.h
+	@mkdir -p $(@D)
+	$(FUZZ_CC_O)
+$(FUZZ_B)/obj/json.o: runtime/json.c runtime/json.h
 	@mkdir -p $(@D)
 	$(FUZZ_CC_O)
 $(FUZZ_B)/obj/fuzz_frontend.o: tests/fuzz/fuzz_frontend.c compiler/fsdpc.h
@@ -168,8 +177,8 @@ fuzz: setup $(FUZZ_B)/fuzz_frontend
 # It needs MPI and OpenBLAS (tools/setup.sh installs both). A trainer links
 #   mpicc -x c -O2 -fopenmp -Iruntime train.cu -Lbuild/runtime -lfsdrt_cpu $(RT_LIBS)
 # runtime/arena.c needs only libc (compiler/memplan.c places by the same rule);
-# runtime/jsonout.c (JSON string escaping) needs only libc, and the compiler
-# links it (above).
+# runtime/jsonout.c (JSON string escaping) and runtime/json.c (the JSON
+# reader) need only libc, and the compiler links them (above).
 MPICC    ?= mpicc
 # RT_SAN=1: the same libraries built with AddressSanitizer and UBSan, at -O1
 # with frame pointers, into build/runtime-san (CPU backend only); `make
@@ -187,9 +196,9 @@ else
   RT       := build/runtime
   RT_SANFLAGS :=
 endif
-RT_SRCS  := base.c common.c ranks.c cpu.c data.c weights.c arena.c json.c jsonout.c hfnames.c ckpt.c optim.c \
-            stop.c lr.c eval.c
-RT_HDRS  := runtime/fsdrt.h runtime/internal.h runtime/half.h runtime/jsonout.h
+RT_SRCS  := base.c common.c ranks.c cpu.c data.c weights.c safetensors.c arena.c json.c jsonout.c hfnames.c \
+            ckpt.c optim.c stop.c lr.c eval.c
+RT_HDRS  := runtime/fsdrt.h runtime/internal.h runtime/half.h runtime/json.h runtime/jsonout.h
 # -fno-math-errno: nothing reads errno after a math call, and without it a
 # sqrtf stops the compiler vectorising a loop (the optimizer's, a kernel's).
 RT_CFLAGS_BASE = -O2 -g -fopenmp -fno-math-errno $(WARN)

@@ -1023,6 +1023,15 @@ const char *emit_template_of(OpKind k);
  * (attention.h's: mma.h and its backends). */
 const char *const *emit_template_parts(const char *family);
 
+/* ───────────── hfconfig.c: a Hugging Face config.json → .fsd ───────────── */
+
+/* fsdpc --from-hf: the .fsd text (arena) of the GPT-2 or Llama model the
+ * config.json at `path` describes, with training sequence length seq (0:
+ * the model's positions); NULL when the file cannot be read or describes
+ * what fsdpc cannot express, each reason printed to err naming the file
+ * and the key. */
+char *hfconfig_fsd(const char *path, int64_t seq, FILE *err);
+
 /* ─────────────── verify.c: the program's kernels through NVRTC ─────────────── */
 
 /* fsdpc --verify: compiles the kernel templates the graph uses with NVRTC

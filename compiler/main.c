@@ -16,6 +16,10 @@
  * model_build. --verify stops after fusion: it compiles the graph's kernel
  * templates with NVRTC and prints its report instead of writing train.cu.
  *
+ * `fsdpc --from-hf config.json` runs beside the pipeline: hfconfig.c writes
+ * the .fsd of a Hugging Face model, which goes through the front end
+ * (parse_program, sema_check, model_build) before it is written out.
+ *
  * Output (train.cu, or the dumps asked for) goes to -o FILE or stdout. A file
  * named by -o is written under a temporary name and renamed only when the
  * whole compile succeeded, so an error never leaves a partial or stale
@@ -47,11 +51,14 @@ typedef struct Options {
     const char *arch;          /* --arch sm_80,sm_90: what --verify compiles for */
     SimCluster cluster;        /* what --sim and --trace simulate */
     bool emit;                 /* no --check and no dump: write train.cu */
+    const char *from_hf;       /* --from-hf CONFIG.json: write its .fsd instead */
+    int64_t seq;               /* --seq N for --from-hf (0: the model's positions) */
 } Options;
 
 static void usage(FILE *out)
 {
     fputs("usage: fsdpc FILE.fsd [options]\n"
+          "       fsdpc --from-hf config.json [--seq N] [-o FILE.fsd]\n"
           "\n"
           "Compiles a model, sharding policy and training setup (.fsd) into a\n"
           "sharded training program: with no --check or --dump option it writes\n"
@@ -84,6 +91,12 @@ static void usage(FILE *out)
           "  --arch LIST      --verify's architectures (default sm_80,sm_90)\n"
           "  --no-fuse        keep add + norm and matmul_bias + gelu as separate ops\n"
           "                   (by default each pair is one fused op; docs/compiler.md)\n"
+          "  --from-hf CONFIG.json\n"
+          "                   write the .fsd of a Hugging Face GPT-2 or Llama model from its\n"
+          "                   config.json, named so that `train --init-from DIR --hf-names`\n"
+          "                   imports its weights (docs/checkpoint.md)\n"
+          "  --seq N          --from-hf's training sequence length (default and most: the\n"
+          "                   model's n_positions or max_position_embeddings)\n"
           "  -o FILE          write the output to FILE instead of standard output\n"
           "  --help           print this help\n"
           "  --version        print the version\n",
@@ -154,6 +167,26 @@ static int parse_options(int argc, char **argv, Options *o)
                 return 1;
             }
             o->arch = argv[i];
+        } else if (strcmp(a, "--from-hf") == 0) {
+            if (++i == argc) {
+                fprintf(stderr, "fsdpc: --from-hf needs a config.json\n");
+                return 1;
+            }
+            o->from_hf = argv[i];
+        } else if (strcmp(a, "--seq") == 0) {
+            char *end;
+            if (++i == argc) {
+                fprintf(stderr, "fsdpc: --seq needs a sequence length\n");
+                return 1;
+            }
+            errno = 0;
+            long long n = strtoll(argv[i], &end, 10);
+            if (*end || end == argv[i] || errno || n < 1 || n > (1 << 24)) {
+                fprintf(stderr, "fsdpc: --seq %s: expected a sequence length from 1 to %d\n",
+                        argv[i], 1 << 24);
+                return 1;
+            }
+            o->seq = n;
         } else if (strcmp(a, "-o") == 0) {
             if (++i == argc) {
                 fprintf(stderr, "fsdpc: -o needs a file name\n");
@@ -169,6 +202,21 @@ static int parse_options(int argc, char **argv, Options *o)
         } else {
             o->input = a;
         }
+    }
+    if (o->seq && !o->from_hf) {
+        fprintf(stderr, "fsdpc: --seq is --from-hf's sequence length (a .fsd says `const seq`)\n");
+        return 1;
+    }
+    if (o->from_hf) {
+        bool other = o->input || o->check || o->dump_ast || o->dump_model || o->dump_ir ||
+                     o->dump_plan || o->dump_schedule || o->dump_memory || o->sim_spec ||
+                     o->trace || o->verify || o->world_set;
+        if (other) {
+            fprintf(stderr, "fsdpc: --from-hf writes a .fsd from a config.json and takes only "
+                            "--seq and -o; compile the .fsd it writes with a second fsdpc run\n");
+            return 1;
+        }
+        return 0;
     }
     if (!o->input) {
         fprintf(stderr, "fsdpc: no input file (see fsdpc --help)\n");
@@ -374,12 +422,40 @@ static bool write_plan_outputs(const Options *o, Output *out, Plan *plan)
     return !out->failed && !(o->trace && write_trace(o->trace, sim));
 }
 
+/* --from-hf: the .fsd hfconfig.c writes, through the front end first (a
+ * text that does not compile is fsdpc's bug, like a verifier's complaint),
+ * then to the output. */
+static int from_hf(const Options *o, Output *out)
+{
+    char *text = hfconfig_fsd(o->from_hf, o->seq, stderr);
+    if (!text)
+        return 1;
+    Source *src = source_from_memory(o->output ? o->output : "(--from-hf)", text, strlen(text));
+    Diag diag;
+    diag_init(&diag, src, stderr);
+    Program *prog = parse_program(src, &diag);
+    Model *model = diag.errors ? NULL : sema_check(prog, &diag);
+    if (model)
+        model = model_build(model, &diag);
+    if (!model || diag.errors) {
+        fprintf(stderr, "fsdpc: internal compiler error: the .fsd written for %s does not "
+                        "compile (please report this with the config.json)\n",
+                o->from_hf);
+        return 2;
+    }
+    if (output(out))
+        fputs(text, out->f);
+    return finish(out, true);
+}
+
 int main(int argc, char **argv)
 {
     Options o = {.world = 8};
     if (parse_options(argc, argv, &o))
         return 1;
     Output out = {.path = o.output};
+    if (o.from_hf)
+        return from_hf(&o, &out);
     Source *src = read_input(o.input);
     if (!src)
         return 1;

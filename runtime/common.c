@@ -113,12 +113,12 @@ typedef struct Flag {
     const char *meta, *help;
 } Flag;
 
-enum { NFLAGS = 29 };
+enum { NFLAGS = 31 };   /* the table's entries, its terminator included */
 
 static void flag_table(FsdRun *r, Flag *f)
 {
     FsdTrainConfig *c = &r->cfg;
-    const Flag t[NFLAGS] = {
+    const Flag t[] = {
         {"steps", ARG_COUNT, &c->steps, INT64_MAX / 2, "N", "run steps 0 … N−1"},
         {"micro-batch", ARG_POSITIVE, &c->micro_batch, 1 << 20, "N", "sequences per micro-batch per rank"},
         {"grad-accum", ARG_POSITIVE, &c->grad_accum, 1 << 20, "N", "micro-batches per step"},
@@ -131,8 +131,12 @@ static void flag_table(FsdRun *r, Flag *f)
         {"eval-sequences", ARG_COUNT, &c->eval_sequences, INT64_MAX / 2, "K",
          "evaluate on the first K sequences of --val-data (0: all)"},
         {"log", ARG_FILE, &r->log_path, 0, "FILE", "one JSON object per step"},
-        {"init-from", ARG_FILE, &r->init_from, 0, "FILE", "initial weights (safetensors, F32)"},
-        {"export", ARG_FILE, &r->export_path, 0, "FILE", "write the weights after the last step (safetensors)"},
+        {"init-from", ARG_FILE, &r->init_from, 0, "FILE|DIR",
+         "initial weights: safetensors (F32, BF16, F16), or a model directory (sharded, with its index)"},
+        {"export", ARG_FILE, &r->export_path, 0, "FILE|DIR", "write the weights after the last step (safetensors)"},
+        {"export-dtype", ARG_FILE, &r->export_dtype_flag, 0, "TYPE", "--export's element type: fp32 (the default), bf16, fp16"},
+        {"export-shard-size", ARG_FILE, &r->export_shard_flag, 0, "SIZE",
+         "--export DIR: shards of at most SIZE (5GB, 500MB, bytes) and their index"},
         {"trace-out", ARG_FILE, &r->trace_path, 0, "FILE", "Chrome trace of what ran on each rank"},
         {"quiet", ARG_NONE, &r->quiet, 0, NULL, "no log lines on stdout"},
         {"grad-check", ARG_COUNT, &r->grad_check, 1 << 20, "N",
@@ -157,6 +161,7 @@ static void flag_table(FsdRun *r, Flag *f)
         {"help", ARG_NONE, NULL, 0, NULL, "this text"},
         {NULL, ARG_NONE, NULL, 0, NULL, NULL},
     };
+    _Static_assert(sizeof t / sizeof *t == NFLAGS, "NFLAGS is not the flag table's size");
     memcpy(f, t, sizeof t);
 }
 
@@ -618,8 +623,7 @@ FsdRun *fsdrt_init(int argc, char **argv, const FsdModel *m)
     if (r->rank == 0 && r->log_path && !(r->log = fopen(r->log_path, r->resume ? "a+" : "w")))
         rt_fail(r, "cannot write --log file %s: %s", r->log_path, strerror(errno));
     /* refused now, not after the last step */
-    if (r->rank == 0 && r->export_path)
-        weights_export_path_ok(r, r->export_path);
+    weights_export_check(r);
     ckpt_check(r);
     agree_or_exit(r);
     /* before the first collective whose count or size depends on them */

@@ -23,6 +23,7 @@
 #define FSDRT_INTERNAL_H
 
 #include "fsdrt.h"
+#include "json.h"      /* json_parse ...: the one JSON reader */
 #include "jsonout.h"   /* json_put_chars: the writers' string escaping */
 
 #include <math.h>
@@ -81,6 +82,10 @@ typedef struct TraceEvent {
 typedef struct Backend Backend;
 typedef struct Ckpt Ckpt;
 
+/* The element types weights files are read in and written as
+ * (safetensors.c). */
+typedef enum { ST_F32, ST_BF16, ST_F16, ST_NDTYPES } StDtype;
+
 struct FsdRun {
     const FsdModel *m;
     FsdTrainConfig cfg;      /* the train section after flags */
@@ -95,6 +100,10 @@ struct FsdRun {
     const char *resume;      /* --resume: "latest" or a checkpoint directory; NULL: none */
     bool resume_auto;        /* --resume auto: resume is then "latest" or NULL (none yet) */
     const char *hf_names;    /* --hf-names gpt2|llama for --export/--init-from; NULL: fsdpc's */
+    const char *export_dtype_flag;   /* --export-dtype fp32|bf16|fp16, as given (NULL: fp32) */
+    const char *export_shard_flag;   /* --export-shard-size SIZE, as given (NULL: one file) */
+    StDtype export_dtype;    /* what they say (weights_export_check) */
+    int64_t export_shard_bytes;      /* 0: --export is one file; else a directory of shards */
     double collective_timeout_s;   /* --collective-timeout; < 0: not given (the backend's default) */
     const char *on_nonfinite;   /* --on-nonfinite stop|skip (NULL: stop) */
     bool skip_nonfinite;     /* it says skip */
@@ -234,35 +243,23 @@ void weights_init(FsdRun *r);                          /* this rank's shards */
  * they do not depend on the world size; this rank's elements of every
  * parameter into dst[g] (host, shard-sized), zero in gaps and padding. */
 void weights_direction(FsdRun *r, uint64_t stream, real *const *dst);
-void weights_import(FsdRun *r, const char *path);      /* this rank's shards */
+/* --init-from PATH (a safetensors file, or a model directory: sharded with
+ * model.safetensors.index.json, or model.safetensors): this rank's shards,
+ * read group by group and only this rank's elements of each. */
+void weights_import(FsdRun *r, const char *path);
 void weights_export(FsdRun *r, const char *path);      /* collective */
-/* Whether --export may write `path` (a regular file or none: never a
- * device or FIFO, which its rename would replace); else rt_fail. */
-bool weights_export_path_ok(FsdRun *r, const char *path);
+/* Start-up, every rank: --export-dtype and --export-shard-size read into
+ * export_dtype and export_shard_bytes; on rank 0, whether --export may
+ * write its path (a regular file or none: never a device or FIFO, which its
+ * rename would replace; with shards, a directory, made here). Else
+ * rt_fail. */
+bool weights_export_check(FsdRun *r);
 
-/* ── json.c: a small JSON reader (safetensors headers, checkpoint metadata) ── */
-
-typedef enum { J_NULL, J_BOOL, J_NUM, J_STR, J_ARR, J_OBJ } JType;
-
-typedef struct JVal {
-    JType type;
-    double num;
-    char *str;               /* J_STR: decoded, NUL-terminated */
-    size_t len;
-    int n;                   /* J_ARR, J_OBJ: members */
-    struct JVal *items;
-    char **keys;             /* J_OBJ */
-    size_t *key_len;
-} JVal;
-
-/* The whole text must be one value (whitespace around it allowed); on
- * failure *err_at is the byte offset and *err why. */
-bool json_parse(const char *s, size_t n, JVal *out, size_t *err_at, const char **err);
-const JVal *json_get(const JVal *obj, const char *key);   /* NULL when absent */
-bool json_count(const JVal *v, int64_t *out);   /* an exact integer in [0, 2^53] */
-void json_free(JVal *v);
+/* json.c, the JSON reader (safetensors headers, checkpoint metadata), is
+ * declared in json.h: the compiler reads config.json with it too. */
 
 /* ── hfnames.c: where parameters lie in a weights file ── */
+/* (its WLayout is what safetensors.c, below, reads and writes through) */
 
 /* One tensor of the file. */
 typedef struct WTensor {
@@ -294,6 +291,74 @@ typedef struct WLayout {
  * naming the parameter, and false returned. */
 bool hf_layout(FsdRun *r, const char *names, WLayout *out);
 void hf_layout_free(WLayout *l);
+
+/* ── safetensors.c: the format, and a Hugging Face model directory ── */
+
+const char *st_dtype_name(StDtype t);   /* "F32", "BF16", "F16" */
+int st_dtype_bytes(StDtype t);
+
+/* A safetensors file open for reading: its header parsed, and every
+ * entry's data_offsets checked (inside the data, no two overlapping). */
+typedef struct StFile {
+    char *path;
+    int fd;
+    int64_t data_start, data_bytes;   /* where the data section starts; its length */
+    JVal header;
+} StFile;
+
+/* What --init-from names: one file, or a directory's index and the shard
+ * files its weight_map names (every one opened), or its model.safetensors. */
+typedef struct StSource {
+    char *index_path;        /* model.safetensors.index.json, or NULL */
+    JVal index;
+    const JVal *weight_map;  /* in index: tensor name → shard file name */
+    StFile *files;
+    int nfiles;
+} StSource;
+
+/* One tensor found and checked against the shape a layout wants. */
+typedef struct StTensor {
+    const StFile *file;
+    StDtype dtype;
+    int64_t begin;           /* byte offset of its first element in the file */
+} StTensor;
+
+/* Opens PATH (a file or a directory) and checks every header; rt_fail
+ * naming the file and the field when anything is wrong. st_close frees
+ * what it opened, also after a failure. */
+bool st_open(FsdRun *r, const char *path, StSource *s);
+void st_close(StSource *s);
+/* Layout L's tensor T in s (the index's weight_map says which file): its
+ * dtype accepted (F32, BF16, F16), its shape T's, its bytes the shape's. */
+bool st_find(FsdRun *r, const StSource *s, const WLayout *L, const WTensor *T, StTensor *out);
+/* n elements of t from element `first` (row-major) as fp32, exactly. */
+bool st_read(FsdRun *r, const StTensor *t, const char *name, int64_t first, int64_t n,
+             float *dst);
+
+/* Where --export puts each of a layout's tensors: one file, or shards of
+ * at most shard_bytes split as huggingface_hub splits a state dict. */
+typedef struct StPlan {
+    StDtype dtype;
+    int nfiles;
+    char (*names)[64];       /* model.safetensors, or model-00001-of-00003.safetensors ... */
+    int *file_of;            /* by tensor */
+    int64_t *at;             /* by tensor: byte offset of its data in its file */
+    char **header;           /* by file: the length prefix and the JSON, padded */
+    size_t *header_bytes;
+    int64_t total_size;      /* bytes of tensor data, all files (the index's metadata) */
+} StPlan;
+
+/* shard_bytes 0: one file. False when out of memory. */
+bool st_plan(const WLayout *L, StDtype dt, int64_t shard_bytes, StPlan *p);
+void st_plan_free(StPlan *p);
+/* model.safetensors.index.json's text, as save_pretrained writes it. */
+bool st_write_index(FILE *f, const WLayout *L, const StPlan *p);
+/* n values src[0], src[stride], ... as dt's little-endian bytes into out
+ * (BF16 and F16 rounded to nearest even). */
+void st_encode(StDtype dt, const real *src, int64_t n, int64_t stride, void *out);
+/* "5GB", "500MB", "2GiB", "1000000" → bytes (KB, MB, GB, TB are powers of
+ * 1000, as huggingface_hub reads them; KiB ... TiB of 1024). */
+bool st_parse_size(const char *s, int64_t *bytes);
 
 /* ── optim.c: the update as OpenMP loops over shards in host memory (the
  * CPU backend's, and the CUDA backend's with `offload = cpu`) ── */

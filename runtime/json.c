@@ -1,12 +1,14 @@
 /*
- * json.c — a small JSON reader: enough for safetensors headers (weights.c)
- * and checkpoint metadata (ckpt.c). It parses a whole text into a tree of
+ * json.c — a small JSON reader: enough for safetensors headers and a model
+ * directory's index (safetensors.c), checkpoint metadata (ckpt.c) and a
+ * Hugging Face config.json (the compiler's hfconfig.c). It needs only libc
+ * (json.h), so the compiler links it as the runtime does. It parses a whole text into a tree of
  * JVal (RFC 8259: strings decoded to UTF-8, numbers as doubles), refuses
  * anything malformed with the byte offset and a reason, and never reads
  * outside the text it is given; nesting is limited so a hostile header
  * cannot exhaust the stack.
  */
-#include "internal.h"
+#include "json.h"
 
 #include <math.h>
 #include <stdlib.h>

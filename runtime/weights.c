@@ -17,19 +17,22 @@
  * element's row-major index within its parameter. docs/runtime.md gives the
  * same in Python.
  *
- * safetensors: an 8-byte little-endian header length N, N bytes of JSON
- * ({"name": {"dtype", "shape", "data_offsets": [begin, end]}, ...,
- * "__metadata__": {...}}), then the data. Export gathers one group at a
- * time to rank 0, which writes it, so no rank ever holds more than one
- * group unsharded. Import has every rank read only its own shards'
- * elements, seeking to each parameter's slice. Both speak fp32 (F32) only.
- * Where a parameter lies in the file is a WLayout (hfnames.c): one tensor a
- * parameter under fsdpc's names, or Hugging Face's GPT-2 and Llama tensors
- * (--hf-names), where a parameter may be a transposed slice of a tensor
- * (GPT-2's c_attn holds q, k and v, each transposed).
+ * safetensors (safetensors.c has the format, and the model directories
+ * transformers writes): export gathers one group at a time to rank 0,
+ * which writes it, converted to --export-dtype, into one file or into
+ * shards of at most --export-shard-size with their index, so no rank ever
+ * holds more than one group unsharded. Import goes group by group too: each
+ * rank reads only its own shard's elements of the group's parameters, by
+ * offset, from whichever file holds each (F32, BF16 or F16, widened to
+ * fp32 exactly), into a host image of that one shard, copied in before the
+ * next group. Where a parameter lies in the files is a WLayout (hfnames.c):
+ * one tensor a parameter under fsdpc's names, or Hugging Face's GPT-2 and
+ * Llama tensors (--hf-names), where a parameter may be a transposed slice
+ * of a tensor (GPT-2's c_attn holds q, k and v, each transposed).
  */
 #include "internal.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -92,10 +95,10 @@ static void copy_in(FsdRun *r, real **img)
 }
 
 /* This rank's elements of parameter P, [*a, *b) in parameter indices, and
- * where element 0 of P falls in its group's shard (outside it when this
- * rank holds none of P's start). */
-static real *param_in_shard(const FsdRun *r, real *const *shards, const FsdParamInfo *P,
-                            int64_t *a, int64_t *b)
+ * where element 0 of P falls in its group's shard, `shard` (outside it
+ * when this rank holds none of P's start). */
+static real *param_in_shard(const FsdRun *r, real *shard, const FsdParamInfo *P, int64_t *a,
+                            int64_t *b)
 {
     const Group *G = &r->groups[P->group];
     *a = G->lo - P->offset, *b = G->lo + G->shard - P->offset;
@@ -103,7 +106,7 @@ static real *param_in_shard(const FsdRun *r, real *const *shards, const FsdParam
         *a = 0;
     if (*b > P->numel)
         *b = P->numel;
-    return shards[P->group] + (P->offset - G->lo);
+    return shard + (P->offset - G->lo);
 }
 
 /* scale times a standard normal for element i of the stream `key`
@@ -126,7 +129,7 @@ void weights_init(FsdRun *r)
     for (int p = 0; p < m->nparams; p++) {
         const FsdParamInfo *P = &m->params[p];
         int64_t a, b;
-        real *dst = param_in_shard(r, img, P, &a, &b);
+        real *dst = param_in_shard(r, img[P->group], P, &a, &b);
         if (P->init != FSD_INIT_NORMAL) {
             for (int64_t i = a; i < b; i++)
                 dst[i] = P->init == FSD_INIT_ONES ? 1 : 0;
@@ -150,7 +153,7 @@ void weights_direction(FsdRun *r, uint64_t stream, real *const *dst)
     for (int p = 0; p < m->nparams; p++) {
         const FsdParamInfo *P = &m->params[p];
         int64_t a, b;
-        real *d = param_in_shard(r, dst, P, &a, &b);
+        real *d = param_in_shard(r, dst[P->group], P, &a, &b);
         const uint64_t key = fnv1a64(P->name) ^ mix;
         for (int64_t i = a; i < b; i++)
             d[i] = (real)normal_at(key, i, 1);
@@ -159,145 +162,39 @@ void weights_direction(FsdRun *r, uint64_t stream, real *const *dst)
 
 /* ── safetensors import ── */
 
-static const char *shape_str(char *buf, size_t n, const int64_t *shape, int rank)
-{
-    if (rank == 1)
-        snprintf(buf, n, "[%lld]", (long long)shape[0]);
-    else
-        snprintf(buf, n, "[%lld, %lld]", (long long)shape[0], (long long)shape[1]);
-    return buf;
-}
-
-/* Checks tensor T's entry in the header; on success *begin is where its
- * data starts, relative to the data section. `also` names the layout for
- * messages ("" for fsdpc's own names). */
-static bool check_entry(FsdRun *r, const char *path, const JVal *root, const WLayout *L,
-                        const WTensor *T, int64_t data_bytes, int64_t *begin)
-{
-    const char *name = T->name;
-    const JVal *t = json_get(root, name);
-    /* the Hub's own GPT-2 files name the base model's tensors without the
-     * `transformer.` prefix GPT2LMHeadModel adds; transformers takes both */
-    if (!t && L->names && strcmp(L->names, "gpt2") == 0 &&
-        strncmp(name, "transformer.", 12) == 0 && (t = json_get(root, name + 12)))
-        name += 12;
-    if (!t) {
-        if (L->names)
-            rt_fail(r, "%s: no tensor `%s` (--hf-names %s: model %s needs it)", path, name,
-                    L->names, r->m->name);
-        else
-            rt_fail(r, "%s: no tensor `%s`, a parameter of model %s", path, name, r->m->name);
-        return false;
-    }
-    if (t->type != J_OBJ) {
-        rt_fail(r, "%s: tensor `%s`'s entry is not a JSON object", path, name);
-        return false;
-    }
-    const JVal *dtype = json_get(t, "dtype"), *shape = json_get(t, "shape"),
-               *offs = json_get(t, "data_offsets");
-    if (!dtype || dtype->type != J_STR) {
-        rt_fail(r, "%s: tensor `%s` has no `dtype` string", path, name);
-        return false;
-    }
-    if (strcmp(dtype->str, "F32") != 0) {
-        rt_fail(r, "%s: tensor `%s` has dtype %s; only F32 is accepted (convert the file's "
-                   "tensors to float32 first)",
-                path, name, dtype->str);
-        return false;
-    }
-    if (!shape || shape->type != J_ARR) {
-        rt_fail(r, "%s: tensor `%s` has no `shape` array", path, name);
-        return false;
-    }
-    bool same = shape->n == T->rank;
-    for (int i = 0; same && i < shape->n; i++) {
-        int64_t d;
-        same = json_count(&shape->items[i], &d) && d == T->shape[i];
-    }
-    if (!same) {
-        char want[64], got[256];
-        size_t k = (size_t)snprintf(got, sizeof got, "[");
-        for (int i = 0; i < shape->n && k < sizeof got - 32; i++)
-            k += (size_t)snprintf(got + k, sizeof got - k, "%s%.17g", i ? ", " : "",
-                                  shape->items[i].type == J_NUM ? shape->items[i].num : NAN);
-        snprintf(got + k, sizeof got - k, "]");
-        rt_fail(r, "%s: tensor `%s` has shape %s; the model's is %s%s%s", path, name, got,
-                shape_str(want, sizeof want, T->shape, T->rank),
-                L->names ? " under --hf-names " : "", L->names ? L->names : "");
-        return false;
-    }
-    int64_t b, e;
-    if (!offs || offs->type != J_ARR || offs->n != 2 || !json_count(&offs->items[0], &b) ||
-        !json_count(&offs->items[1], &e) || e < b) {
-        rt_fail(r, "%s: tensor `%s` has no valid `data_offsets` [begin, end]", path, name);
-        return false;
-    }
-    if (e - b != T->numel * 4) {
-        rt_fail(r, "%s: tensor `%s`'s data_offsets [%lld, %lld] hold %lld bytes; its shape needs "
-                   "%lld",
-                path, name, (long long)b, (long long)e, (long long)(e - b),
-                (long long)(T->numel * 4));
-        return false;
-    }
-    if (e > data_bytes) {
-        rt_fail(r, "%s is truncated: tensor `%s` ends at byte %lld of the data, which has %lld",
-                path, name, (long long)e, (long long)data_bytes);
-        return false;
-    }
-    *begin = b;
-    return true;
-}
-
-/* n floats from byte `at` of f into buf. */
-static bool read_floats(FsdRun *r, FILE *f, const char *path, const char *what, int64_t at,
-                        float *buf, size_t n)
-{
-    if (fseeko(f, at, SEEK_SET) != 0) {
-        rt_fail(r, "cannot seek in %s: %s", path, strerror(errno));
-        return false;
-    }
-    if (fread(buf, 4, n, f) != n) {   /* little-endian, as the format and x86 */
-        rt_fail(r, "cannot read tensor `%s` from %s: %s", what, path,
-                ferror(f) ? strerror(errno) : "end of file");
-        return false;
-    }
-    return true;
-}
-
-/* This rank's elements [a, b) of parameter P, placed at `pl` in the tensor
- * whose data starts at byte `base` of the file. */
-static bool import_param(FsdRun *r, FILE *f, const char *path, const FsdParamInfo *P,
-                         const WTensor *T, WPlace pl, int64_t base, int64_t a, int64_t b,
-                         real *dst)
+/* This rank's elements [a, b) of parameter P, placed at `pl` in tensor T
+ * (found as t), into dst (P's element 0 at dst[0]). */
+static bool import_param(FsdRun *r, const StTensor *t, const WTensor *T, const FsdParamInfo *P,
+                         WPlace pl, int64_t a, int64_t b, real *dst)
 {
     enum { CHUNK = 4096 };
     if (!pl.transposed) {
         float chunk[CHUNK];
         for (int64_t i = a; i < b;) {
-            size_t n = (size_t)(b - i < CHUNK ? b - i : CHUNK);
-            if (!read_floats(r, f, path, T->name, base + 4 * (pl.at + i), chunk, n))
+            const int64_t n = b - i < CHUNK ? b - i : CHUNK;
+            if (!st_read(r, t, T->name, pl.at + i, n, chunk))
                 return false;
-            for (size_t k = 0; k < n; k++)
-                dst[i + (int64_t)k] = chunk[k];
-            i += (int64_t)n;
+            for (int64_t k = 0; k < n; k++)
+                dst[i + k] = chunk[k];
+            i += n;
         }
         return true;
     }
     /* P [R, K] is the tensor's columns [at, at + R): element (i, j) at
-     * [j, at + i]; rows i0 … i1 of P hold this rank's elements */
+     * [j, at + i]; rows i0 … i1 of P hold this rank's elements, so each of
+     * the tensor's K rows gives one run of i1 − i0 + 1 */
     const int64_t K = P->rank == 2 ? P->shape[1] : 1, ld = T->shape[1];
     const int64_t i0 = a / K, i1 = (b - 1) / K;
     float *col = malloc(sizeof *col * (size_t)(i1 - i0 + 1));
     if (!col) {
-        rt_fail(r, "out of memory reading tensor `%s` from %s", T->name, path);
+        rt_fail(r, "out of memory reading tensor `%s` from %s", T->name, t->file->path);
         return false;
     }
     bool ok = true;
     for (int64_t j = 0; ok && j < K; j++) {
-        ok = read_floats(r, f, path, T->name, base + 4 * (j * ld + pl.at + i0), col,
-                         (size_t)(i1 - i0 + 1));
+        ok = st_read(r, t, T->name, j * ld + pl.at + i0, i1 - i0 + 1, col);
         for (int64_t i = i0; ok && i <= i1; i++) {
-            int64_t e = i * K + j;
+            const int64_t e = i * K + j;
             if (e >= a && e < b)
                 dst[e] = col[i - i0];
         }
@@ -308,205 +205,232 @@ static bool import_param(FsdRun *r, FILE *f, const char *path, const FsdParamInf
 
 void weights_import(FsdRun *r, const char *path)
 {
+    const FsdModel *m = r->m;
     WLayout L;
     if (!hf_layout(r, r->hf_names, &L))
         return;
-    /* O_NONBLOCK: a FIFO opens at once, to be refused, instead of waiting
-     * for a writer on every rank; the file is read by seeking */
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    struct stat st;
-    FILE *f = NULL;
-    if (fd < 0 || fstat(fd, &st) != 0)
-        rt_fail(r, "cannot open --init-from file %s: %s", path, strerror(errno));
-    else if (!S_ISREG(st.st_mode))
-        rt_fail(r, "--init-from file %s is not a regular file (%s); safetensors are read by "
-                   "seeking: name a file",
-                path, S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISDIR(st.st_mode) ? "a directory"
-                                                      : "a device or socket");
-    else if (!(f = fdopen(fd, "rb")))
-        rt_fail(r, "cannot open --init-from file %s: %s", path, strerror(errno));
-    if (!f) {
-        if (fd >= 0)
-            close(fd);
-        hf_layout_free(&L);
-        return;
-    }
-    real **img = NULL;   /* host images of the master shards (host_images) */
-    char *hdr = NULL;
-    int64_t *begin = NULL;
-    JVal root = {0};
-    unsigned char len8[8];
-    int64_t size = -1;
-    if (fseeko(f, 0, SEEK_END) == 0)
-        size = ftello(f);
-    if (size < 0 || fseeko(f, 0, SEEK_SET) != 0) {
-        rt_fail(r, "cannot seek in %s: %s", path, strerror(errno));
+    StSource src;
+    StTensor *found = NULL;
+    real *img = NULL;
+    if (!st_open(r, path, &src))
+        goto done;
+    /* every tensor checked before any is read */
+    if (!(found = malloc(sizeof *found * (size_t)(L.ntensors + 1)))) {
+        rt_fail(r, "out of memory");
         goto done;
     }
-    if (size < 8 || fread(len8, 1, 8, f) != 8) {
-        rt_fail(r, "%s: %lld bytes, too short for a safetensors file (it starts with an 8-byte "
-                   "header length)",
-                path, (long long)size);
-        goto done;
-    }
-    uint64_t hlen = 0;
-    for (int i = 7; i >= 0; i--)
-        hlen = hlen << 8 | len8[i];
-    /* safetensors itself refuses headers over 100 MB */
-    if (hlen > (uint64_t)size - 8 || hlen > 100000000) {
-        rt_fail(r, "%s: bad header length %llu (the file has %lld bytes after the length): not a "
-                   "safetensors file, or a truncated one",
-                path, (unsigned long long)hlen, (long long)(size - 8));
-        goto done;
-    }
-    hdr = malloc(hlen + 1);
-    begin = malloc(sizeof *begin * (size_t)(L.ntensors + 1));
-    if (!hdr || !begin) {
-        rt_fail(r, "%s: out of memory reading a %llu-byte header", path, (unsigned long long)hlen);
-        goto done;
-    }
-    if (fread(hdr, 1, hlen, f) != hlen) {
-        rt_fail(r, "cannot read %s's header: %s", path, ferror(f) ? strerror(errno) : "end of file");
-        goto done;
-    }
-    size_t err_at;
-    const char *why;
-    if (!json_parse(hdr, hlen, &root, &err_at, &why)) {
-        rt_fail(r, "%s: bad JSON in the header at byte %zu: %s", path, err_at, why);
-        goto done;
-    }
-    if (root.type != J_OBJ) {
-        rt_fail(r, "%s: the header is not a JSON object", path);
-        goto done;
-    }
-    const int64_t data_start = 8 + (int64_t)hlen, data_bytes = size - data_start;
-    /* every tensor checked before any is read, in the file's order */
     for (int t = 0; t < L.ntensors; t++)
-        if (!check_entry(r, path, &root, &L, &L.tensors[t], data_bytes, &begin[t]))
+        if (!st_find(r, &src, &L, &L.tensors[t], &found[t]))
             goto done;
-    if (!(img = host_images(r)))
-        goto done;
-    for (int p = 0; p < r->m->nparams; p++) {
-        const FsdParamInfo *P = &r->m->params[p];
-        int64_t a, b;
-        real *dst = param_in_shard(r, img, P, &a, &b);
-        if (a >= b)
-            continue;   /* none of it is this rank's */
-        const WPlace pl = L.place[p];
-        if (!import_param(r, f, path, P, &L.tensors[pl.tensor], pl, data_start + begin[pl.tensor],
-                          a, b, dst))
+    /* one group at a time: a host image of this rank's shard of it (zero in
+     * gaps and padding), filled, copied in, and the next */
+    for (int g = 0; g < m->ngroups; g++) {
+        const Group *G = &r->groups[g];
+        if (!(img = calloc((size_t)G->shard + 1, sizeof *img))) {
+            rt_fail(r, "out of memory for a host copy of group %s's shard (%lld elements)",
+                    m->groups[g].name, (long long)G->shard);
             goto done;
+        }
+        for (int p = 0; p < m->nparams; p++) {
+            const FsdParamInfo *P = &m->params[p];
+            if (P->group != g)
+                continue;
+            int64_t a, b;
+            real *dst = param_in_shard(r, img, P, &a, &b);
+            if (a >= b)
+                continue;   /* none of it is this rank's */
+            const WPlace pl = L.place[p];
+            if (!import_param(r, &found[pl.tensor], &L.tensors[pl.tensor], P, pl, a, b, dst))
+                goto done;
+        }
+        bk_from_host(r, G->master, img, G->shard * (int64_t)sizeof(real));
+        free(img);
+        img = NULL;
     }
 done:
-    if (img)
-        copy_in(r, img);
-    json_free(&root);
-    free(hdr);
-    free(begin);
-    fclose(f);
+    free(img);
+    free(found);
+    st_close(&src);
     hf_layout_free(&L);
 }
 
 /* ── safetensors export ── */
 
-/* The header, into a buffer open_memstream grows (*hdr, *n bytes): the
- * layout's tensors end to end, in its order. */
-static bool export_header(const WLayout *L, char **hdr, size_t *n)
+static char *path_join(const char *dir, const char *name)
 {
-    FILE *t = open_memstream(hdr, n);
-    if (!t)
-        return false;
-    int64_t at = 0;
-    fputs("{\"__metadata__\":{\"format\":\"pt\"}", t);
-    for (int i = 0; i < L->ntensors; i++) {
-        const WTensor *T = &L->tensors[i];
-        fputs(",\"", t);
-        json_put_chars(t, T->name);
-        fprintf(t, "\":{\"dtype\":\"F32\",\"shape\":[%lld", (long long)T->shape[0]);
-        if (T->rank == 2)
-            fprintf(t, ",%lld", (long long)T->shape[1]);
-        fprintf(t, "],\"data_offsets\":[%lld,%lld]}", (long long)at, (long long)(at + 4 * T->numel));
-        at += 4 * T->numel;
-    }
-    fputc('}', t);
-    /* pad with spaces so the data starts 8-byte aligned, as the Rust
-     * implementation writes it */
-    for (long len = ftell(t); len >= 0 && (8 + len) % 8 != 0; len++)
-        fputc(' ', t);
-    bool ok = !ferror(t);
-    return fclose(t) == 0 && ok;
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *s = malloc(n);
+    if (s)
+        snprintf(s, n, "%s/%s", dir, name);
+    return s;
 }
 
-static bool write_all(FILE *f, const void *p, size_t n) { return fwrite(p, 1, n, f) == n; }
-
-/* n values from src (stride `stride`) as F32 at byte `at` of f. */
-static bool write_floats(FILE *f, int64_t at, const real *src, int64_t n, int64_t stride)
+/* n values from src (stride `stride`) encoded as the plan's dtype at byte
+ * `at` of fd. */
+static bool write_values(int fd, StDtype dt, int64_t at, const real *src, int64_t n, int64_t stride)
 {
-    float chunk[4096];
-    if (fseeko(f, at, SEEK_SET) != 0)
-        return false;
-    for (int64_t i = 0; i < n; i += 4096) {
-        int64_t k = n - i < 4096 ? n - i : 4096;
-        for (int64_t j = 0; j < k; j++)
-            chunk[j] = (float)src[(i + j) * stride];
-        if (!write_all(f, chunk, (size_t)k * 4))
-            return false;
+    enum { CHUNK = 4096 };
+    unsigned char buf[CHUNK * 4];
+    const int elem = st_dtype_bytes(dt);
+    for (int64_t i = 0; i < n; i += CHUNK) {
+        const int64_t k = n - i < CHUNK ? n - i : CHUNK;
+        st_encode(dt, src + i * stride, k, stride, buf);
+        for (size_t done = 0; done < (size_t)(k * elem);) {
+            ssize_t w = pwrite(fd, buf + done, (size_t)(k * elem) - done,
+                               (off_t)(at + i * elem + (int64_t)done));
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w <= 0)
+                return false;
+            done += (size_t)w;
+        }
     }
     return true;
 }
 
-bool weights_export_path_ok(FsdRun *r, const char *path)
+/* A file of a directory export: a shard model-NNNNN-of-NNNNN.safetensors,
+ * or model.safetensors, or the index. */
+static bool shard_like(const char *name)
 {
+    int a, b, n = 0;
+    return strcmp(name, "model.safetensors") == 0 ||
+           strcmp(name, "model.safetensors.index.json") == 0 ||
+           (strlen(name) == 32 && sscanf(name, "model-%5d-of-%5d.safetensors%n", &a, &b, &n) == 2 &&
+            n == 32);
+}
+
+/* After a directory export: the files of an earlier export into DIR that
+ * this one did not write (stale shards of another count; model.safetensors
+ * beside an index, which from_pretrained would load first; an index beside
+ * one file) are removed. Other files (config.json) stay. */
+static void remove_stale(FsdRun *r, const char *dir, const StPlan *p)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!shard_like(e->d_name))
+            continue;
+        bool ours = p->nfiles > 1 && strcmp(e->d_name, "model.safetensors.index.json") == 0;
+        for (int f = 0; f < p->nfiles && !ours; f++)
+            ours = strcmp(e->d_name, p->names[f]) == 0;
+        char *full = ours ? NULL : path_join(dir, e->d_name);
+        if (full && unlink(full) != 0 && r->rank == 0)
+            fprintf(stderr, "train: warning: cannot remove %s, left by an earlier export: %s\n",
+                    full, strerror(errno));
+        free(full);
+    }
+    closedir(d);
+}
+
+/* rank 0: whether --export may write `path`; create: make the directory of
+ * a sharded export when missing. */
+static bool export_path_ok(FsdRun *r, const char *path, bool create)
+{
+    struct stat st;
+    const bool exists = stat(path, &st) == 0;
+    if (r->export_shard_bytes > 0) {
+        if (exists && S_ISDIR(st.st_mode))
+            return true;
+        if (!exists && (!create || mkdir(path, 0777) == 0 || errno == EEXIST))
+            return true;
+        if (!exists)
+            rt_fail(r, "cannot create --export directory %s: %s", path, strerror(errno));
+        else
+            rt_fail(r, "--export %s with --export-shard-size names a directory (the shards and "
+                       "their index go in it), but %s is not one",
+                    path, path);
+        return false;
+    }
     /* the file is written under a temporary name and renamed over `path`,
      * which would replace a device or FIFO with a file (as root,
      * /dev/null): only a regular file, or a new one, is taken */
-    struct stat st;
-    if (stat(path, &st) != 0 || S_ISREG(st.st_mode))
+    if (!exists || S_ISREG(st.st_mode))
         return true;
     rt_fail(r, "--export %s is not a regular file (%s); the weights are written beside it and "
-               "renamed over it, which would replace it: name a file",
+               "renamed over it, which would replace it: name a file%s",
             path, S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISDIR(st.st_mode) ? "a directory"
-                                                  : "a device or socket");
+                                                  : "a device or socket",
+            S_ISDIR(st.st_mode) ? " (or add --export-shard-size to write a model directory)" : "");
     return false;
+}
+
+bool weights_export_check(FsdRun *r)
+{
+    static const char *const names[ST_NDTYPES] = {[ST_F32] = "fp32", [ST_BF16] = "bf16",
+                                                   [ST_F16] = "fp16"};
+    r->export_dtype = ST_F32;
+    if (r->export_dtype_flag) {
+        int d = 0;
+        while (d < ST_NDTYPES && strcmp(r->export_dtype_flag, names[d]) != 0)
+            d++;
+        if (d == ST_NDTYPES) {
+            rt_fail(r, "--export-dtype: '%s' is not one of fp32, bf16, fp16", r->export_dtype_flag);
+            return false;
+        }
+        r->export_dtype = (StDtype)d;
+    }
+    r->export_shard_bytes = 0;
+    if (r->export_shard_flag && !st_parse_size(r->export_shard_flag, &r->export_shard_bytes)) {
+        rt_fail(r, "--export-shard-size: '%s' is not a size of at least one byte (5GB, 500MB, "
+                   "2GiB, or a number of bytes)",
+                r->export_shard_flag);
+        return false;
+    }
+    if ((r->export_dtype_flag || r->export_shard_flag) && !r->export_path) {
+        rt_fail(r, "--export-%s says how --export writes the weights, but there is no --export",
+                r->export_dtype_flag ? "dtype" : "shard-size");
+        return false;
+    }
+    return r->rank != 0 || !r->export_path || export_path_ok(r, r->export_path, true);
 }
 
 void weights_export(FsdRun *r, const char *path)
 {
     const FsdModel *m = r->m;
-    FILE *f = NULL;
-    char tmp[4096] = "";
-    char *hdr = NULL;
-    size_t hdr_n = 0;
+    const bool sharded = r->export_shard_bytes > 0;
+    StPlan plan;
+    memset(&plan, 0, sizeof plan);
     WLayout L;
-    int64_t *begin = NULL;
+    int *fds = NULL;
+    char **tmp = NULL, **final = NULL;
     /* every rank builds the layout, so a model the format cannot hold is
      * refused on all of them before any gathers */
     if (!hf_layout(r, r->hf_names, &L))
         return;
     bool writing = r->rank == 0;   /* rank 0 stops writing at its first error, not gathering */
-    if (writing && !weights_export_path_ok(r, path))   /* checked at start-up, and again now */
+    if (writing && !export_path_ok(r, path, true))   /* checked at start-up, and again now */
         writing = false;
-    if (writing) {
-        snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-        if (!export_header(&L, &hdr, &hdr_n) || !(begin = malloc(sizeof *begin * (size_t)(L.ntensors + 1)))) {
-            rt_fail(r, "out of memory writing %s's header", path);
+    if (writing && (!st_plan(&L, r->export_dtype, r->export_shard_bytes, &plan) ||
+                    !(fds = malloc(sizeof *fds * (size_t)plan.nfiles)) ||
+                    !(tmp = calloc((size_t)plan.nfiles, sizeof *tmp)) ||
+                    !(final = calloc((size_t)plan.nfiles, sizeof *final)))) {
+        rt_fail(r, "out of memory planning --export %s", path);
+        writing = false;
+    }
+    /* each file under a temporary name beside its own, renamed into place
+     * when every file is complete */
+    for (int f = 0; writing && f < plan.nfiles; f++)
+        fds[f] = -1;
+    for (int f = 0; writing && f < plan.nfiles; f++) {
+        char name[128];
+        snprintf(name, sizeof name, ".%s.tmp.%ld", plan.names[f], (long)getpid());
+        final[f] = sharded ? path_join(path, plan.names[f]) : strdup(path);
+        if (sharded)
+            tmp[f] = path_join(path, name);
+        else if ((tmp[f] = malloc(strlen(path) + 32)))
+            sprintf(tmp[f], "%s.tmp.%ld", path, (long)getpid());
+        if (!final[f] || !tmp[f]) {
+            rt_fail(r, "out of memory");
             writing = false;
-        } else if (!(f = fopen(tmp, "wb"))) {
-            rt_fail(r, "cannot write --export file %s: %s", tmp, strerror(errno));
+        } else if ((fds[f] = open(tmp[f], O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666)) < 0) {
+            rt_fail(r, "cannot write --export file %s: %s", tmp[f], strerror(errno));
             writing = false;
-        } else {
-            unsigned char len8[8];
-            for (int i = 0; i < 8; i++)
-                len8[i] = (unsigned char)((uint64_t)hdr_n >> (8 * i));
-            if (!write_all(f, len8, 8) || !write_all(f, hdr, hdr_n)) {
-                rt_fail(r, "cannot write %s: %s", tmp, strerror(errno));
-                writing = false;
-            }
-            int64_t at = 8 + (int64_t)hdr_n;
-            for (int t = 0; t < L.ntensors; t++) {
-                begin[t] = at;
-                at += 4 * L.tensors[t].numel;
-            }
+        } else if (pwrite(fds[f], plan.header[f], plan.header_bytes[f], 0) !=
+                   (ssize_t)plan.header_bytes[f]) {
+            rt_fail(r, "cannot write %s: %s", tmp[f], strerror(errno));
+            writing = false;
         }
     }
     /* one group at a time: rank 0 holds one flat buffer, the largest group's */
@@ -524,6 +448,7 @@ void weights_export(FsdRun *r, const char *path)
     }
     if (flat)
         rt_count(r, most * (int64_t)sizeof(real));
+    const int elem = st_dtype_bytes(r->export_dtype);
     for (int g = 0; g < m->ngroups; g++) {
         bk_gather_shards(r, g, flat);
         for (int p = 0; writing && p < m->nparams; p++) {
@@ -532,36 +457,67 @@ void weights_export(FsdRun *r, const char *path)
                 continue;
             const WPlace pl = L.place[p];
             const WTensor *T = &L.tensors[pl.tensor];
+            const int fd = fds[plan.file_of[pl.tensor]];
+            const int64_t base = plan.at[pl.tensor];
             const real *src = flat + P->offset;
             if (!pl.transposed)
-                writing = write_floats(f, begin[pl.tensor] + 4 * pl.at, src, P->numel, 1);
+                writing = write_values(fd, r->export_dtype, base + elem * pl.at, src, P->numel, 1);
             else {
                 /* P [R, K]: its column j is row j of the tensor, from column `at` */
                 const int64_t R = P->shape[0], K = P->rank == 2 ? P->shape[1] : 1;
                 for (int64_t j = 0; writing && j < K; j++)
-                    writing = write_floats(f, begin[pl.tensor] + 4 * (j * T->shape[1] + pl.at),
+                    writing = write_values(fd, r->export_dtype, base + elem * (j * T->shape[1] + pl.at),
                                            src + j, R, K);
             }
             if (!writing)
-                rt_fail(r, "cannot write %s: %s", tmp, strerror(errno));
+                rt_fail(r, "cannot write %s: %s", tmp[plan.file_of[pl.tensor]], strerror(errno));
         }
     }
     if (flat)
         rt_count(r, -most * (int64_t)sizeof(real));
     free(flat);
-    if (f) {
-        if (fclose(f) != 0 && writing) {
-            rt_fail(r, "cannot write %s: %s", tmp, strerror(errno));
+    for (int f = 0; fds && f < plan.nfiles; f++)
+        if (fds[f] >= 0 && close(fds[f]) != 0 && writing) {
+            rt_fail(r, "cannot write %s: %s", tmp[f], strerror(errno));
             writing = false;
         }
-        /* the temporary name keeps a failed export from leaving a partial
-         * file under the name asked for */
-        if (writing && rename(tmp, path) != 0)
-            rt_fail(r, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
-        else if (!writing)
-            remove(tmp);
+    /* the temporary names keep a failed export from leaving partial files
+     * under the names asked for; the index goes last */
+    for (int f = 0; writing && f < plan.nfiles; f++)
+        if (rename(tmp[f], final[f]) != 0) {
+            rt_fail(r, "cannot rename %s to %s: %s", tmp[f], final[f], strerror(errno));
+            writing = false;
+        } else {
+            free(tmp[f]);
+            tmp[f] = NULL;
+        }
+    if (writing && sharded && plan.nfiles > 1) {
+        char *index = path_join(path, "model.safetensors.index.json");
+        char *itmp = path_join(path, ".model.safetensors.index.json.tmp");
+        FILE *f = index && itmp ? fopen(itmp, "w") : NULL;
+        bool ok = f && st_write_index(f, &L, &plan);
+        if (f && fclose(f) != 0)
+            ok = false;
+        if (!ok || rename(itmp, index) != 0) {
+            rt_fail(r, "cannot write %s: %s", index ? index : path, strerror(errno));
+            writing = false;
+            if (itmp)
+                remove(itmp);
+        }
+        free(index);
+        free(itmp);
     }
-    free(hdr);
-    free(begin);
+    if (writing && sharded)
+        remove_stale(r, path, &plan);
+    for (int f = 0; tmp && f < plan.nfiles; f++) {
+        if (tmp[f])
+            remove(tmp[f]);
+        free(tmp[f]);
+        free(final[f]);
+    }
+    free(tmp);
+    free(final);
+    free(fds);
+    st_plan_free(&plan);
     hf_layout_free(&L);
 }

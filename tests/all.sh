@@ -20,6 +20,10 @@
 #             differences, reference formulas, the nvcc compile check);
 #   runtime   tests/runtime/run.sh: the CPU runtime on 1-4 MPI ranks, fsdata;
 #   ckpt      tests/ckpt/run.sh: checkpoints, resume, resharding, HF weights;
+#   hf        tests/hf/run.sh: Hugging Face model directories against
+#             transformers itself (from .venv, tools/venv.sh; without it the
+#             transformers checks are skipped, saying why): fsdpc --from-hf,
+#             BF16 shards imported, the first loss, the export loaded back;
 #   faults    tests/faults/*.sh: a run under faults: non-finite steps,
 #             --log on resume (nonfinite.sh); SIGTERM, SIGINT, SIGUSR1 and
 #             --resume auto (signals.sh); the checkpoint directory: failed
@@ -60,7 +64,7 @@
 # build/errors/; ...). Parts in different lanes share nothing they write:
 # the shared builds (build/fsdata, build/runtime's libraries) are made
 # before the lanes start, and each suite builds its trainers in a folder of
-# its own (build/ckpt, build/faults*, build/oracle, build/e2e, build/smoke,
+# its own (build/ckpt, build/hf, build/faults*, build/oracle, build/e2e, build/smoke,
 # build/kernels, build/recompute, build/eval; build/<model>/cpu and cudasim are cudasim's,
 # build/<model>/cuda cuda's).
 # Each part writes to its own log and scratch folder; its lines are printed
@@ -158,6 +162,7 @@ part_fuzz() {
 part_kernels() { suite "" tests/kernels/run.sh; }
 part_runtime() { suite "runtime: " env MAKE="$MAKE" tests/runtime/run.sh; }
 part_ckpt()    { suite "ckpt: " env MAKE="$MAKE" tests/ckpt/run.sh; }
+part_hf()      { suite "hf: " env MAKE="$MAKE" tests/hf/run.sh; }
 part_faults() {
     local s
     for s in nonfinite signals ckptdir ranks paths resume_batch; do
@@ -209,11 +214,12 @@ show() {
 # rtsan 1; compiler 28 s, unit 3 s, san 33 s, fuzz 45 s, runtime 86 s,
 # ckpt 82 s, faults 3.4 minutes, install 1 s, e2e 2.8 minutes, oracle 72 s.
 # Added since, and measured beside other work: recompute (about 75 s of
-# CPU: 2.5 minutes on two cores beside a load of 7), in cudasim's lane;
-# eval (41 s), in kernels' lane.
+# CPU: 2.5 minutes on two cores beside a load of 7) and eval (41 s), in
+# cudasim's lane; hf (52-95 s, its trainers' builds most of it), in the
+# kernels lane.
 case $mode in
 quick)  lanes=("smoke" "docs compiler unit san") ;;
-*)      lanes=("cudasim recompute" "kernels cuda rtsan eval" "docs compiler unit san fuzz runtime ckpt faults install e2e oracle") ;;
+*)      lanes=("cudasim recompute eval" "kernels cuda rtsan hf" "docs compiler unit san fuzz runtime ckpt faults install e2e oracle") ;;
 esac
 
 if [ $mode = serial ]; then

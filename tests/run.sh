@@ -219,6 +219,32 @@ for f in tests/errors/*.fsd tests/errors/*.gen; do
     fi
     compare "error $name" "tests/errors/$name.expected" "$TMP/err"
 done
+# ── fsdpc --from-hf: a Hugging Face config.json → .fsd ──
+# NAME.json with NAME.fsd, the .fsd written exactly (which must compile), or
+# NAME.expected, stderr exactly for a config fsdpc refuses (exit 1, no -o).
+for f in tests/fromhf/*.json; do
+    name=$(basename "$f" .json)
+    rm -f "$TMP/o.fsd"
+    "$FSDPC" --from-hf "$f" -o "$TMP/o.fsd" 2>"$TMP/err"
+    status=$?
+    if [ $REGEN = 1 ]; then
+        rm -f "tests/fromhf/$name.fsd" "tests/fromhf/$name.expected"
+        if [ $status = 0 ]; then cp "$TMP/o.fsd" "tests/fromhf/$name.fsd"; else cp "$TMP/err" "tests/fromhf/$name.expected"; fi
+        ok "from-hf $name (regenerated)"
+    elif [ -f "tests/fromhf/$name.fsd" ]; then
+        if [ $status != 0 ]; then
+            bad "from-hf $name: exit status $status" "$TMP/err"
+        elif ! "$FSDPC" "$TMP/o.fsd" --check 2>"$TMP/err"; then
+            bad "from-hf $name: the .fsd written does not compile" "$TMP/err"
+        else
+            compare "from-hf $name" "tests/fromhf/$name.fsd" "$TMP/o.fsd"
+        fi
+    elif [ $status != 1 ] || [ -e "$TMP/o.fsd" ]; then
+        bad "from-hf $name: exit status $status (expected 1), or -o written" "$TMP/err"
+    else
+        compare "from-hf $name" "tests/fromhf/$name.expected" "$TMP/err"
+    fi
+done
 # ── the memory plan: tests/memory/check.py, a suite of its own, counted here ──
 # Figures computed by hand from the models' shapes, memory_budget's choices
 # and errors, and golden --dump-memory files (rewritten by --regen).
@@ -248,6 +274,9 @@ expect_count examples/gpt2.fsd 124475904 "gpt2 (vocab 50304)"
 sed 's/vocab = 50304/vocab = 50257/' examples/gpt2.fsd >"$TMP/gpt2_50257.fsd"
 expect_count "$TMP/gpt2_50257.fsd" 124439808 "gpt2 (vocab 50257)"
 expect_count examples/llama3_8b.fsd 8030261248 "llama3_8b"
+# the same two, from their Hugging Face configs (fsdpc --from-hf)
+expect_count tests/fromhf/gpt2_124m.fsd 124439808 "gpt2 from its config.json (fsdpc --from-hf)"
+expect_count tests/fromhf/llama3_8b.fsd 8030261248 "llama3_8b from its config.json (fsdpc --from-hf)"
 
 # ── train settings: each lr_schedule form and eval(...), as --dump-model prints
 # them and train.cu's table carries them (tests/eval runs them) ──
@@ -298,6 +327,12 @@ check_cli no-input 1 "no input file" "$FSDPC" --check
 check_cli missing-file 1 "cannot read nonexistent.fsd: No such file" "$FSDPC" nonexistent.fsd --check
 check_cli two-inputs 1 "more than one input" "$FSDPC" examples/tiny.fsd examples/mlp.fsd
 check_cli o-needs-arg 1 "-o needs a file name" "$FSDPC" examples/tiny.fsd -o
+check_cli from-hf-seq-too-long 1 "--seq 2048 is longer than the model's 1024 positions (\`n_positions\`)" \
+    "$FSDPC" --from-hf tests/fromhf/gpt2_124m.json --seq 2048
+check_cli from-hf-seq 0 "const n_positions = 1024, seq = 256" "$FSDPC" --from-hf tests/fromhf/gpt2_124m.json --seq 256
+check_cli from-hf-missing 1 "cannot read nope.json: No such file" "$FSDPC" --from-hf nope.json
+check_cli from-hf-and-input 1 "takes only --seq and -o" "$FSDPC" --from-hf tests/fromhf/gpt2_124m.json examples/tiny.fsd
+check_cli seq-without-from-hf 1 "--seq is --from-hf's sequence length" "$FSDPC" examples/tiny.fsd --seq 8
 
 # -o writes the dump; an error leaves an existing output untouched
 "$FSDPC" examples/tiny.fsd --dump-model -o "$TMP/model.txt"

@@ -6,7 +6,10 @@
 # clang and its runtime libraries (libFuzzer) are optional: `make test` runs
 # its fuzz smoke test only when they are there and says so when they are
 # not, so a missing clang is installed as root but never an error. So is
-# PyTorch (python3-torch, python3-numpy) for the oracle tests (tests/oracle).
+# PyTorch (python3-torch, python3-numpy) for the oracle tests (tests/oracle),
+# and .venv, transformers and its libraries from PyPI beside that torch
+# (tools/venv.sh), for the Hugging Face tests (tests/hf): without network
+# they are skipped, saying why.
 set -e
 
 need=""
@@ -46,7 +49,23 @@ has_torch='import importlib.util as u, sys; sys.exit(not (u.find_spec("torch") a
 python3 -c "$has_torch" >/dev/null 2>&1 || /usr/bin/python3 -c "$has_torch" >/dev/null 2>&1 ||
     torch="python3-torch python3-numpy"
 
-[ -z "$need$want$torch" ] && exit 0
+# python3-venv: /usr/bin/python3 -m venv, for tools/venv.sh
+venv=""
+/usr/bin/python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || venv="python3-venv"
+
+# .venv (tools/venv.sh), made or reused: never an error, like the optional
+# packages; the Hugging Face tests say when it is missing
+hf_venv() {
+    tools/venv.sh --quiet ||
+        echo "setup: no .venv with transformers (above: why), so \`make test\` skips the" \
+             "transformers checks of tests/hf" >&2
+}
+cd "$(dirname "$0")/.."
+
+if [ -z "$need$want$torch$venv" ]; then
+    hf_venv
+    exit 0
+fi
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     export DEBIAN_FRONTEND=noninteractive
@@ -60,10 +79,10 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         apt-get install -y -qq $want >/dev/null ||
             echo "setup: could not install $want; the fuzz smoke test will be skipped" >&2
     fi
-    if [ -n "$torch" ]; then
-        echo "setup: installing $torch (for the PyTorch oracle tests)"
-        apt-get install -y -qq $torch >/dev/null ||
-            echo "setup: could not install $torch; the oracle tests will be skipped" >&2
+    if [ -n "$torch$venv" ]; then
+        echo "setup: installing $torch $venv (for the PyTorch oracle and Hugging Face tests)"
+        apt-get install -y -qq $torch $venv >/dev/null ||
+            echo "setup: could not install $torch $venv; the oracle and Hugging Face tests will be skipped" >&2
     fi
 elif [ -n "$need" ]; then
     echo "setup: missing$need; install with:" >&2
@@ -74,8 +93,9 @@ else
         echo "setup: no clang with libFuzzer, so \`make test\` skips its fuzz smoke test;" \
              "install with: sudo apt-get install -y $want" >&2
     fi
-    if [ -n "$torch" ]; then
-        echo "setup: no Python with torch, so \`make test\` skips its PyTorch oracle;" \
-             "install with: sudo apt-get install -y $torch" >&2
+    if [ -n "$torch$venv" ]; then
+        echo "setup: no Python with torch (or venv), so \`make test\` skips its PyTorch oracle" \
+             "and Hugging Face tests; install with: sudo apt-get install -y $torch $venv" >&2
     fi
 fi
+hf_venv

@@ -229,7 +229,7 @@ def cmd_mkweights(kind, out, good):
     elif kind == "shape":
         write_variant(out, t, header_override=lambda h: h["tok.weight"].update(shape=[C, V]))
     elif kind == "dtype":
-        write_variant(out, t, header_override=lambda h: h["scale.weight"].update(dtype="BF16"))
+        write_variant(out, t, header_override=lambda h: h["scale.weight"].update(dtype="F64"))
     elif kind == "json":
         write_variant(out, t, raw_header=b'{"tok.weight": {"dtype": "F32",, }')
     elif kind == "hlen":

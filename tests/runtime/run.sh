@@ -297,13 +297,13 @@ FSD_TEST_FP16=1 TRAIN=$TRAIN_BF16 err "bf16 compute with fp16 parameters" 2 "mod
 err "unwritable --log" 2 "cannot write --log file /nonexistent/log.json: No such file or directory" --data "$D" --log /nonexistent/log.json
 err "unwritable --export" 2 "cannot write --export file /nonexistent/w.st.tmp." --steps 0 --export /nonexistent/w.st
 for k in missing shape dtype json hlen truncated; do $CHECK mkweights $k "$TMP/$k.st" "$TMP/sharded.2.st"; done
-err "--init-from missing file" 2 "cannot open --init-from file $TMP/nope.st: No such file" --steps 0 --init-from "$TMP/nope.st"
+err "--init-from missing file" 2 "cannot open --init-from $TMP/nope.st: No such file" --steps 0 --init-from "$TMP/nope.st"
 err "--init-from missing tensor" 2 "$TMP/missing.st: no tensor \`head.bias\`, a parameter of model softmax_regression" --steps 0 --init-from "$TMP/missing.st"
 err "--init-from wrong shape" 2 "$TMP/shape.st: tensor \`tok.weight\` has shape \[8, 64\]; the model's is \[64, 8\]" --steps 0 --init-from "$TMP/shape.st"
-err "--init-from wrong dtype" 2 "$TMP/dtype.st: tensor \`scale.weight\` has dtype BF16; only F32 is accepted" --steps 0 --init-from "$TMP/dtype.st"
-err "--init-from bad JSON" 3 "$TMP/json.st: bad JSON in the header at byte 31: expected a string key" --steps 0 --init-from "$TMP/json.st"
+err "--init-from wrong dtype" 2 "$TMP/dtype.st: tensor \`scale.weight\` has dtype F64; the dtypes accepted are F32, BF16 and F16" --steps 0 --init-from "$TMP/dtype.st"
+err "--init-from bad JSON" 3 "$TMP/json.st: the header is not valid JSON: byte 31 of it: expected a string key" --steps 0 --init-from "$TMP/json.st"
 err "--init-from bad header length" 2 "$TMP/hlen.st: bad header length 1099511627776" --steps 0 --init-from "$TMP/hlen.st"
-err "--init-from truncated" 2 "$TMP/truncated.st is truncated: tensor \`head.bias\` ends at byte 4352 of the data, which has 4320" --steps 0 --init-from "$TMP/truncated.st"
+err "--init-from truncated" 2 "$TMP/truncated.st is truncated, or tensor \`head.bias\`'s data_offsets are out of range: \[[0-9]*, 4352\] ends past the data's 4320 bytes" --steps 0 --init-from "$TMP/truncated.st"
 
 # ── schedule bugs: a collective call the schedule could not have made ──
 # (FSD_TEST_BUG, trainer.c's break_rule) is refused once for every backend,
