@@ -702,6 +702,7 @@ typedef struct RecomputeUnit {
      * RC_SELECTIVE; RC_AUTO until the planner chooses (plan_recompute). */
     RecomputeKind mode;
     bool auto_chosen;            /* mode chosen by the planner for `auto` */
+    bool auto_unit;              /* asked `auto` (plan_recompute_search marks it) */
     /* filled in by recompute_apply: the forward values of the unit that
      * backward still reads (saved), and those it reads recomputed instead
      * (dropped after forward) */
@@ -709,10 +710,21 @@ typedef struct RecomputeUnit {
     int nsaved, ndropped;
 } RecomputeUnit;
 
+/* One assignment of the `auto` units' modes that the budget search
+ * (plan_recompute_search) planned, with what it was predicted to cost. */
+typedef struct RecomputeTry {
+    const char *what;            /* "full on every 2nd, none on the rest" */
+    bool fits, chosen;
+    double step_s;               /* the simulated step, when it fits */
+    int64_t peak;                /* bytes per rank, when it fits */
+} RecomputeTry;
+
 typedef struct Recompute {
     RecomputeUnit *units;
     int nunits;
     bool asked;                  /* the .fsd sets `recompute` somewhere */
+    RecomputeTry *tries;         /* the budget search's, in the order weighed */
+    int ntries;
 } Recompute;
 
 /* The units of g's forward (built from the model's Layer.recompute), in
@@ -998,9 +1010,18 @@ void sim_trace(FILE *out, const Sim *sim);
  * alternative weighed is in p->tries. NULL, with the error reported, when
  * nothing fits the budget. */
 Plan *plan_choose(Model *m, Graph *g, const SimCluster *c, Diag *d);
+/* Under memory_budget, chooses the modes of the units that ask `auto`:
+ * each of a ladder of assignments (none, selective, full on every 4th or
+ * 2nd unit, full) is transformed from base, fused when fuse_ops, planned
+ * by plan_choose and simulated on c, and the fastest whose plan fits the
+ * budget wins (the leanest when none fits, so that plan_choose reports
+ * it). Every assignment is in rc->tries. False, choosing nothing, without
+ * a budget or an auto unit. */
+bool plan_recompute_search(Model *m, const Graph *base, Recompute *rc, bool fuse_ops,
+                           const SimCluster *c);
 /* Chooses each recomputation unit's mode before the graph is transformed
- * (recompute_apply): what the .fsd asks, and for `auto` the planner's
- * choice, none until the budget search chooses. */
+ * (recompute_apply): what the .fsd asks; `auto` units the search did not
+ * choose recompute nothing. */
 void plan_recompute(Recompute *rc);
 /* The alternatives weighed, as --dump-plan (bucket sizes) and
  * --dump-memory (policies) list them. */

@@ -485,6 +485,7 @@ int main(int argc, char **argv)
     autodiff(graph);
     verified(&out, ir_verify(graph, stderr), "autodiff");
     Recompute *rc = recompute_units(model, graph);
+    plan_recompute_search(model, graph, rc, !o.no_fuse, &o.cluster);
     plan_recompute(rc);
     graph = recompute_apply(graph, rc);
     verified(&out, ir_verify(graph, stderr), "recomputation");

@@ -330,15 +330,93 @@ static bool choose_policy(Plan *p, int64_t world, Diag *d)
 
 /* ── recomputation: each unit's mode ──
  * What the .fsd asks is taken as written (every(k) was resolved per unit by
- * recompute_units); `auto` asks the planner. */
+ * recompute_units); `auto` asks the planner. Without memory_budget an
+ * auto unit recomputes nothing (plan_recompute): nothing asks for the
+ * memory, and recomputing costs time. Under a budget, plan_recompute_search
+ * weighs a ladder of modes for the auto units, each planned in full. */
 
-/* The mode `auto` gets. None until the budget search chooses: it will try
- * units' modes against memory_budget here, each through recompute_apply on
- * Graph.base, and keep the fastest plan that fits. */
-static RecomputeKind choose_auto(const RecomputeUnit *u)
+/* Sets every auto unit's mode from the candidate's rule, by the unit's
+ * place among the auto units (0, 1, ...): `every` 0 gives them all `mode`;
+ * every = k gives full to numbers 0, k, 2k, ... and `rest` to the others. */
+typedef struct {
+    const char *what;
+    RecomputeKind mode, rest;
+    int every;
+} AutoRule;
+
+static void apply_rule(Recompute *rc, const AutoRule *r)
 {
-    (void)u;
-    return RC_NONE;
+    int nth = 0;
+    for (int i = 0; i < rc->nunits; i++) {
+        RecomputeUnit *u = &rc->units[i];
+        if (!u->auto_unit)
+            continue;
+        u->mode = r->every ? (nth % r->every == 0 ? RC_FULL : r->rest) : r->mode;
+        u->auto_chosen = true;
+        nth++;
+    }
+}
+
+/* One candidate planned as the compile will plan it: transformed, fused,
+ * grouped and fitted (errors counted, not printed), then simulated. */
+static void weigh(Model *m, const Graph *base, Recompute *rc, bool fuse_ops,
+                  const SimCluster *c, RecomputeTry *t)
+{
+    Graph *g = recompute_apply(base, rc);
+    if (fuse_ops)
+        fuse(g);
+    Diag quiet;
+    diag_init(&quiet, m->prog->src, NULL);
+    Plan *p = plan_choose(m, g, c, &quiet);
+    if (!p || quiet.errors) {
+        t->fits = false;
+        return;
+    }
+    t->fits = true;
+    t->peak = p->mem->peak;
+    t->step_s = sim_run(p->sched, c)->step_s;
+}
+
+bool plan_recompute_search(Model *m, const Graph *base, Recompute *rc, bool fuse_ops,
+                           const SimCluster *c)
+{
+    int nauto = 0;
+    for (int i = 0; i < rc->nunits; i++)
+        if (rc->units[i].mode == RC_AUTO) {
+            rc->units[i].auto_unit = true;
+            nauto++;
+        }
+    if (!nauto || !m->shard.memory_budget_bytes)
+        return false;
+    /* from least recomputed to most: the FLOPs spent again grow down the
+     * list and the activations kept shrink */
+    static const AutoRule rules[] = {
+        {"none", RC_NONE, RC_NONE, 0},
+        {"selective", RC_SELECTIVE, RC_NONE, 0},
+        {"full on every 4th, none on the rest", RC_NONE, RC_NONE, 4},
+        {"full on every 2nd, none on the rest", RC_NONE, RC_NONE, 2},
+        {"full on every 2nd, selective on the rest", RC_NONE, RC_SELECTIVE, 2},
+        {"full", RC_FULL, RC_NONE, 0},
+    };
+    enum { NRULES = sizeof rules / sizeof *rules };
+    rc->tries = arena_alloc(sizeof(RecomputeTry) * NRULES);
+    rc->ntries = 0;
+    int best = -1;
+    for (int k = 0; k < NRULES; k++) {
+        RecomputeTry *t = &rc->tries[rc->ntries++];
+        t->what = rules[k].what;
+        apply_rule(rc, &rules[k]);
+        weigh(m, base, rc, fuse_ops, c, t);
+        /* the fastest that fits; a tie goes to the one recomputing less */
+        if (t->fits && (best < 0 || t->step_s < rc->tries[best].step_s))
+            best = k;
+    }
+    /* none fits: the leanest (the last), so the planner's error reports
+     * its peak and the policy it tried */
+    int pick = best >= 0 ? best : NRULES - 1;
+    rc->tries[pick].chosen = true;
+    apply_rule(rc, &rules[pick]);
+    return true;
 }
 
 void plan_recompute(Recompute *rc)
@@ -346,7 +424,7 @@ void plan_recompute(Recompute *rc)
     for (int i = 0; i < rc->nunits; i++) {
         RecomputeUnit *u = &rc->units[i];
         if (u->mode == RC_AUTO) {
-            u->mode = choose_auto(u);
+            u->mode = RC_NONE;
             u->auto_chosen = true;
         }
     }
@@ -355,7 +433,15 @@ void plan_recompute(Recompute *rc)
 Plan *plan_choose(Model *m, Graph *g, const SimCluster *c, Diag *d)
 {
     Plan *p = m->shard.auto_bucket_bytes ? choose_buckets(m, g, c) : plan_build(m, g);
-    return choose_policy(p, c->world, d) ? p : NULL;
+    if (choose_policy(p, c->world, d))
+        return p;
+    /* the graph is recompute = auto's leanest assignment: say so */
+    if (g->rc && g->rc->ntries)
+        diag_error(d, m->shard.memory_budget_loc,
+                   "that plan recomputes every `recompute = auto` unit in full, the leanest of "
+                   "the %d assignments weighed (--dump-plan lists them when one fits)",
+                   g->rc->ntries);
+    return NULL;
 }
 
 /* ── the alternatives, for the dumps ── */

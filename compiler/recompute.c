@@ -453,7 +453,9 @@ static const char *setting_desc(const Graph *g, const RecomputeUnit *u)
         return arena_printf("every(%" PRId64 "): number %d of the units it covers (%s)", sp->every,
                             u->nth, where);
     if (u->auto_chosen)
-        return arena_printf("auto: none until the budget search chooses (%s)", where);
+        return arena_printf(g->rc->ntries ? "auto: the budget search's choice (%s)"
+                                          : "auto: none, no memory_budget to fit (%s)",
+                            where);
     return arena_printf("%s (%s)", model_recompute_name(sp), where);
 }
 
@@ -486,6 +488,20 @@ void recompute_dump_plan(FILE *out, const Graph *g, int64_t batch)
         const RecomputeUnit *u = &rc->units[i];
         fprintf(out, "  %-5d %-24s %-10s %5d %12.4g  %s\n", u->index, u->layer->path,
                 recompute_mode_name(u->mode), nops[i], flops[i], setting_desc(g, u));
+    }
+    if (!rc->ntries)
+        return;
+    fprintf(out, "\nrecompute = auto under memory_budget %s: the assignments weighed, each "
+                 "planned and simulated\n  %-44s %12s %14s\n",
+            fmt_size(g->m->shard.memory_budget_bytes), "auto units", "step (ms)", "peak");
+    for (int i = 0; i < rc->ntries; i++) {
+        const RecomputeTry *t = &rc->tries[i];
+        if (t->fits)
+            fprintf(out, "  %-44s %12.3f %14s%s\n", t->what, 1e3 * t->step_s,
+                    fmt_size(t->peak), t->chosen ? "  <- chosen: the fastest that fits" : "");
+        else
+            fprintf(out, "  %-44s %12s %14s%s\n", t->what, "-", "does not fit",
+                    t->chosen ? "  <- the leanest, reported" : "");
     }
 }
 

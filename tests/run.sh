@@ -245,6 +245,28 @@ for f in tests/fromhf/*.json; do
         compare "from-hf $name" "tests/fromhf/$name.expected" "$TMP/err"
     fi
 done
+# ── memory_budget with `recompute = auto`: tests/budget/*.fsd planned at
+# worlds 8 and 64, the --dump-plan (units and the assignments weighed) as a
+# golden file, and the choice held to its rule by check_choice.py: it fits,
+# and no assignment that fits is faster. ──
+mkdir -p tests/golden/budget
+for f in tests/budget/*.fsd; do
+    name=$(basename "$f" .fsd)
+    budget=$(sed -n 's/^  memory_budget = \([0-9]*\)GiB$/\1/p' "$f")
+    for w in 8 64; do
+        if "$FSDPC" "$f" --world $w --dump-plan >"$TMP/out" 2>"$TMP/err"; then
+            compare "golden budget/$name.w$w" "tests/golden/budget/$name.w$w" "$TMP/out"
+            if python3 tests/budget/check_choice.py "$TMP/out" $((budget << 30)) >"$TMP/why" 2>&1; then
+                ok "budget $name at world $w: $(cat "$TMP/why")"
+            else
+                bad "budget $name at world $w: the choice breaks the rule" "$TMP/why"
+            fi
+        else
+            bad "budget $name at world $w: fsdpc failed" "$TMP/err"
+        fi
+    done
+done
+
 # ── the memory plan: tests/memory/check.py, a suite of its own, counted here ──
 # Figures computed by hand from the models' shapes, memory_budget's choices
 # and errors, and golden --dump-memory files (rewritten by --regen).
