@@ -686,7 +686,7 @@ static void json_str(FILE *out, const char *s)
 static const char *const track_names[STREAM_COUNT] = {"compute", "all-gather", "reduce-scatter"};
 static const char *const phase_names[] = {"forward", "backward", "optimizer"};
 
-void sim_trace(FILE *out, const Sim *sim)
+void sim_trace(FILE *out, const Sim *sim, const MemPlan *mp)
 {
     Schedule *s = sim->sched;
     Model *m = s->plan->m;
@@ -753,11 +753,21 @@ void sim_trace(FILE *out, const Sim *sim)
                     sim->mem_bound[i] ? "memory" : "compute");
         fputs("}}", out);
     }
+    /* what the rank holds, as a counter track: the memory plan's bytes after
+     * each event that changes them, at the event's start (its maximum is the
+     * plan's peak, the trainer's mem_peak_bytes) */
+    for (int i = 0, last = -1; i < s->nev; i++)
+        if (last < 0 || mp->live_after[i] != mp->live_after[last]) {
+            fprintf(out, ",\n{\"name\": \"memory\", \"ph\": \"C\", \"pid\": 0, \"ts\": %.3f, "
+                         "\"args\": {\"bytes\": %" PRId64 "}}",
+                    sim->start_s[i] * 1e6, mp->live_after[i]);
+            last = i;
+        }
     fprintf(out, "\n],\n\"displayTimeUnit\": \"ms\",\n\"otherData\": {\"model\": ");
     json_str(out, m->name);
     fprintf(out, ", \"gpu\": ");
     json_str(out, c->gpu->name);
     fprintf(out, ", \"world\": %" PRId64 ", \"step_ms\": %.6f, \"exposed_comm_ms\": %.6f, "
-                 "\"mfu\": %.6f}\n}\n",
-            c->world, sim->step_s * 1e3, sim->exposed_s * 1e3, sim->mfu);
+                 "\"mfu\": %.6f, \"mem_peak_bytes\": %" PRId64 "}\n}\n",
+            c->world, sim->step_s * 1e3, sim->exposed_s * 1e3, sim->mfu, mp->peak);
 }
