@@ -83,15 +83,17 @@ def cmd_bytes(log, schedule_txt, schedule_json):
 def cmd_memory(log, memory_txt):
     """the runtime's peak (mem_peak_bytes) equals the plan's peak, exactly,
     on every step: both count the arena whole, allocated once at start-up,
-    and the unsharded buffers as the schedule takes them"""
+    and the unsharded buffers as the schedule takes them; and every step's
+    mem_plan_bytes, the trainer's own prediction for its world, says the same"""
     m = re.search(r"^  peak\s+([\d,]+)", open(memory_txt).read(), re.M)
     if not m:
         die(f"{memory_txt}: no 'peak' row")
     plan = num(m.group(1))
     steps = read_log(log)
-    bad = [s for s in steps if s["mem_peak_bytes"] != plan]
+    bad = [s for s in steps if s["mem_peak_bytes"] != plan or s.get("mem_plan_bytes") != plan]
     s = bad[0] if bad else steps[-1]
-    print(f"step {s['step']}: measured peak {s['mem_peak_bytes']:,} bytes, fsdpc's plan {plan:,}" +
+    print(f"step {s['step']}: measured peak {s['mem_peak_bytes']:,} bytes, predicted at start-up "
+          f"{s.get('mem_plan_bytes', 0):,}, fsdpc's plan {plan:,}" +
           (f" ({len(bad)} of {len(steps)} steps differ)" if bad else f", every one of {len(steps)} steps"))
     sys.exit(1 if bad else 0)
 
