@@ -197,7 +197,7 @@ else
   RT_SANFLAGS :=
 endif
 RT_SRCS  := base.c common.c ranks.c cpu.c data.c weights.c safetensors.c arena.c json.c jsonout.c hfnames.c \
-            ckpt.c optim.c stop.c lr.c eval.c
+            ckpt.c optim.c stop.c lr.c eval.c memory.c
 RT_HDRS  := runtime/fsdrt.h runtime/internal.h runtime/half.h runtime/json.h runtime/jsonout.h
 # -fno-math-errno: nothing reads errno after a math call, and without it a
 # sqrtf stops the compiler vectorising a loop (the optimizer's, a kernel's).

@@ -44,6 +44,7 @@ typedef struct Emit {
     FILE *out;
     Model *m;
     Graph *g;
+    Plan *plan;
     int *act;          /* by tensor id: arena index, -1 for params, inputs */
     int nacts;
     int nbuf[2];       /* buffer events of the one- and three-micro-batch steps */
@@ -706,30 +707,39 @@ static void emit_model(Emit *e, uint64_t hash)
     P("    %d, %d, buf_one, buf_three,  /* nbuf_one, nbuf_three, buf_one, buf_three */\n",
       e->nbuf[0], e->nbuf[1]);
     P("    eval_forward,  /* eval */\n");
+    P("    %" PRId64 ", %" PRId64 ", %" PRId64
+      ",  /* plan_world, plan_peak_bytes, memory_budget_bytes */\n",
+      e->plan->mem->world, e->plan->mem->peak, c->memory_budget_bytes);
     P("};\n\n");
 }
 
 /* A step's unsharded-buffer events, in schedule order: the CUDA runtime
- * replays them at start-up to size its pools (FsdModel's buf_one). */
+ * replays them at start-up to size its pools, and every runtime to predict
+ * its memory peak (FsdModel's buf_one). */
+static int buffer_op(EventKind k)
+{
+    return k == EV_ALL_GATHER       ? 0
+           : k == EV_RESHARD        ? 1
+           : k == EV_ALLOC_GRADS    ? 2
+           : k == EV_FREE_GRADS     ? 3
+           : k == EV_REDUCE_SCATTER ? 4
+           : k == EV_WAIT_REDUCE    ? 5
+                                    : -1;
+}
+
 static void emit_buffers(Emit *e, const Schedule *s, const char *name, int which)
 {
     static const char *const ops[] = {"FSD_BUF_GATHER", "FSD_BUF_RESHARD", "FSD_BUF_ALLOC_GRADS",
-                                      "FSD_BUF_FREE_GRADS"};
+                                      "FSD_BUF_FREE_GRADS", "FSD_BUF_REDUCE", "FSD_BUF_WAIT_REDUCE"};
     int n = 0;
-    for (int i = 0; i < s->nev; i++) {
-        EventKind k = s->ev[i].kind;
-        n += k == EV_ALL_GATHER || k == EV_RESHARD || k == EV_ALLOC_GRADS || k == EV_FREE_GRADS;
-    }
+    for (int i = 0; i < s->nev; i++)
+        n += buffer_op(s->ev[i].kind) >= 0;
     e->nbuf[which] = n;
     P("static const FsdBufEvent %s[%d] = {", name, n ? n : 1);
     int col = 0;
     for (int i = 0; i < s->nev; i++) {
         const Event *ev = &s->ev[i];
-        int op = ev->kind == EV_ALL_GATHER     ? 0
-                 : ev->kind == EV_RESHARD      ? 1
-                 : ev->kind == EV_ALLOC_GRADS  ? 2
-                 : ev->kind == EV_FREE_GRADS   ? 3
-                                               : -1;
+        int op = buffer_op(ev->kind);
         if (op < 0)
             continue;
         P("%s{%s, %d, %d},", col++ % 4 ? " " : "\n    ", ops[op], ev->group, ev->micro);
@@ -855,7 +865,7 @@ static void write_program(FILE *out, Schedule *one, Schedule *three, Schedule *e
     Plan *p = one->plan;
     Model *m = p->m;
     Graph *g = p->g;
-    Emit E = {out, m, g, arena_alloc(sizeof(int) * (size_t)g->ntensors), 0}, *e = &E;
+    Emit E = {out, m, g, p, arena_alloc(sizeof(int) * (size_t)g->ntensors), 0}, *e = &E;
     for (int t = 0; t < g->ntensors; t++)
         e->act[t] = g->tensors[t]->kind == TK_ACT || g->tensors[t]->kind == TK_AGRAD ? e->nacts++
                                                                                      : -1;
@@ -888,7 +898,8 @@ static void write_program(FILE *out, Schedule *one, Schedule *three, Schedule *e
     emit_templates(e);
     P("/* ──── the model ──── */\n\n");
     emit_tables(e);
-    P("/* unsharded-buffer events of a step, for the CUDA runtime's pools */\n");
+    P("/* unsharded-buffer events of a step: the CUDA runtime sizes its pools by them,\n"
+      " * and every runtime predicts its memory peak at its world */\n");
     emit_buffers(e, one, "buf_one", 0);
     emit_buffers(e, three, "buf_three", 1);
     P("/* evaluation's forward (below), which the model table names */\n");

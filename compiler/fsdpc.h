@@ -394,8 +394,13 @@ typedef enum { OPT_ADAMW, OPT_SGD } OptimizerKind;
 
 typedef struct ShardConfig {
     int reshard_after_forward;   /* -1: FSDP2 default (true but root) */
+    Loc reshard_after_forward_loc;   /* where it was written, when it was */
     DType param_dtype, reduce_dtype, output_dtype;
     int prefetch_forward, prefetch_backward;
+    /* prefetch's arguments as written: memory_budget's search varies only
+     * those left out (and reshard_after_forward when it is -1) */
+    bool prefetch_forward_set, prefetch_backward_set;
+    Loc prefetch_forward_loc, prefetch_backward_loc;
     bool offload_cpu;
     bool accumulate_unsharded;   /* accumulate = unsharded */
     bool reshard_after_backward; /* false: keep gathered until the step's last backward */
@@ -772,9 +777,11 @@ typedef struct PlanTry {
     int64_t bucket;
     int ngroups;
     double step_s;
-    /* TRY_POLICY: a memory_budget candidate and its peak bytes per rank */
+    /* TRY_POLICY: a memory_budget candidate and its peak bytes per rank;
+     * the parts the shard section wrote are fixed in every candidate */
     bool reshard;                /* non-root groups reshard after forward */
     int prefetch_fwd, prefetch_bwd;
+    bool fixed_reshard, fixed_fwd, fixed_bwd;
     int64_t peak;
 } PlanTry;
 
@@ -900,15 +907,26 @@ typedef struct MemPlan {
     int64_t grad_shards;         /* fp32 sharded gradients */
     int64_t optim_state;         /* AdamW moments / SGD momentum */
     /* transient */
-    int64_t act_arena;           /* activations and their gradients, placed by liveness */
+    int64_t act_arena;           /* activations and their gradients, placed by liveness;
+                                    the runtime allocates it once and holds it whole */
     int64_t workspace;           /* the largest temporary any op needs */
     int64_t *act_offset;         /* by tensor id: offset in the arena, -1 if not there */
-    int64_t *live_after;         /* by event: bytes live after it */
+    int64_t *live_after;         /* by event: bytes live on the rank after it, as the
+                                    trainer counts them: resident + unsharded buffers +
+                                    the whole arena + the op's workspace */
+    /* the peak: max of live_after, what the trainer allocates at most (its
+     * mem_peak_bytes); the one figure the planner, the dumps, --sim and
+     * --trace use (docs/design.md#memory-plan) */
     int peak_event;
-    int64_t peak;                /* max of live_after */
-    /* at the peak */
-    int64_t peak_unsharded_params, peak_unsharded_grads, peak_activations;
+    int64_t peak;
+    int64_t peak_unsharded_params, peak_unsharded_grads;   /* at peak_event */
     int64_t peak_workspace;      /* 0 unless the peak is a compute event */
+    /* the lower peak with activations freed as they die: those live at each
+     * op instead of the whole arena; reached only by an allocator that
+     * frees them into one pool with the unsharded buffers */
+    int freed_peak_event;
+    int64_t freed_peak;
+    int64_t freed_peak_acts;   /* activation bytes live at freed_peak_event */
     /* resident detail */
     int64_t shard_numel;         /* Σ over groups of the per-rank shard */
     bool offload;                /* offload = cpu: the resident state is on the host */
@@ -923,8 +941,6 @@ typedef struct MemPlan {
     int64_t max_unsharded_params, max_unsharded_grads;
     int max_params_event, max_grads_event;
     int64_t max_unsharded;       /* max over events of params + grads together */
-    int64_t as_placed;           /* resident + max_unsharded + act_arena + workspace:
-                                    the peak when the runtime allocates the arena once */
 } MemPlan;
 
 MemPlan *memplan_build(Schedule *s, int64_t world);
@@ -997,8 +1013,9 @@ typedef struct Sim {
 Sim *sim_run(Schedule *s, const SimCluster *c);
 /* The --sim summary; memory is included when mp is given. */
 void sim_dump(FILE *out, const Sim *sim, const MemPlan *mp);
-/* The replay as a Chrome trace (Trace Event Format JSON). */
-void sim_trace(FILE *out, const Sim *sim);
+/* The replay as a Chrome trace (Trace Event Format JSON), with the memory
+ * plan's bytes held as a counter track and its peak. */
+void sim_trace(FILE *out, const Sim *sim, const MemPlan *mp);
 
 /* ───────────────────────── planner.c: every choice, in one place ──────── */
 

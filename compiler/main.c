@@ -282,7 +282,7 @@ static bool close_written(FILE *f, const char *name)
 
 /* The trace goes to its own file, written under a temporary name and
  * renamed when complete, like -o (a device or pipe directly). */
-static int write_trace(const char *path, Sim *sim)
+static int write_trace(const char *path, Sim *sim, MemPlan *mp)
 {
     char *tmp = renamable(path) ? arena_printf("%s.tmp.%ld", path, (long)getpid()) : NULL;
     const char *name = tmp ? tmp : path;
@@ -291,7 +291,7 @@ static int write_trace(const char *path, Sim *sim)
         fprintf(stderr, "fsdpc: cannot write %s: %s\n", name, strerror(errno));
         return 1;
     }
-    sim_trace(f, sim);
+    sim_trace(f, sim, mp);
     if (!close_written(f, name)) {
         if (tmp)
             remove(tmp);
@@ -419,7 +419,7 @@ static bool write_plan_outputs(const Options *o, Output *out, Plan *plan)
     }
     if (o->sim_spec && output(out))
         sim_dump(out->f, sim, plan->mem);
-    return !out->failed && !(o->trace && write_trace(o->trace, sim));
+    return !out->failed && !(o->trace && write_trace(o->trace, sim, plan->mem));
 }
 
 /* --from-hf: the .fsd hfconfig.c writes, through the front end first (a

@@ -29,6 +29,15 @@
  *   workspace    the scratch one op needs while it runs (op_workspace).
  * Not counted: the token inputs (idx, targets, positions: int32, a few
  * B·T·4 bytes) and the libraries' own state (CUDA context, NCCL buffers).
+ *
+ * The peak is what the trainer allocates at most, which is what its
+ * counters measure (mem_peak_bytes): the runtime allocates the activation
+ * arena once, at start-up, and holds it whole for the run, so after every
+ * event the rank holds resident + unsharded buffers + the whole arena (+
+ * the op's workspace). The lower "peak, activations freed as they die"
+ * counts only the activations live at each op instead of the arena; it is
+ * printed beside the peak, with what an allocator would have to do to
+ * reach it.
  */
 #include "fsdpc.h"
 
@@ -244,10 +253,12 @@ static int64_t reduce_buffer_bytes(const MemPlan *mp, const ShardGroup *sg)
 }
 
 /* Replays the events: unsharded buffers come and go with their events;
- * activations are those live at the last compute op so far in this
- * micro-batch (none before its first op); workspace counts during a
- * compute event only. Buffer states are flags, not counts, so a malformed
- * schedule (the verifier's business) cannot drive them negative.
+ * the arena is held whole at every event, as the runtime allocates it;
+ * workspace counts during a compute event only. Beside that, the bytes
+ * with activations freed as they die: those live at the last compute op
+ * so far in this micro-batch (none before its first op) instead of the
+ * arena. Buffer states are flags, not counts, so a malformed schedule (the
+ * verifier's business) cannot drive them negative.
  *
  * A pattern's micro-batch 1 is replayed once for all its repetitions:
  * what is live after an event depends on the buffer flags and the
@@ -266,8 +277,8 @@ static void replay(MemPlan *mp)
     int64_t params = 0, grad = 0, act = 0;
     int micro = -2;
     mp->live_after = arena_alloc(sizeof(int64_t) * (size_t)(s->nev + 1));
-    mp->peak = -1;
-    mp->peak_event = mp->max_params_event = mp->max_grads_event = -1;
+    mp->peak = mp->freed_peak = -1;
+    mp->peak_event = mp->freed_peak_event = mp->max_params_event = mp->max_grads_event = -1;
     for (int i = 0; i < s->nev; i++) {
         const Event *e = &s->ev[i];
         int64_t ws = 0;
@@ -319,7 +330,8 @@ static void replay(MemPlan *mp)
         default:
             break;
         }
-        int64_t live = mp->resident + params + grad + act + ws;
+        int64_t live = mp->resident + params + grad + mp->act_arena + ws;
+        int64_t freed = mp->resident + params + grad + act + ws;
         mp->live_after[i] = live;
         if (params > mp->max_unsharded_params) {
             mp->max_unsharded_params = params;
@@ -336,11 +348,14 @@ static void replay(MemPlan *mp)
             mp->peak_event = i;
             mp->peak_unsharded_params = params;
             mp->peak_unsharded_grads = grad;
-            mp->peak_activations = act;
             mp->peak_workspace = ws;
         }
+        if (freed > mp->freed_peak) {
+            mp->freed_peak = freed;
+            mp->freed_peak_event = i;
+            mp->freed_peak_acts = act;
+        }
     }
-    mp->as_placed = mp->resident + mp->max_unsharded + mp->act_arena + mp->workspace;
 }
 
 MemPlan *memplan_build(Schedule *s, int64_t world)
@@ -401,11 +416,18 @@ int memplan_verify(MemPlan *mp, FILE *err)
         BAD("the arena (%" PRId64 " bytes) is below the lower bound (%" PRId64 ")",
             mp->act_arena, mp->act_lower_bound);
     for (int i = 0; i < mp->sched->nev; i++) {
-        if (mp->live_after[i] < mp->resident || mp->live_after[i] > mp->peak)
-            BAD("event %d: %" PRId64 " bytes live, outside [resident %" PRId64
+        if (mp->live_after[i] < mp->resident + mp->act_arena || mp->live_after[i] > mp->peak)
+            BAD("event %d: %" PRId64 " bytes live, outside [resident + arena %" PRId64
                 ", peak %" PRId64 "]",
-                i, mp->live_after[i], mp->resident, mp->peak);
+                i, mp->live_after[i], mp->resident + mp->act_arena, mp->peak);
     }
+    /* the largest of each part, together, bound the peak from above;
+     * freeing activations as they die never needs more */
+    int64_t bound = mp->resident + mp->max_unsharded + mp->act_arena + mp->workspace;
+    if (mp->peak > bound || mp->freed_peak > mp->peak)
+        BAD("peak %" PRId64 " above resident + largest unsharded + arena + workspace %" PRId64
+            ", or below the peak with activations freed as they die %" PRId64,
+            mp->peak, bound, mp->freed_peak);
 #undef BAD
     return bad;
 }
@@ -505,12 +527,13 @@ static void dump_settings(const DumpCtx *x)
     }
 }
 
-/* What is live at the peak, by kind. */
+/* What the rank holds at the peak, by kind; then the lower peak with
+ * activations freed as they die, and what it would take to reach it. */
 static void dump_peak(const DumpCtx *x)
 {
     FILE *out = x->out;
     const MemPlan *mp = x->mp;
-    fputs("\nbreakdown at the peak                                     bytes         GiB\n", out);
+    fputs("\nbreakdown at the peak (what the trainer allocates)       bytes         GiB\n", out);
     const char *host = mp->offload ? "(host)" : NULL;
     row(out, "sharded parameters (fp32)", mp->param_shards, host);
     row(out, "sharded gradients (fp32)", mp->grad_shards, host);
@@ -520,10 +543,22 @@ static void dump_peak(const DumpCtx *x)
         x->widen ? arena_printf("unsharded gradients (%s+%s reduce)", x->gdt, x->rdt)
                  : arena_printf("unsharded gradients (%s)", x->gdt),
         mp->peak_unsharded_grads, NULL);
-    row(out, "activations", mp->peak_activations, NULL);
+    row(out, "activation arena", mp->act_arena, "allocated once, held whole");
     row(out, "workspace", mp->peak_workspace, NULL);
-    row(out, "peak", mp->peak, NULL);
-    fprintf(out, "\n  the peak is after %s\n", event_desc(mp, mp->peak_event));
+    row(out, "peak", mp->peak, "the trainer's mem_peak_bytes");
+    fprintf(out, "\n  the peak is after %s,\n  where the unsharded buffers are largest\n",
+            event_desc(mp, mp->peak_event));
+    fputc('\n', out);
+    row(out, "peak, activations freed as they die", mp->freed_peak,
+        arena_printf("%s lower, after event %d", fmt_count(mp->peak - mp->freed_peak),
+                     mp->freed_peak_event));
+    fprintf(out, "    the activations live after event %d are %s bytes of the arena's %s; only\n"
+                 "    an allocator that hands out each activation when it is first written and "
+                 "takes it back\n"
+                 "    after its last use, from one pool with the unsharded buffers and without "
+                 "fragmentation,\n"
+                 "    would reach it: the trainer allocates the arena once and holds it whole\n",
+            mp->freed_peak_event, fmt_count(mp->freed_peak_acts), fmt_count(mp->act_arena));
 }
 
 /* The largest of each kind over the whole step, each at its own event. */
@@ -552,8 +587,6 @@ static void dump_whole_step(const DumpCtx *x)
         mp->workspace_op >= 0 ? arena_printf("op %d %s", mp->workspace_op,
                                              op_name(g->ops[mp->workspace_op]->kind))
                               : NULL);
-    row(out, "if the arena is used as placed", mp->as_placed,
-        "resident + largest unsharded + arena + workspace");
 }
 
 /* Each group's flat, padded and shard sizes at this world. */
@@ -616,16 +649,20 @@ static void dump_formulas(const DumpCtx *x)
                      "from its\n"
                      "    reduce_scatter to its wait_reduce\n",
                 dtype_bytes(c->reduce_dtype), x->rdt, x->gdt);
-    fputs("  activations after an event = bytes of the activations and their gradients live "
-          "at the\n    last compute op so far in its micro-batch (first write <= op <= last "
-          "use); 0 before\n    a micro-batch's first op\n",
+    fputs("  activation arena = the placement's size: every activation and activation "
+          "gradient\n    at its offset, allocated at start-up and held for the whole run\n",
           out);
     fputs("  workspace during a compute event: 0 for every op (attention keeps no B*H*T*T\n"
           "    probabilities: an online softmax forward, p recomputed in backward)\n",
           out);
     fprintf(out, "  live after an event = %sunsharded parameters\n"
-                 "    + unsharded gradients + activations + workspace\n",
+                 "    + unsharded gradients + activation arena + workspace; the peak is its "
+                 "largest\n",
             mp->offload ? "" : "sharded parameters + gradients + optimizer state + ");
+    fputs("  with activations freed as they die: the same with, instead of the arena, the\n"
+          "    activations and their gradients live at the last compute op so far in its\n"
+          "    micro-batch (first write <= op <= last use; none before a micro-batch's first op)\n",
+          out);
 }
 
 void memplan_dump(FILE *out, MemPlan *mp)

@@ -687,8 +687,10 @@ static void check_shard(Build *mb)
     collect_settings(mb, mb->shard_sec, shard_settings, by);
     if (by[0]) {
         bool v;
-        if (eval_bool(mb->d, &sc, by[0]->value, "`reshard_after_forward`", &v))
+        if (eval_bool(mb->d, &sc, by[0]->value, "`reshard_after_forward`", &v)) {
             c->reshard_after_forward = v;
+            c->reshard_after_forward_loc = by[0]->loc;
+        }
     }
     if (by[1]) {
         Arg *b[MAX_ARGS];
@@ -715,6 +717,8 @@ static void check_shard(Build *mb)
         if (eval_bind_args(mb->d, &sig_prefetch, by[2]->loc, by[2]->args, b)) {
             int64_t v;
             int *dst[2] = {&c->prefetch_forward, &c->prefetch_backward};
+            bool *set[2] = {&c->prefetch_forward_set, &c->prefetch_backward_set};
+            Loc *at[2] = {&c->prefetch_forward_loc, &c->prefetch_backward_loc};
             for (int i = 0; i < 2; i++)
                 if (b[i] && eval_int(mb->d, &sc, b[i]->value,
                                      arena_printf("`prefetch` argument `%s`",
@@ -724,8 +728,11 @@ static void check_shard(Build *mb)
                         diag_error(mb->d, b[i]->value->loc, "prefetch depth %" PRId64
                                                            " is more than %d groups ahead",
                                    v, MAX_PREFETCH);
-                    else
+                    else {
                         *dst[i] = (int)v;
+                        *set[i] = true;
+                        *at[i] = b[i]->loc;
+                    }
                 }
         }
     }

@@ -8,8 +8,9 @@
  *      buckets; the bucket size is searched through the simulator (sim.c)
  *      from N down, and the fastest predicted step wins;
  *   2. policy: under `memory_budget`, the reshard policy and prefetch depth
- *      are searched through the memory planner (memplan.c), fastest first,
- *      and the first whose peak fits wins;
+ *      the shard section left open are searched through the memory planner
+ *      (memplan.c), fastest first, and the first whose peak fits wins (what
+ *      the section wrote stays as written);
  *   3. the step's schedule (schedule.c) and its memory plan for the world
  *      the dumps and the simulator are asked about.
  *
@@ -223,7 +224,12 @@ static Plan *choose_buckets(Model *m, Graph *g, const SimCluster *c)
     return p;
 }
 
-/* ── memory_budget: the fastest policy that fits ── */
+/* ── memory_budget: the fastest policy that fits ──
+ * What the shard section wrote is fixed: `reshard_after_forward` and each
+ * `prefetch` argument given are kept in every candidate, and the search
+ * varies only what was left open. When nothing fits under them, the error
+ * says so with the numbers, and names a policy that would fit if the
+ * setting were changed. */
 
 static void apply_policy(Plan *p, const PlanTry *t)
 {
@@ -234,14 +240,19 @@ static void apply_policy(Plan *p, const PlanTry *t)
         m->groups[i]->reshard = t->reshard && !m->groups[i]->is_root;
 }
 
-/* "reshard after forward, prefetch 1", for the dump's table */
+/* "reshard after forward (as written), prefetch 1", for the dump's table:
+ * the parts the shard section fixed are marked */
 static const char *policy_str(const PlanTry *t)
 {
-    const char *what = t->reshard ? "reshard after forward" : "keep parameters after forward";
-    if (t->prefetch_fwd == t->prefetch_bwd)
-        return arena_printf("%s, prefetch %d", what, t->prefetch_fwd);
-    return arena_printf("%s, prefetch forward %d, backward %d", what, t->prefetch_fwd,
-                        t->prefetch_bwd);
+    const char *what = arena_printf(
+        "%s%s", t->reshard ? "reshard after forward" : "keep parameters after forward",
+        t->fixed_reshard ? " (as written)" : "");
+    if (t->prefetch_fwd == t->prefetch_bwd && t->fixed_fwd == t->fixed_bwd)
+        return arena_printf("%s, prefetch %d%s", what, t->prefetch_fwd,
+                            t->fixed_fwd ? " (as written)" : "");
+    return arena_printf("%s, prefetch forward %d%s, backward %d%s", what, t->prefetch_fwd,
+                        t->fixed_fwd ? " (as written)" : "", t->prefetch_bwd,
+                        t->fixed_bwd ? " (as written)" : "");
 }
 
 /* "resharding after forward and prefetching 0 groups ahead", for messages */
@@ -256,39 +267,134 @@ static const char *policy_phrase(const PlanTry *t)
                         what, t->prefetch_fwd, t->prefetch_bwd);
 }
 
+/* "each rank peaks at 3.08 MiB (sharded parameters ..., workspace 0 B)" */
+static const char *peak_phrase(const MemPlan *mp)
+{
+    return arena_printf("each rank peaks at %s (sharded parameters %s, gradients %s, optimizer "
+                        "state %s%s, unsharded parameters %s, unsharded gradients %s, "
+                        "activation arena %s, workspace %s)",
+                        fmt_size(mp->peak), fmt_size(mp->param_shards),
+                        fmt_size(mp->grad_shards), fmt_size(mp->optim_state),
+                        mp->offload ? " (on the host)" : "",
+                        fmt_size(mp->peak_unsharded_params), fmt_size(mp->peak_unsharded_grads),
+                        fmt_size(mp->act_arena), fmt_size(mp->peak_workspace));
+}
+
+static const char *const ADVICE =
+    "raise the budget, shard over more ranks (--world), or lower micro_batch";
+
+/* The written settings a candidate t changes, with where they are:
+ * "`reshard_after_forward = true` (written false at f.fsd:3:3)" */
+static const char *changes(Diag *d, const ShardConfig *c, const PlanTry *t)
+{
+    const char *s = "";
+    if (c->reshard_after_forward >= 0 && t->reshard != (c->reshard_after_forward != 0))
+        s = arena_printf("`reshard_after_forward = %s` (written %s at %s)",
+                         t->reshard ? "true" : "false", t->reshard ? "false" : "true",
+                         diag_where(d, c->reshard_after_forward_loc));
+    const char *name[2] = {"forward", "backward"};
+    const int want[2] = {t->prefetch_fwd, t->prefetch_bwd};
+    const int have[2] = {c->prefetch_forward, c->prefetch_backward};
+    const bool set[2] = {c->prefetch_forward_set, c->prefetch_backward_set};
+    const Loc at[2] = {c->prefetch_forward_loc, c->prefetch_backward_loc};
+    for (int k = 0; k < 2; k++)
+        if (set[k] && want[k] != have[k])
+            s = arena_printf("%s%s`prefetch(%s = %d)` (written %d at %s)", s, *s ? " and " : "",
+                             name[k], want[k], have[k], diag_where(d, at[k]));
+    return s;
+}
+
 static void report_no_fit(Diag *d, const ShardConfig *c, const PlanTry *lean,
                           const MemPlan *mp)
 {
     diag_error(d, c->memory_budget_loc,
                "memory_budget %s is less than the leanest plan needs on %" PRId64
-               " ranks: %s, each rank peaks at %s (sharded parameters %s, "
-               "gradients %s, optimizer state %s%s, unsharded parameters %s, unsharded "
-               "gradients %s, activations %s, workspace %s); raise the budget, shard "
-               "over more ranks (--world), or lower micro_batch",
-               fmt_size(c->memory_budget_bytes), mp->world, policy_phrase(lean),
-               fmt_size(mp->peak), fmt_size(mp->param_shards), fmt_size(mp->grad_shards),
-               fmt_size(mp->optim_state), mp->offload ? " (on the host)" : "",
-               fmt_size(mp->peak_unsharded_params), fmt_size(mp->peak_unsharded_grads),
-               fmt_size(mp->peak_activations), fmt_size(mp->peak_workspace));
+               " ranks: %s, %s; %s",
+               fmt_size(c->memory_budget_bytes), mp->world, policy_phrase(lean), peak_phrase(mp),
+               ADVICE);
 }
 
-/* Without a budget, the shard section's policy. With one, the candidates
- * from fastest to leanest, and the first whose peak fits:
+/* Nothing fits under the settings the shard section wrote. `lean` is the
+ * smallest peak under them; `alt`, when not NULL, the fastest candidate
+ * that fits once a written setting changes. */
+static void report_fixed_no_fit(Diag *d, const ShardConfig *c, const PlanTry *lean,
+                                const MemPlan *mp, const PlanTry *alt, const MemPlan *alt_mp)
+{
+    const char *other =
+        alt ? arena_printf("%s would fit (%s, each rank peaks at %s): change it, or %s",
+                           changes(d, c, alt), policy_phrase(alt), fmt_size(alt_mp->peak),
+                           ADVICE)
+            : arena_printf("no policy fits with them changed either: %s", ADVICE);
+    diag_error(d, c->memory_budget_loc,
+               "memory_budget %s cannot be met on %" PRId64 " ranks under the settings written "
+               "in `shard`, which the planner keeps: the leanest plan under them is %s, and %s; "
+               "%s",
+               fmt_size(c->memory_budget_bytes), mp->world, policy_phrase(lean), peak_phrase(mp),
+               other);
+}
+
+/* The candidates, fastest to leanest:
  *   1. keep every group's parameters after forward (reshard false), with the
  *      configured prefetch: backward gathers nothing again, so one
  *      all-gather per group and micro-batch instead of two; it holds every
- *      group unsharded at the end of forward.
+ *      group unsharded at the end of forward, where prefetching changes
+ *      nothing, so it is tried at one depth.
  *   2-4. reshard after forward (FSDP2's default), prefetching 2, 1, then 0
  *      groups ahead: each prefetched group is one more unsharded buffer in
  *      flight, and each one less exposes more of the all-gathers' latency.
  * The root keeps its parameters in all of them, as FSDP2 does: backward
- * starts with the root's head. Every candidate is planned (a schedule and a
- * memory plan are cheap) so --dump-memory can show what each would need.
- * "Fits" means the peak of live bytes is within the budget: what an
- * allocator that frees as it goes needs. The arena "as placed" figure,
- * which the runtime needs if it allocates the arena once, is at least that;
- * the dump prints it beside the peak. Returns false, with the error
- * reported at the memory_budget setting, when none fits. */
+ * starts with the root's head. With `fixed`, a candidate takes the written
+ * settings (a written prefetch replaces the candidate's depth, a written
+ * reshard_after_forward drops the candidates of the other kind) and
+ * duplicates go; returns the number written to out. */
+enum { NPOLICIES = 4 };
+
+static int candidates(const ShardConfig *c, bool fixed, PlanTry *out)
+{
+    const PlanTry all[NPOLICIES] = {
+        {.kind = TRY_POLICY, .reshard = false, .prefetch_fwd = c->prefetch_forward,
+         .prefetch_bwd = c->prefetch_backward},
+        {.kind = TRY_POLICY, .reshard = true, .prefetch_fwd = 2, .prefetch_bwd = 2},
+        {.kind = TRY_POLICY, .reshard = true, .prefetch_fwd = 1, .prefetch_bwd = 1},
+        {.kind = TRY_POLICY, .reshard = true, .prefetch_fwd = 0, .prefetch_bwd = 0},
+    };
+    int n = 0;
+    for (int k = 0; k < NPOLICIES; k++) {
+        PlanTry t = all[k];
+        if (fixed) {
+            t.fixed_reshard = c->reshard_after_forward >= 0;
+            t.fixed_fwd = c->prefetch_forward_set;
+            t.fixed_bwd = c->prefetch_backward_set;
+            if (t.fixed_reshard && t.reshard != (c->reshard_after_forward != 0))
+                continue;
+            if (t.fixed_fwd)
+                t.prefetch_fwd = c->prefetch_forward;
+            if (t.fixed_bwd)
+                t.prefetch_bwd = c->prefetch_backward;
+        }
+        bool dup = false;
+        for (int j = 0; j < n; j++)
+            dup |= out[j].reshard == t.reshard && out[j].prefetch_fwd == t.prefetch_fwd &&
+                   out[j].prefetch_bwd == t.prefetch_bwd;
+        if (!dup)
+            out[n++] = t;
+    }
+    return n;
+}
+
+static MemPlan *plan_policy(Plan *p, const PlanTry *t, int64_t world)
+{
+    apply_policy(p, t);
+    return memplan_build(schedule_build(p, p->micro_batches), world);
+}
+
+/* Without a budget, the shard section's policy. With one, the candidates
+ * under the written settings, fastest first, and the first whose peak fits.
+ * Every candidate is planned (a schedule and a memory plan are cheap) so
+ * --dump-memory can show what each would need. "Fits" means the peak — what
+ * the trainer allocates at most, the arena held whole
+ * (docs/design.md#memory-plan) — is within the budget. Returns false, with
+ * the error reported at the memory_budget setting, when none fits. */
 static bool choose_policy(Plan *p, int64_t world, Diag *d)
 {
     ShardConfig *c = &p->m->shard;
@@ -298,28 +404,38 @@ static bool choose_policy(Plan *p, int64_t world, Diag *d)
         p->mem = memplan_build(p->sched, world);
         return true;
     }
-    enum { NPOLICIES = 4 };
-    const PlanTry policies[NPOLICIES] = {
-        {.kind = TRY_POLICY, .reshard = false, .prefetch_fwd = c->prefetch_forward,
-         .prefetch_bwd = c->prefetch_backward},
-        {.kind = TRY_POLICY, .reshard = true, .prefetch_fwd = 2, .prefetch_bwd = 2},
-        {.kind = TRY_POLICY, .reshard = true, .prefetch_fwd = 1, .prefetch_bwd = 1},
-        {.kind = TRY_POLICY, .reshard = true, .prefetch_fwd = 0, .prefetch_bwd = 0},
-    };
-    MemPlan *plans[NPOLICIES];
-    PlanTry *tries[NPOLICIES], *chosen = NULL;
-    for (int k = 0; k < NPOLICIES; k++) {
-        apply_policy(p, &policies[k]);
-        plans[k] = memplan_build(schedule_build(p, p->micro_batches), world);
-        tries[k] = add_try(p, policies[k]);
-        tries[k]->peak = plans[k]->peak;
-        if (!chosen && plans[k]->peak <= budget) {
-            chosen = tries[k];
-            p->mem = plans[k];
+    PlanTry mine[NPOLICIES];
+    int n = candidates(c, true, mine);
+    MemPlan *lean = NULL;
+    PlanTry *chosen = NULL, *lean_try = NULL;
+    for (int k = 0; k < n; k++) {
+        MemPlan *mp = plan_policy(p, &mine[k], world);
+        PlanTry *t = add_try(p, mine[k]);
+        t->peak = mp->peak;
+        if (!lean || mp->peak <= lean->peak)   /* a tie: the later, leaner by design */
+            lean = mp, lean_try = &mine[k];
+        if (!chosen && mp->peak <= budget) {
+            chosen = t;
+            p->mem = mp;
         }
     }
     if (!chosen) {
-        report_no_fit(d, c, &policies[NPOLICIES - 1], plans[NPOLICIES - 1]);
+        bool any_fixed = mine[0].fixed_reshard || mine[0].fixed_fwd || mine[0].fixed_bwd;
+        if (!any_fixed) {
+            report_no_fit(d, c, lean_try, lean);
+            return false;
+        }
+        /* would one fit with a written setting changed? */
+        PlanTry open[NPOLICIES];
+        int no = candidates(c, false, open);
+        for (int k = 0; k < no; k++) {
+            MemPlan *mp = plan_policy(p, &open[k], world);
+            if (mp->peak <= budget) {
+                report_fixed_no_fit(d, c, lean_try, lean, &open[k], mp);
+                return false;
+            }
+        }
+        report_fixed_no_fit(d, c, lean_try, lean, NULL, NULL);
         return false;
     }
     chosen->chosen = true;
@@ -460,10 +576,14 @@ void plan_dump_buckets(FILE *out, const Plan *p)
 void plan_dump_policies(FILE *out, const Plan *p)
 {
     int64_t budget = p->m->shard.memory_budget_bytes;
+    int width = 44;   /* wider when settings as written are marked */
+    for (int i = 0; i < p->ntries; i++)
+        if (p->tries[i].kind == TRY_POLICY && (int)strlen(policy_str(&p->tries[i])) > width)
+            width = (int)strlen(policy_str(&p->tries[i]));
     for (int i = 0, k = 0; i < p->ntries; i++) {
         const PlanTry *t = &p->tries[i];
         if (t->kind == TRY_POLICY)
-            fprintf(out, "    %d. %-44s peak %20s  %s%s\n", ++k, policy_str(t),
+            fprintf(out, "    %d. %-*s peak %20s  %s%s\n", ++k, width, policy_str(t),
                     fmt_count(t->peak), t->peak <= budget ? "fits" : "too big",
                     t->chosen ? "  <- chosen" : "");
     }

@@ -879,7 +879,7 @@ static void json_str(FILE *out, const char *s)
 static const char *const track_names[STREAM_COUNT] = {"compute", "all-gather", "reduce-scatter"};
 static const char *const phase_names[] = {"forward", "backward", "optimizer"};
 
-void sim_trace(FILE *out, const Sim *sim)
+void sim_trace(FILE *out, const Sim *sim, const MemPlan *mp)
 {
     Schedule *s = sim->sched;
     Model *m = s->plan->m;
@@ -948,6 +948,16 @@ void sim_trace(FILE *out, const Sim *sim)
                     sim->mem_bound[i] ? "memory" : "compute");
         fputs("}}", out);
     }
+    /* what the rank holds, as a counter track: the memory plan's bytes after
+     * each event that changes them, at the event's start (its maximum is the
+     * plan's peak, the trainer's mem_peak_bytes) */
+    for (int i = 0, last = -1; i < s->nev; i++)
+        if (last < 0 || mp->live_after[i] != mp->live_after[last]) {
+            fprintf(out, ",\n{\"name\": \"memory\", \"ph\": \"C\", \"pid\": 0, \"ts\": %.3f, "
+                         "\"args\": {\"bytes\": %" PRId64 "}}",
+                    sim->start_s[i] * 1e6, mp->live_after[i]);
+            last = i;
+        }
     /* a pattern shows micro-batch 1's first run; the others are one slice */
     const char *note = NULL;
     if (s->repeat > 1) {
@@ -975,6 +985,6 @@ void sim_trace(FILE *out, const Sim *sim)
     fprintf(out, ", \"gpu\": ");
     json_str(out, c->gpu->name);
     fprintf(out, ", \"world\": %" PRId64 ", \"step_ms\": %.6f, \"exposed_comm_ms\": %.6f, "
-                 "\"mfu\": %.6f, \"hfu\": %.6f}\n}\n",
-            c->world, sim->step_s * 1e3, sim->exposed_s * 1e3, sim->mfu, sim->hfu);
+                 "\"mfu\": %.6f, \"hfu\": %.6f, \"mem_peak_bytes\": %" PRId64 "}\n}\n",
+            c->world, sim->step_s * 1e3, sim->exposed_s * 1e3, sim->mfu, sim->hfu, mp->peak);
 }

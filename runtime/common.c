@@ -440,9 +440,7 @@ static void allocate(FsdRun *r)
         return;
     }
     for (int i = 0; i < n; i++) {
-        /* statistics are real whatever act is (fsdrt.h), as the plan sizes them */
-        const int64_t elem = m->acts[i].stat ? (int64_t)sizeof(real) : act_bytes(r);
-        bytes[i] = (m->acts[i].per_sample * B + m->acts[i].fixed) * elem;
+        bytes[i] = act_tensor_bytes(r, i, B);
         first[i] = m->acts[i].first;
         last[i] = m->acts[i].last;
     }
@@ -629,6 +627,9 @@ FsdRun *fsdrt_init(int argc, char **argv, const FsdModel *m)
     /* before the first collective whose count or size depends on them */
     ranks_check_config(r);
     agree_or_exit(r);
+    /* the plan's peak at this world, and its memory_budget, before allocating */
+    mem_plan_run(r);
+    agree_or_exit(r);
 
     allocate(r);
     agree_or_exit(r);
@@ -676,6 +677,7 @@ FsdRun *fsdrt_init(int argc, char **argv, const FsdModel *m)
                m->offload_cpu ? " | offload = cpu: shards and optimizer state in host memory, "
                                 "not counted in mem"
                               : "");
+        mem_report(r);
         fflush(stdout);
     }
     return r;
@@ -916,21 +918,6 @@ void fsdrt_reshard(FsdRun *r, int g)
     G->params = NULL;
 }
 
-/* What the plan holds unsharded gradients in: act when it is bf16 (FSDP2's
- * gradients in the param dtype), else the reduce dtype as before. */
-static FsdDtype grads_dtype(const FsdRun *r)
-{
-    return act_bf16(r) ? FSD_BF16 : r->m->reduce_dtype;
-}
-
-/* bf16 gradients reduced in fp32 are widened into an fp32 buffer of the
- * group's padded size, which lives from fsdrt_reduce_scatter to
- * fsdrt_wait_reduce and is counted for that time, as the plan counts it. */
-static int64_t reduce_buffer_bytes(const FsdRun *r, const Group *G)
-{
-    return act_bf16(r) && r->m->reduce_dtype == FSD_FP32 ? G->padded * 4 : 0;
-}
-
 void fsdrt_alloc_grads(FsdRun *r, int g)
 {
     if (g < 0 || g >= r->m->ngroups || r->groups[g].grads)
@@ -946,7 +933,7 @@ void fsdrt_reduce_scatter(FsdRun *r, int g)
     if (g < 0 || g >= r->m->ngroups || !r->groups[g].grads || r->groups[g].reducing)
         RT_BUG(r, "fsdrt_reduce_scatter(%d) without gradients, or with one in flight", g);
     Group *G = &r->groups[g];
-    rt_count(r, reduce_buffer_bytes(r, G));
+    rt_count(r, reduce_buffer_bytes(r, G->padded));
     bk_reduce_scatter(r, g);
     G->reducing = true;
     G->reduce_t0 = rt_now();
@@ -959,7 +946,7 @@ void fsdrt_wait_reduce(FsdRun *r, int g)
         RT_BUG(r, "fsdrt_wait_reduce(%d) without a reduce-scatter in flight", g);
     Group *G = &r->groups[g];
     bk_wait_reduce(r, g);
-    rt_count(r, -reduce_buffer_bytes(r, G));
+    rt_count(r, -reduce_buffer_bytes(r, G->padded));
     G->reducing = false;
     int mark[2];
     bk_trace_collective(r, g, 2, mark);
@@ -1289,10 +1276,12 @@ void fsdrt_end_step(FsdRun *r)
             fprintf(r->log,
                     "{\"step\": %lld, \"loss\": %s, \"lr\": %.17g, \"grad_norm\": %s, "
                     "\"tokens_per_s\": %.1f, \"step_ms\": %.3f, \"mem_peak_bytes\": %lld, "
+                    "\"mem_plan_bytes\": %lld, "
                     "\"comm_bytes\": %lld, \"gather_bytes\": %lld, \"reduce_bytes\": %lld, "
                     "\"first_seq\": %lld%s}\n",
                     (long long)r->step, ls, lr, ns, tok_s, secs * 1e3,
-                    (long long)r->counters.peak_alloc_bytes, (long long)(gathered + reduced),
+                    (long long)r->counters.peak_alloc_bytes, (long long)r->mem.peak,
+                    (long long)(gathered + reduced),
                     (long long)gathered, (long long)reduced, (long long)r->seq, ck);
             fflush(r->log);
         }

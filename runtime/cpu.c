@@ -916,6 +916,20 @@ void bk_update(FsdRun *r, double lr, int64_t t, double v[2])
 
 void bk_ready(FsdRun *r) { (void)r; }
 
+/* Every buffer the counters count is the plan's (the emulation's own, as
+ * an fp32 copy of a bf16 gather, are not counted: docs/runtime.md#counters),
+ * and there is no device to report. */
+int64_t bk_counted_extra(FsdRun *r, int64_t world)
+{
+    (void)r, (void)world;
+    return 0;
+}
+bool bk_memory(FsdRun *r, BkMemory *d)
+{
+    (void)r, (void)d;
+    return false;
+}
+
 /* The host does the work: the trace's host times are its times. */
 void bk_trace_start(FsdRun *r) { (void)r; }
 int bk_trace_mark(FsdRun *r) { (void)r; return -1; }

@@ -210,6 +210,12 @@ static bool pick_device(FsdRun *r)
         return false;
     }
     bk->have_device = true;
+    /* what the device has in use now that this process's context exists:
+     * the baseline of start-up's report (bk_memory) */
+    if (cudaMemGetInfo(&bk->mem_free_at_start, &bk->mem_total) != cudaSuccess) {
+        cudaGetLastError();
+        bk->mem_free_at_start = bk->mem_total = 0;
+    }
     return true;
 }
 
@@ -402,6 +408,7 @@ bool bk_start(FsdRun *r, int *argc, char ***argv)
     bk->have_lt = true;
     CUDA_CHECK(r, cudaMalloc(&bk->blas_ws, BLAS_WORKSPACE_BYTES));
     CUDA_CHECK(r, cudaMalloc((void **)&bk->d_small, SMALL_BYTES));
+    bk->own_bytes += SMALL_BYTES;
     CUDA_CHECK(r, cudaMallocHost((void **)&bk->h_small, SMALL_BYTES));
 
     /* NCCL */

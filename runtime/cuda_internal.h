@@ -119,6 +119,12 @@ struct Backend {
     cudaEvent_t trace_ref;
     double trace_ref_us;
 
+    /* what the device holds (bk_memory): cudaMemGetInfo's figures when the
+     * context was made, and the runtime's device buffers the counters leave
+     * out (the pools' capacity; the rest but cuBLASLt's workspace in own) */
+    size_t mem_free_at_start, mem_total;
+    int64_t pool_bytes, own_bytes;
+
     /* buffers */
     Pooled *pool;
     int npool, pool_cap;

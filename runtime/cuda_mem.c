@@ -104,6 +104,7 @@ static int pool_grow(FsdRun *r, int64_t bytes)
         bk_abort(r);
     }
     bk->pool[bk->npool] = (Pooled){p, bytes, false};
+    bk->pool_bytes += bytes > 0 ? bytes : FSDRT_ARENA_ALIGN;
     return bk->npool++;
 }
 
@@ -181,6 +182,9 @@ static void size_pools(FsdRun *r)
                     bk_pool_put(r, grads[g], 0);
                 grads[g] = NULL;
                 break;
+            case FSD_BUF_REDUCE:
+            case FSD_BUF_WAIT_REDUCE:
+                break;   /* the reduce buffer is one, allocated in bk_ready */
             }
         }
     }
@@ -210,7 +214,80 @@ static void *device(FsdRun *r, int64_t bytes, bool counted)
     CUDA_CHECK(r, cudaMemsetAsync(p, 0, (size_t)(bytes > 0 ? bytes : FSDRT_ARENA_ALIGN), r->bk->compute));
     if (counted)
         rt_count(r, bytes);
+    else
+        r->bk->own_bytes += bytes > 0 ? bytes : FSDRT_ARENA_ALIGN;
     return p;
+}
+
+/* The largest group's padded elements at world W (the wire and reduce
+ * buffers' size), from the model's flat sizes: bk_counted_extra needs it
+ * before the groups are sized. */
+static int64_t largest_padded(const FsdRun *r, int64_t W)
+{
+    int64_t most = 0;
+    for (int g = 0; g < r->m->ngroups; g++) {
+        const int64_t padded = (r->m->groups[g].flat_numel + W - 1) / W * W;
+        if (padded > most)
+            most = padded;
+    }
+    return most;
+}
+
+/* Whether offload keeps a device accumulator per group (offload_start). */
+static bool offload_accumulates(const FsdRun *r)
+{
+    return r->m->offload_cpu && (r->cfg.grad_accum > 1 || act_bf16(r));
+}
+
+int64_t bk_counted_extra(FsdRun *r, int64_t world)
+{
+    const FsdModel *m = r->m;
+    const int64_t most = largest_padded(r, world);
+    int64_t extra = 0;
+    if (!act_bf16(r) && m->param_dtype != FSD_FP32)
+        extra += 2 * most;   /* wire_ag */
+    if (!act_bf16(r) && m->reduce_dtype != FSD_FP32)
+        extra += 2 * most;   /* wire_rs */
+    if (offload_accumulates(r))
+        for (int g = 0; g < m->ngroups; g++)
+            extra += (m->groups[g].flat_numel + world - 1) / world * (int64_t)sizeof(real);
+    return extra;
+}
+
+bool bk_memory(FsdRun *r, BkMemory *d)
+{
+    Backend *bk = r->bk;
+    const FsdModel *m = r->m;
+    size_t free_now = 0, total = 0;
+    if (cudaMemGetInfo(&free_now, &total) != cudaSuccess) {
+        cudaGetLastError();
+        free_now = total = 0;
+    }
+    *d = (BkMemory){.device = bk->device,
+                    .total = (int64_t)bk->mem_total,
+                    .used_at_start = (int64_t)(bk->mem_total - bk->mem_free_at_start),
+                    .used_now = (int64_t)(total - free_now),
+                    .pools = bk->pool_bytes,
+                    .workspace = BLAS_WORKSPACE_BYTES};
+    d->outside = bk->pool_bytes + BLAS_WORKSPACE_BYTES + bk->own_bytes;
+    d->ours = r->counters.alloc_bytes + d->outside;
+    size_t k = 0;
+    const size_t n = sizeof d->extra_what;
+    if (bk->wire_ag_bytes || bk->wire_rs_bytes)
+        k += (size_t)snprintf(d->extra_what + k, n - k, "16-bit wire buffers %lld",
+                              (long long)(bk->wire_ag_bytes + bk->wire_rs_bytes));
+    if (bk->acc_bytes && k < n)
+        k += (size_t)snprintf(d->extra_what + k, n - k, "%soffload's device accumulators %lld",
+                              k ? ", " : "", (long long)bk->acc_bytes);
+    if (!act_bf16(r) && m->param_dtype != FSD_FP32 && k < n)
+        k += (size_t)snprintf(d->extra_what + k, n - k,
+                              "%sunsharded parameters in fp32, gathered in 16 bits", k ? ", " : "");
+    if (!act_bf16(r) && m->reduce_dtype != FSD_FP32 && k < n)
+        k += (size_t)snprintf(d->extra_what + k, n - k,
+                              "%sunsharded gradients in fp32, reduced in 16 bits", k ? ", " : "");
+    if (!k)
+        snprintf(d->extra_what, n, "none");
+    return true;
 }
 
 /* ── offload = cpu ──
@@ -261,7 +338,7 @@ static void offload_start(FsdRun *r)
         GroupComm *c = &bk->gc[g];
         CUDA_CHECK(r, cudaEventCreateWithFlags(&c->copied_in, cudaEventDisableTiming));
         CUDA_CHECK(r, cudaEventCreateWithFlags(&c->scattered, cudaEventDisableTiming));
-        if (r->cfg.grad_accum > 1 || act_bf16(r)) {
+        if (offload_accumulates(r)) {
             const int64_t bytes = r->groups[g].shard * (int64_t)sizeof(real);
             c->acc = device(r, bytes, true);
             bk->acc_bytes += c->acc ? bytes : 0;
@@ -360,10 +437,7 @@ void bk_ready(FsdRun *r)
      * place, but an fp32 reduce widens the gradients into one fp32 buffer
      * used the same way; it is not counted here: common.c counts a padded ×
      * 4 buffer for each reduce-scatter while it runs, as the plan does */
-    int64_t most = 0;
-    for (int g = 0; g < m->ngroups; g++)
-        if (r->groups[g].padded > most)
-            most = r->groups[g].padded;
+    const int64_t most = largest_padded(r, r->world);
     if (act_bf16(r)) {
         if (m->reduce_dtype == FSD_FP32)
             bk->reduce32 = device(r, 4 * most, false);

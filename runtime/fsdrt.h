@@ -115,9 +115,14 @@ typedef struct FsdTrainConfig {
 } FsdTrainConfig;
 
 /* One unsharded-buffer event of the schedule (FsdModel's buf_one, buf_three). */
-typedef enum { FSD_BUF_GATHER, FSD_BUF_RESHARD, FSD_BUF_ALLOC_GRADS, FSD_BUF_FREE_GRADS } FsdBufOp;
+typedef enum {
+    FSD_BUF_GATHER, FSD_BUF_RESHARD, FSD_BUF_ALLOC_GRADS, FSD_BUF_FREE_GRADS,
+    FSD_BUF_REDUCE, FSD_BUF_WAIT_REDUCE
+} FsdBufOp;
 typedef struct FsdBufEvent {
-    FsdBufOp op;             /* fsdrt_all_gather, _reshard, _alloc_grads, _free_grads */
+    FsdBufOp op;             /* fsdrt_all_gather, _reshard, _alloc_grads, _free_grads,
+                                _reduce_scatter (a reduce buffer with bf16 act and an
+                                fp32 reduce), _wait_reduce */
     int group;
     int micro;               /* the micro-batch of the step it belongs to */
 } FsdBufEvent;
@@ -148,7 +153,8 @@ typedef struct FsdModel {
     /* The unsharded-buffer events of a step of one micro-batch, and of a
      * step of three (first, middle, last: every distinct micro-batch), in
      * schedule order: the CUDA backend replays them at start-up to size its
-     * buffer pools, so that no step allocates device memory. */
+     * buffer pools, so that no step allocates device memory, and every
+     * backend to predict the memory peak at its world. */
     int nbuf_one, nbuf_three;
     const FsdBufEvent *buf_one, *buf_three;
     /* Evaluation's micro-batch (docs/runtime.md#evaluation): the forward
@@ -156,6 +162,12 @@ typedef struct FsdModel {
      * its end, each sequence's loss handed to fsdrt_eval_loss_tensor; the
      * runtime loads its inputs. NULL: the program cannot evaluate. */
     FsdStepFn eval;
+    /* The plan fsdpc fitted (docs/runtime.md#memory-at-start-up): the world
+     * it planned memory for (fsdpc --world), the memory plan's peak there at
+     * the train section's micro_batch and grad_accum, and the shard
+     * section's memory_budget (0: none), which the runtime holds the peak
+     * at its own world to before it starts. */
+    int64_t plan_world, plan_peak_bytes, memory_budget_bytes;
 } FsdModel;
 
 /* ── lifecycle ── */

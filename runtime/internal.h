@@ -85,6 +85,19 @@ typedef struct Ckpt Ckpt;
 /* The element types weights files are read in and written as
  * (safetensors.c). */
 typedef enum { ST_F32, ST_BF16, ST_F16, ST_NDTYPES } StDtype;
+/* The memory plan's peak at this run's world, micro-batch and grad_accum,
+ * in bytes per rank, at this build's sizes. */
+typedef struct MemPeak {
+    int64_t resident;        /* master, gradient and optimizer-state shards (0: offload) */
+    int64_t unsharded;       /* the most unsharded buffers the step holds at once */
+    int64_t arena;           /* the activation arena, placed for this micro-batch */
+    int64_t peak;            /* their sum: the plan's peak, what the CPU build counts */
+    int64_t unsharded_counted;   /* unsharded, at the sizes this backend counts them */
+    int64_t counted;         /* what this backend's counters reach: the peak, plus the
+                                buffers it counts beyond the plan (CUDA's wire buffers,
+                                offload's device accumulators, fp32 buffers of an fp16
+                                gather: docs/cuda.md#memory-beyond-the-plan) */
+} MemPeak;
 
 struct FsdRun {
     const FsdModel *m;
@@ -112,6 +125,7 @@ struct FsdRun {
     int64_t ckpt_max_failures;   /* --ckpt-max-failures: saves failing in a row that stop the run; 0: 3 */
     FILE *log;
 
+    MemPeak mem;             /* memory.c's prediction for this run, made before allocating */
     Group *groups;
     int64_t *act_offset;     /* bytes into the arena, by FsdActInfo index */
     unsigned char *arena;
@@ -195,6 +209,40 @@ static inline int64_t unsharded_bytes(const FsdRun *r, const Group *G)
 {
     return G->padded * (int64_t)act_bytes(r);
 }
+/* What the plan holds unsharded gradients in: act when it is bf16 (FSDP2's
+ * gradients in the param dtype), else the reduce dtype. */
+static inline FsdDtype grads_dtype(const FsdRun *r)
+{
+    return act_bf16(r) ? FSD_BF16 : r->m->reduce_dtype;
+}
+/* bf16 gradients reduced in fp32 are widened into an fp32 buffer of the
+ * group's padded size, which lives from fsdrt_reduce_scatter to
+ * fsdrt_wait_reduce and is counted for that time, as the plan counts it:
+ * its bytes for a group of `padded` elements (0 when there is none). */
+static inline int64_t reduce_buffer_bytes(const FsdRun *r, int64_t padded)
+{
+    return act_bf16(r) && r->m->reduce_dtype == FSD_FP32 ? padded * 4 : 0;
+}
+/* Arena tensor i at micro-batch B: numel × bytes of act, or of real for a
+ * statistic (fsdrt.h), as the plan sizes it. */
+static inline int64_t act_tensor_bytes(const FsdRun *r, int i, int64_t B)
+{
+    const FsdActInfo *a = &r->m->acts[i];
+    return (a->per_sample * B + a->fixed) * (a->stat ? (int64_t)sizeof(real) : act_bytes(r));
+}
+
+/* ── memory.c: the plan's peak for this run (docs/runtime.md#memory-at-start-up) ── */
+
+/* The activation arena at micro-batch B, placed as allocate places it; -1
+ * when out of memory. */
+int64_t mem_arena_bytes(const FsdRun *r, int64_t B);
+/* Computes r->mem; with a memory_budget the peak exceeds (and a step to
+ * run), an rt_fail with the numbers and what would fit. Before anything is
+ * allocated; the caller agrees on the error. */
+void mem_plan_run(FsdRun *r);
+/* Rank 0's start-up lines: the peak, and on a device what it holds beyond
+ * it (after bk_ready). */
+void mem_report(FsdRun *r);
 
 /* ── data.c: token files and the data order ── */
 
@@ -513,6 +561,27 @@ bool bk_trace_us(FsdRun *r, int mark, double *us);
  * unsharded-buffer pools, sized by replaying the model's buffer events.
  * Errors go to rt_fail; the caller agrees on them. */
 void bk_ready(FsdRun *r);
+/* Bytes the backend will allocate and count beyond the memory plan's
+ * buffers at world W, before anything is allocated (memory.c adds them to
+ * its prediction of the counters): CUDA's 16-bit wire buffers and
+ * offload's device accumulators; 0 on the CPU. */
+int64_t bk_counted_extra(FsdRun *r, int64_t world);
+/* What a device holds besides the counted buffers, after bk_ready
+ * (docs/cuda.md#memory-beyond-the-plan). */
+typedef struct BkMemory {
+    int device;
+    int64_t total;           /* cudaMemGetInfo: the device's bytes */
+    int64_t used_at_start;   /* in use when this process's context was made */
+    int64_t used_now;        /* in use after start-up */
+    int64_t ours;            /* the runtime's device buffers now, counted or not */
+    int64_t outside;         /* of which not counted: the three below and the rest */
+    int64_t pools;           /* the unsharded-buffer pools' capacity */
+    int64_t workspace;       /* cuBLASLt's workspace */
+    char extra_what[192];    /* what bk_counted_extra and the counted sizes add */
+} BkMemory;
+/* Fills d and returns true where there is a device to report (CUDA);
+ * false on the CPU. */
+bool bk_memory(FsdRun *r, BkMemory *d);
 /* Outside a step: copies `bytes` between backend memory and the host. */
 void bk_to_host(FsdRun *r, void *dst, const void *src, int64_t bytes);
 void bk_from_host(FsdRun *r, void *dst, const void *src, int64_t bytes);

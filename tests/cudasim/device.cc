@@ -56,7 +56,8 @@
  *
  * One process per rank, one device each (FSD_CUDASIM_DEVICES, default 8,
  * compute capability 9.0). Device memory is capped at
- * FSD_CUDASIM_MEM_MB (default 8192) per process.
+ * FSD_CUDASIM_MEM_MB (default 8192) per process, which cudaMemGetInfo
+ * reports as the device's size.
  */
 #include "kernel.h"
 #include "sim.h"
@@ -493,6 +494,22 @@ cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned flags)
 }
 cudaError_t cudaFree(void *p) { return release(p, SIM_DEVICE, "cudaFree"); }
 cudaError_t cudaFreeHost(void *p) { return release(p, SIM_PINNED, "cudaFreeHost"); }
+
+/* The device is this process's cap (FSD_CUDASIM_MEM_MB), and nothing but
+ * its own cudaMalloc uses it: no context, no other process, no library
+ * allocating behind the runtime's back (the fakes keep their state in host
+ * memory). So the runtime's account of its device memory must add up to
+ * the bytes in use exactly (tests/cudasim/run.sh checks it). */
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes)
+{
+    std::lock_guard<std::recursive_mutex> g(lock);
+    if (!free_bytes || !total_bytes)
+        return cudaErrorInvalidValue;
+    size_t cap = (size_t)env_int("FSD_CUDASIM_MEM_MB", 8192) << 20;
+    *total_bytes = cap;
+    *free_bytes = cap - device_bytes;
+    return cudaSuccess;
+}
 
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a, const void *p)
 {

@@ -13,7 +13,9 @@
 #      collective streams run lazily, and at world 2 eagerly
 #      (device.cc: the two orders a correct program must not notice):
 #      loss, grad norm, bytes moved and the counted memory peak against
-#      the CPU build at the same world;
+#      the CPU build at the same world; the start-up's device memory
+#      account: the counters peak where it said, and it names every byte
+#      in use (here, in 2b, 4 and 5);
 #   2b. tiny with each sharding policy that changes what the backend does
 #      (unsharded accumulation, parameters kept gathered, fp32 compute with
 #      bf16 or fp16 wire formats), tiny_llama and mlp at world 2, tiny at
@@ -148,7 +150,25 @@ sim() {
     local model=$1
     shift
     run "$name" ${envs[@]+"${envs[@]}"} "${MPI[@]}" -np "$np" "build/$model/train" \
-        --steps "$STEPS" --seed 1337 --data "$DATA/tiny.bin" --quiet --log "$OUT/$name.jsonl" "$@"
+        --steps "$STEPS" --seed 1337 --data "$DATA/tiny.bin" --log "$OUT/$name.jsonl" "$@"
+}
+# device_memory NAME: sim NAME's start-up lines (docs/cuda.md#memory-beyond-the-plan):
+# the counters peak at the bytes they said they would (the plan's peak at
+# this world, and what the backend counts beyond it), and the account of
+# the device adds up: the simulated device has no context, and its NCCL and
+# cuBLASLt keep their state in host memory, so every byte cudaMemGetInfo
+# has in use must be one of the runtime's buffers
+device_memory() {
+    local name=$1 want got rest
+    [ -s "$OUT/$name.jsonl" ] || return 0   # run has reported the failure
+    want=$(sed -n 's/^device memory: the counters will peak at \([0-9]*\) bytes: .*(\(.*\))$/\1 \2/p' "$OUT/$name.log")
+    rest=$(sed -n 's/^device memory: GPU .* static data \(-*[0-9]*\); .*/\1/p' "$OUT/$name.log")
+    got=$(jsonl_max "$OUT/$name.jsonl" mem_peak_bytes)
+    if [ -n "$got" ] && [ "${want%% *}" = "$got" ] && [ "$rest" = 0 ]; then
+        ok "cudasim: $name: counted peak $got bytes, as predicted at start-up (beyond the plan: ${want#* }); every device byte in use accounted for"
+    else
+        bad "cudasim: $name: counted peak ${got:-?}, predicted '${want:-?}'; device bytes not accounted for: ${rest:-?}" "$OUT/$name.log"
+    fi
 }
 # cpu NAME NP MODEL ARGS...: the same on the CPU build.
 cpu() {
@@ -174,6 +194,7 @@ for np in 1 2 4; do
     cpu "tiny_cpu_w$np" "$np" tiny
     sim "tiny_sim_w$np" "$np" FSD_TF32=0 tiny/cudasim
     same "cudasim: tiny, world $np, lazy collective streams, vs CPU" "tiny_cpu_w$np" "tiny_sim_w$np" "${FP32[@]}"
+    device_memory "tiny_sim_w$np"
 done
 sim tiny_sim_w2_eager 2 FSD_TF32=0 FSD_CUDASIM=eager tiny/cudasim
 same "cudasim: tiny, world 2, eager collective streams, vs CPU" tiny_cpu_w2 tiny_sim_w2_eager "${FP32[@]}"
@@ -224,6 +245,7 @@ for v in tiny_unsharded tiny_keep tiny_unsharded_rab tiny_reduce_bf16 tiny_param
     else
         bad "cudasim: $v, world 2: counted device peak ${p_sim:-?}; want the fp32 policy's ${p_fp32:-?} + $dirs wire buffer(s) of $((2 * most)) bytes"
     fi
+    device_memory "${v}_sim"
 done
 cpu tiny_cpu_w3 3 tiny
 sim tiny_sim_w3 3 FSD_TF32=0 FSD_CUDASIM=eager tiny/cudasim
@@ -275,6 +297,7 @@ for mode in lazy eager; do
     same "cudasim: tiny_bf16, world 2, $mode, vs CPU" tiny_bf16_cpu "tiny_bf16_sim_$mode" \
         "loss 1e-2 1e-4" "grad_norm 5e-2" "comm_bytes 0" "mem_peak_bytes 0"
 done
+device_memory tiny_bf16_sim_lazy
 
 # ── 5. offload = cpu ──
 # The counted device peak is the CPU build's plus the device accumulators
@@ -294,6 +317,7 @@ for mode in lazy eager; do
         bad "cudasim: tiny_offload, world 2, $mode: counted device peak ${p_sim:-?}; want the CPU build's ${p_cpu:-?} + accumulators ${acc:-?}"
     fi
 done
+device_memory tiny_offload_sim_lazy
 
 # ── 6. checkpoints ──
 resume_check "cudasim: tiny, world 1" build/tiny/cudasim/train tiny_sim

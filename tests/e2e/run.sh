@@ -12,9 +12,11 @@
 #   3. mixed precision: bf16 all-gathers (and reduce-scatters) stay close to
 #      fp32 over 50 steps and move exactly half the bytes;
 #   4. the plan holds: the bytes every step moves equal fsdpc's schedule,
-#      the measured memory peak its memory plan, and the trace of each run
-#      its order of collectives;
-#   5. bad input: a clear message and exit 1 on every rank, no hang;
+#      the measured memory peak its memory plan and the trainer's own
+#      prediction for its world (mem_plan_bytes), exactly, and the trace of
+#      each run its order of collectives;
+#   5. bad input: a clear message and exit 1 on every rank, no hang; a
+#      memory_budget fitted at world 4 refused at worlds 1 and 2;
 #   6. fusion: tiny, tiny_llama and tiny in bf16, compiled with and without
 #      fsdpc --no-fuse, train to the same losses and weights, bit for bit.
 #
@@ -56,6 +58,9 @@ variant tiny_bf16 examples/tiny.fsd "$(shard_set 'mixed_precision(param = bf16, 
 variant tiny_bf16_fp32 examples/tiny.fsd "$(shard_set 'mixed_precision(param = bf16, reduce = fp32)')"
 variant tiny_reduce_bf16 examples/tiny.fsd "$(shard_set 'mixed_precision(param = fp32, reduce = bf16)')"
 variant tiny_offload examples/tiny.fsd "$(shard_set 'offload = cpu')"
+# a budget tiny meets at world 4 (3,936,512 bytes a rank) and not at 3
+# (4,097,344), compiled with --world 4
+variant tiny_budget examples/tiny.fsd "$(shard_set 'memory_budget = 3850KiB')"
 # a shard group of 2 parameters: too small for 3 ranks
 cat >"$OUT/small_group.fsd" <<'EOF'
 model small_group {
@@ -88,6 +93,7 @@ TRAINERS=(
     "tiny_bf16_fp32 $OUT/tiny_bf16_fp32.fsd cpu"
     "small_group $OUT/small_group.fsd cpu"
     "tiny_offload $OUT/tiny_offload.fsd cpu"
+    "tiny_budget $OUT/tiny_budget.fsd,--world,4 cpu"
     "tiny64 examples/tiny.fsd cpu64"
     "tiny_llama64 examples/tiny_llama.fsd cpu64"
     "mlp64 examples/mlp.fsd cpu64"
@@ -204,7 +210,7 @@ for v in tiny tiny_sharded_keep tiny_unsharded tiny_unsharded_keep tiny_unsharde
         if res=$($CHECK bytes "$TMP/$run.log" "$TMP/$run.sched" "$TMP/$run.json"); then
             ok "plan bytes $v, $w rank(s): every step $res, as fsdpc --dump-schedule says"
         else bad "plan bytes $v, $w rank(s): $res" "$TMP/$run.sched"; fi
-        if res=$($CHECK memory "$TMP/$run.log" "$TMP/$run.mem" 0.05); then
+        if res=$($CHECK memory "$TMP/$run.log" "$TMP/$run.mem"); then
             ok "plan memory $v, $w rank(s): $res"
         else bad "plan memory $v, $w rank(s): $res" "$TMP/$run.mem"; fi
         if res=$($CHECK trace "$TMP/$run.trace" "$TMP/$run.json" $w 10); then
@@ -279,7 +285,7 @@ for v in tiny tiny_bf16 tiny_bf16_fp32; do
     if res=$($CHECK bytes "$TMP/mp.$v.log" "$TMP/$v.mp.sched" "$TMP/$v.mp.json"); then
         ok "plan bytes $v, 2 ranks: every step $res, as fsdpc --dump-schedule says"
     else bad "plan bytes $v, 2 ranks: $res" "$TMP/$v.mp.sched"; fi
-    if res=$($CHECK memory "$TMP/mp.$v.log" "$TMP/$v.mp.mem" 0.05); then
+    if res=$($CHECK memory "$TMP/mp.$v.log" "$TMP/$v.mp.mem"); then
         ok "plan memory $v, 2 ranks: $res"
     else bad "plan memory $v, 2 ranks: $res" "$TMP/$v.mp.mem"; fi
 done
@@ -312,6 +318,21 @@ err "unknown flag" $T 2 "unknown flag --frobnicate (see --help)" --data "$D" --f
 err "world larger than a group" $OUT/small_group/train 17 "world size 17 is larger than shard group norm's 16 elements (its parameters, aligned): run on at most 16 ranks" --data "$D"
 err "--grad-check in the fp32 build" $T 2 "--grad-check needs the float64 build (make trainer BACKEND=cpu64)" --data "$D" --grad-check 2
 err "--grad-check-eps 0" $OUT/tiny64/train 2 "--grad-check-eps: 0 is not a step above 0 and at most 1" --data "$D" --grad-check 2 --grad-check-eps 0
+# a memory_budget is the plan's at the world fsdpc fitted it (--world 4):
+# at another the trainer predicts its own peak and refuses to start above
+# the budget, on every rank, with the numbers and what would fit
+B4=$OUT/tiny_budget/train
+err "memory_budget at world 1" $B4 1 "at world 1 each rank would peak at 5383424 bytes (5.13 MiB: .*), above this program's memory_budget of 3942400 bytes (3.76 MiB), which fsdpc fitted at world 4 (peak 3936512 bytes there, 3.75 MiB); run on 4 ranks (the fewest above 1 where it fits), or with --micro-batch 1, or plan for this world with fsdpc --world 1 " --data "$D"
+err "memory_budget at world 2" $B4 2 "at world 2 each rank would peak at 4418816 bytes .*; run on 4 ranks (the fewest above 2 where it fits), or with --micro-batch 3 or less, or plan for this world with fsdpc --world 2 " --data "$D"
+mp 4 $B4 --data "$D" --steps 2 --log "$TMP/budget4.log" >"$TMP/budget4.out" 2>&1
+st=$?
+$FSDPC "$OUT/tiny_budget.fsd" --world 4 --dump-memory >"$TMP/budget4.mem" 2>&1
+if [ $st != 0 ]; then bad "memory_budget at world 4, where fsdpc fitted it: status $st" "$TMP/budget4.out"
+elif ! grep -q "^memory: 3936512 bytes per rank at world 4 (.*); memory_budget 3942400 (3.76 MiB), fitted by fsdpc at world 4" "$TMP/budget4.out"; then
+    bad "memory_budget at world 4: no start-up line with the peak and the budget" "$TMP/budget4.out"
+elif res=$($CHECK memory "$TMP/budget4.log" "$TMP/budget4.mem"); then
+    ok "memory_budget at world 4, where fsdpc fitted it: the run starts and says so; $res"
+else bad "memory_budget at world 4: $res" "$TMP/budget4.mem"; fi
 # a world larger than a group's parameters but not its elements: ranks 1-3
 # hold only alignment padding of norm, and the model trains as on 1 rank
 mp 1 $OUT/small_group/train --data "$D" --steps 5 --micro-batch 4 --log "$TMP/sg.1.log" --quiet >"$TMP/out" 2>&1 &&

@@ -233,27 +233,35 @@ static const FsdActInfo acts[67] = {
     {"d.pos.out", 0, 4096, 76, 77, false},
 };
 
-/* unsharded-buffer events of a step, for the CUDA runtime's pools */
-static const FsdBufEvent buf_one[16] = {
+/* unsharded-buffer events of a step: the CUDA runtime sizes its pools by them,
+ * and every runtime predicts its memory peak at its world */
+static const FsdBufEvent buf_one[22] = {
     {FSD_BUF_GATHER, 2, 0}, {FSD_BUF_GATHER, 0, 0}, {FSD_BUF_GATHER, 1, 0}, {FSD_BUF_RESHARD, 0, 0},
     {FSD_BUF_RESHARD, 1, 0}, {FSD_BUF_GATHER, 1, 0}, {FSD_BUF_ALLOC_GRADS, 2, 0}, {FSD_BUF_RESHARD, 2, 0},
-    {FSD_BUF_ALLOC_GRADS, 1, 0}, {FSD_BUF_GATHER, 0, 0}, {FSD_BUF_RESHARD, 1, 0}, {FSD_BUF_ALLOC_GRADS, 0, 0},
-    {FSD_BUF_RESHARD, 0, 0}, {FSD_BUF_FREE_GRADS, 1, 0}, {FSD_BUF_FREE_GRADS, 0, 0}, {FSD_BUF_FREE_GRADS, 2, 0},
+    {FSD_BUF_ALLOC_GRADS, 1, 0}, {FSD_BUF_GATHER, 0, 0}, {FSD_BUF_RESHARD, 1, 0}, {FSD_BUF_REDUCE, 1, 0},
+    {FSD_BUF_ALLOC_GRADS, 0, 0}, {FSD_BUF_RESHARD, 0, 0}, {FSD_BUF_REDUCE, 0, 0}, {FSD_BUF_WAIT_REDUCE, 1, 0},
+    {FSD_BUF_FREE_GRADS, 1, 0}, {FSD_BUF_REDUCE, 2, 0}, {FSD_BUF_WAIT_REDUCE, 0, 0}, {FSD_BUF_FREE_GRADS, 0, 0},
+    {FSD_BUF_WAIT_REDUCE, 2, 0}, {FSD_BUF_FREE_GRADS, 2, 0},
 };
 
-static const FsdBufEvent buf_three[48] = {
+static const FsdBufEvent buf_three[66] = {
     {FSD_BUF_GATHER, 2, 0}, {FSD_BUF_GATHER, 0, 0}, {FSD_BUF_GATHER, 1, 0}, {FSD_BUF_RESHARD, 0, 0},
     {FSD_BUF_RESHARD, 1, 0}, {FSD_BUF_GATHER, 1, 0}, {FSD_BUF_ALLOC_GRADS, 2, 0}, {FSD_BUF_RESHARD, 2, 0},
-    {FSD_BUF_ALLOC_GRADS, 1, 0}, {FSD_BUF_GATHER, 0, 0}, {FSD_BUF_RESHARD, 1, 0}, {FSD_BUF_ALLOC_GRADS, 0, 0},
-    {FSD_BUF_RESHARD, 0, 0}, {FSD_BUF_FREE_GRADS, 1, 0}, {FSD_BUF_FREE_GRADS, 0, 0}, {FSD_BUF_FREE_GRADS, 2, 0},
-    {FSD_BUF_GATHER, 2, 1}, {FSD_BUF_GATHER, 0, 1}, {FSD_BUF_GATHER, 1, 1}, {FSD_BUF_RESHARD, 0, 1},
-    {FSD_BUF_RESHARD, 1, 1}, {FSD_BUF_GATHER, 1, 1}, {FSD_BUF_ALLOC_GRADS, 2, 1}, {FSD_BUF_RESHARD, 2, 1},
-    {FSD_BUF_ALLOC_GRADS, 1, 1}, {FSD_BUF_GATHER, 0, 1}, {FSD_BUF_RESHARD, 1, 1}, {FSD_BUF_ALLOC_GRADS, 0, 1},
-    {FSD_BUF_RESHARD, 0, 1}, {FSD_BUF_FREE_GRADS, 1, 1}, {FSD_BUF_FREE_GRADS, 0, 1}, {FSD_BUF_FREE_GRADS, 2, 1},
+    {FSD_BUF_ALLOC_GRADS, 1, 0}, {FSD_BUF_GATHER, 0, 0}, {FSD_BUF_RESHARD, 1, 0}, {FSD_BUF_REDUCE, 1, 0},
+    {FSD_BUF_ALLOC_GRADS, 0, 0}, {FSD_BUF_RESHARD, 0, 0}, {FSD_BUF_REDUCE, 0, 0}, {FSD_BUF_WAIT_REDUCE, 1, 0},
+    {FSD_BUF_FREE_GRADS, 1, 0}, {FSD_BUF_REDUCE, 2, 0}, {FSD_BUF_WAIT_REDUCE, 0, 0}, {FSD_BUF_FREE_GRADS, 0, 0},
+    {FSD_BUF_WAIT_REDUCE, 2, 0}, {FSD_BUF_FREE_GRADS, 2, 0}, {FSD_BUF_GATHER, 2, 1}, {FSD_BUF_GATHER, 0, 1},
+    {FSD_BUF_GATHER, 1, 1}, {FSD_BUF_RESHARD, 0, 1}, {FSD_BUF_RESHARD, 1, 1}, {FSD_BUF_GATHER, 1, 1},
+    {FSD_BUF_ALLOC_GRADS, 2, 1}, {FSD_BUF_RESHARD, 2, 1}, {FSD_BUF_ALLOC_GRADS, 1, 1}, {FSD_BUF_GATHER, 0, 1},
+    {FSD_BUF_RESHARD, 1, 1}, {FSD_BUF_REDUCE, 1, 1}, {FSD_BUF_ALLOC_GRADS, 0, 1}, {FSD_BUF_RESHARD, 0, 1},
+    {FSD_BUF_REDUCE, 0, 1}, {FSD_BUF_WAIT_REDUCE, 1, 1}, {FSD_BUF_FREE_GRADS, 1, 1}, {FSD_BUF_REDUCE, 2, 1},
+    {FSD_BUF_WAIT_REDUCE, 0, 1}, {FSD_BUF_FREE_GRADS, 0, 1}, {FSD_BUF_WAIT_REDUCE, 2, 1}, {FSD_BUF_FREE_GRADS, 2, 1},
     {FSD_BUF_GATHER, 2, 2}, {FSD_BUF_GATHER, 0, 2}, {FSD_BUF_GATHER, 1, 2}, {FSD_BUF_RESHARD, 0, 2},
     {FSD_BUF_RESHARD, 1, 2}, {FSD_BUF_GATHER, 1, 2}, {FSD_BUF_ALLOC_GRADS, 2, 2}, {FSD_BUF_RESHARD, 2, 2},
-    {FSD_BUF_ALLOC_GRADS, 1, 2}, {FSD_BUF_GATHER, 0, 2}, {FSD_BUF_RESHARD, 1, 2}, {FSD_BUF_ALLOC_GRADS, 0, 2},
-    {FSD_BUF_RESHARD, 0, 2}, {FSD_BUF_FREE_GRADS, 1, 2}, {FSD_BUF_FREE_GRADS, 0, 2}, {FSD_BUF_FREE_GRADS, 2, 2},
+    {FSD_BUF_ALLOC_GRADS, 1, 2}, {FSD_BUF_GATHER, 0, 2}, {FSD_BUF_RESHARD, 1, 2}, {FSD_BUF_REDUCE, 1, 2},
+    {FSD_BUF_ALLOC_GRADS, 0, 2}, {FSD_BUF_RESHARD, 0, 2}, {FSD_BUF_REDUCE, 0, 2}, {FSD_BUF_WAIT_REDUCE, 1, 2},
+    {FSD_BUF_FREE_GRADS, 1, 2}, {FSD_BUF_REDUCE, 2, 2}, {FSD_BUF_WAIT_REDUCE, 0, 2}, {FSD_BUF_FREE_GRADS, 0, 2},
+    {FSD_BUF_WAIT_REDUCE, 2, 2}, {FSD_BUF_FREE_GRADS, 2, 2},
 };
 
 /* evaluation's forward (below), which the model table names */
@@ -278,8 +286,9 @@ static const FsdModel model = {
         0, 0,  /* eval_every, eval_sequences */
     },
     false,  /* offload_cpu */
-    16, 48, buf_one, buf_three,  /* nbuf_one, nbuf_three, buf_one, buf_three */
+    22, 66, buf_one, buf_three,  /* nbuf_one, nbuf_three, buf_one, buf_three */
     eval_forward,  /* eval */
+    8, 3695360, 0,  /* plan_world, plan_peak_bytes, memory_budget_bytes */
 };
 
 /* ──── the schedule ──── */

@@ -154,7 +154,8 @@ plan_figure() {
 # gpt2_report LOG FLOPS_PER_SEQ PLAN_PEAK SMI_PEAK SMI_BASE SIM: GPT-2's
 # speed, MFU and memory against the plan and the simulator, printed; fails
 # unless every loss is finite, the first is within 0.5 of ln(50257) and the
-# counted peak is within [0.9, 1.3] of the plan's.
+# counted peak is the plan's peak to the byte (a bf16 policy: the device
+# counts nothing beyond the plan; docs/cuda.md#memory-beyond-the-plan).
 gpt2_report() {
     awk -v flops_seq="$2" -v plan="$3" -v smi_peak="$4" -v smi_base="$5" -v sim="$6" '
     function field(line, k,    v) {
@@ -206,7 +207,7 @@ gpt2_report() {
         ln_v = log(50257)
         printf "     losses %s … %s (ln 50257 = %.4f)\n", loss[0], loss[n - 1], ln_v
         d = loss[0] - ln_v
-        if (!good || d > 0.5 || d < -0.5 || ratio < 0.9 || ratio > 1.3) exit 1
+        if (!good || d > 0.5 || d < -0.5 || peak != plan) exit 1
     }' "$1"
 }
 
@@ -358,10 +359,12 @@ gpu_checks() {
         plan_peak=$(plan_figure "$REF/gpt2.memory" "peak " 2)
         if gpt2_report "$OUT/gpt2.jsonl" "${flops:-0}" "${plan_peak:-0}" "${smi_peak:-0}" "${base:-0}" \
                 "$REF/gpt2.sim"; then
-            ok "gpt2: $GPT2_STEPS steps on the GPU: losses finite and the first near ln(50257); counted peak within [0.9, 1.3] of the plan"
+            ok "gpt2: $GPT2_STEPS steps on the GPU: losses finite and the first near ln(50257); counted peak the plan's, to the byte"
         else
             bad "gpt2: $GPT2_STEPS steps: a loss, or the memory peak against the plan, is off" "$OUT/gpt2.log"
         fi
+        # what the device holds beyond the plan, to read nvidia-smi's figure against
+        grep -E '^(memory|device memory):' "$OUT/gpt2.log" | sed 's/^/     /'
         sed -n '/^FSD_GEMM_BENCH/,$p' "$OUT/gpt2.log" | head -n 40 | sed 's/^/     /'
     fi
 

@@ -51,9 +51,10 @@
 #      tokens/s, MFU and the counted memory peak against the plan
 #      (fsdpc --dump-memory --world 1) and the simulator (--sim h200:gpus=1),
 #      the device's own peak (nvidia-smi); the step-0 loss near ln(50257),
-#      every loss finite, the counted peak within [0.9, 1.3] of the plan
-#      (bf16 compute: its buffers are the plan's; the margin is for the
-#      runtime's own buffers the plan leaves out, docs/cuda.md); then,
+#      every loss finite, the counted peak the plan's to the byte (bf16
+#      compute: its buffers are the plan's, the arena held whole), and the
+#      trainer's start-up lines on what the device holds beyond it
+#      (docs/cuda.md#memory-beyond-the-plan) beside nvidia-smi's; then,
 #      FSD_GEMM_BENCH, every product shape of the run timed (printed, not
 #      judged); 4b. 3 steps with --trace-out: the device's times in the
 #      trace (ops in order, none overlapping);

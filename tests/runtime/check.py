@@ -116,7 +116,7 @@ def cmd_logs(a, b, tol):
     if len(la) != len(lb) or not la:
         die(f"{a} has {len(la)} steps, {b} has {len(lb)}")
     tol = float(tol)
-    keys = {"step", "loss", "lr", "grad_norm", "tokens_per_s", "step_ms", "mem_peak_bytes", "comm_bytes",
+    keys = {"step", "loss", "lr", "grad_norm", "tokens_per_s", "step_ms", "mem_peak_bytes", "mem_plan_bytes", "comm_bytes",
             "gather_bytes", "reduce_bytes", "first_seq"}
     for x, y in zip(la, lb):
         if set(x) != keys:

@@ -158,7 +158,7 @@ static void combinations(const char *path)
                                 eval_bad++;
                             else {
                                 MemPlan *a = memplan_build(ev, 8), *b = memplan_build(s, 8);
-                                eval_over += a->peak > b->peak || a->as_placed > b->as_placed;
+                                eval_over += a->peak > b->peak || a->freed_peak > b->freed_peak;
                             }
                             if (!s || schedule_verify(s, stderr)) {
                                 bad++;
