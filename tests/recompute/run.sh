@@ -8,8 +8,8 @@
 #      the trainer logs them (--log) are the strings the `none` trainer logs,
 #      and the weights it exports after the last step are the same bytes;
 #   2. the plan holds: the measured memory peak (mem_peak_bytes) equals
-#      fsdpc --dump-memory's figure for that world ("if the arena is used as
-#      placed", what the runtime allocates), and is below `none`'s;
+#      fsdpc --dump-memory's peak for that world (what the runtime
+#      allocates), and is below `none`'s;
 #   3. the recomputing trainers do recompute: their train.cu has recompute
 #      ops (`OP("... (recompute)", ...)`), the `none` ones have none.
 #
@@ -155,7 +155,7 @@ EOF
         bad "bits $n vs $none on $w rank(s): $res"
     fi
     local plan got base
-    plan=$(sed -n 's/^  if the arena is used as placed *\([0-9,]*\) .*/\1/p' "$TMP/$n.w$w.mem" | tr -d ,)
+    plan=$(sed -n 's/^  peak  *\([0-9,]*\) .*the trainer.s mem_peak_bytes/\1/p' "$TMP/$n.w$w.mem" | tr -d ,)
     got=$(sed -n 's/.*"mem_peak_bytes": \([0-9]*\).*/\1/p' "$TMP/$n.w$w.log" | tail -n 1)
     base=$(sed -n 's/.*"mem_peak_bytes": \([0-9]*\).*/\1/p' "$TMP/$none.w$w.log" | tail -n 1)
     if [ -n "$plan" ] && [ "$got" = "$plan" ] && [ "$got" -lt "$base" ]; then
@@ -173,7 +173,7 @@ for w in 1 2 3; do
     # the none trainers' own peaks against their plans, so a plan that is off
     # for every mode alike is caught too
     for n in tiny_none tiny_llama_none mlp_none; do
-        plan=$(sed -n 's/^  if the arena is used as placed *\([0-9,]*\) .*/\1/p' "$TMP/$n.w$w.mem" | tr -d ,)
+        plan=$(sed -n 's/^  peak  *\([0-9,]*\) .*the trainer.s mem_peak_bytes/\1/p' "$TMP/$n.w$w.mem" | tr -d ,)
         got=$(sed -n 's/.*"mem_peak_bytes": \([0-9]*\).*/\1/p' "$TMP/$n.w$w.log" | tail -n 1)
         check "memory $n on $w rank(s): measured peak ${got:-?} bytes = the plan's ${plan:-?}" \
             "[ -n \"$plan\" ] && [ \"$got\" = \"$plan\" ]"
