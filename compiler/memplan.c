@@ -520,8 +520,8 @@ static void dump_settings(const DumpCtx *x)
     if (!c->memory_budget_bytes) {
         fputs("  memory_budget: none\n", out);
     } else {
-        fprintf(out, "  memory_budget: %s (%s bytes); policies from fastest to leanest, "
-                     "the first that fits is used:\n",
+        fprintf(out, "  memory_budget: %s (%s bytes); policies from least resharding to "
+                     "most, the fastest simulated step that fits is used:\n",
                 fmt_size(c->memory_budget_bytes), fmt_count(c->memory_budget_bytes));
         plan_dump_policies(out, p);
     }

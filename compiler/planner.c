@@ -9,8 +9,9 @@
  *      from N down, and the fastest predicted step wins;
  *   2. policy: under `memory_budget`, the reshard policy and prefetch depth
  *      the shard section left open are searched through the memory planner
- *      (memplan.c), fastest first, and the first whose peak fits wins (what
- *      the section wrote stays as written);
+ *      (memplan.c) and, among those whose peak fits, the simulator: the
+ *      fastest predicted step wins (what the section wrote stays as
+ *      written);
  *   3. the step's schedule (schedule.c) and its memory plan for the world
  *      the dumps and the simulator are asked about.
  *
@@ -28,6 +29,15 @@
 
 #include <inttypes.h>
 #include <string.h>
+
+/* Whether a predicted step of a seconds is faster than one of b: by more
+ * than the rounding of two replays of the same work (a relative 1e-9), so
+ * that candidates the simulator times alike count as a tie, which the
+ * searches below give to the earlier candidate. */
+static bool faster(double a, double b)
+{
+    return a < b * (1 - 1e-9);
+}
 
 static PlanTry *add_try(Plan *p, PlanTry t)
 {
@@ -389,14 +399,17 @@ static MemPlan *plan_policy(Plan *p, const PlanTry *t, int64_t world)
 }
 
 /* Without a budget, the shard section's policy. With one, the candidates
- * under the written settings, fastest first, and the first whose peak fits.
+ * under the written settings, each memory-planned; of those whose peak fits,
+ * the fastest step the simulator predicts on cl wins, the earlier candidate
+ * (less resharding, deeper prefetch) on a tie.
  * Every candidate is planned (a schedule and a memory plan are cheap) so
  * --dump-memory can show what each would need. "Fits" means the peak — what
  * the trainer allocates at most, the arena held whole
  * (docs/design.md#memory-plan) — is within the budget. Returns false, with
  * the error reported at the memory_budget setting, when none fits. */
-static bool choose_policy(Plan *p, int64_t world, Diag *d)
+static bool choose_policy(Plan *p, const SimCluster *cl, Diag *d)
 {
+    int64_t world = cl->world;
     ShardConfig *c = &p->m->shard;
     int64_t budget = c->memory_budget_bytes;
     if (!budget) {
@@ -414,9 +427,12 @@ static bool choose_policy(Plan *p, int64_t world, Diag *d)
         t->peak = mp->peak;
         if (!lean || mp->peak <= lean->peak)   /* a tie: the later, leaner by design */
             lean = mp, lean_try = &mine[k];
-        if (!chosen && mp->peak <= budget) {
-            chosen = t;
-            p->mem = mp;
+        if (mp->peak <= budget) {
+            t->step_s = sim_run(mp->sched, cl)->step_s;
+            if (!chosen || faster(t->step_s, chosen->step_s)) {
+                chosen = t;
+                p->mem = mp;
+            }
         }
     }
     if (!chosen) {
@@ -524,7 +540,7 @@ bool plan_recompute_search(Model *m, const Graph *base, Recompute *rc, bool fuse
         apply_rule(rc, &rules[k]);
         weigh(m, base, rc, fuse_ops, c, t);
         /* the fastest that fits; a tie goes to the one recomputing less */
-        if (t->fits && (best < 0 || t->step_s < rc->tries[best].step_s))
+        if (t->fits && (best < 0 || faster(t->step_s, rc->tries[best].step_s)))
             best = k;
     }
     /* none fits: the leanest (the last), so the planner's error reports
@@ -549,7 +565,7 @@ void plan_recompute(Recompute *rc)
 Plan *plan_choose(Model *m, Graph *g, const SimCluster *c, Diag *d)
 {
     Plan *p = m->shard.auto_bucket_bytes ? choose_buckets(m, g, c) : plan_build(m, g);
-    if (choose_policy(p, c->world, d))
+    if (choose_policy(p, c, d))
         return p;
     /* the graph is recompute = auto's leanest assignment: say so */
     if (g->rc && g->rc->ntries)
@@ -584,7 +600,9 @@ void plan_dump_policies(FILE *out, const Plan *p)
         const PlanTry *t = &p->tries[i];
         if (t->kind == TRY_POLICY)
             fprintf(out, "    %d. %-*s peak %20s  %s%s\n", ++k, width, policy_str(t),
-                    fmt_count(t->peak), t->peak <= budget ? "fits" : "too big",
+                    fmt_count(t->peak),
+                    t->peak <= budget ? arena_printf("fits, step %.3f ms", 1e3 * t->step_s)
+                                      : "too big",
                     t->chosen ? "  <- chosen" : "");
     }
 }
