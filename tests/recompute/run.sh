@@ -15,7 +15,7 @@
 #
 # Variants (shard-wide `recompute = MODE`, or a per-target argument, added
 # to the examples with sed): tiny none, full, selective, every(2);
-# tiny_llama none, full, selective; mlp none and `fully_shard fc1 (recompute
+# tiny_llama none, full, selective, every(2); mlp none and `fully_shard fc1 (recompute
 # = full)`, whose output only ReLU's backward reads again; on 2 ranks, tiny
 # in bf16 (mixed_precision(param = bf16)), none and full, and the oracle's
 # tiny_variants (bias-free LayerNorms, q/k/v biases only, qk_norm, GPT-2's
@@ -54,6 +54,7 @@ VARIANTS=(
     "tiny_llama_none examples/tiny_llama.fsd s/^//"
     "tiny_llama_full examples/tiny_llama.fsd $(shard_set 'recompute = full')"
     "tiny_llama_selective examples/tiny_llama.fsd $(shard_set 'recompute = selective')"
+    "tiny_llama_every2 examples/tiny_llama.fsd $(shard_set 'recompute = every(2)')"
     "mlp_none examples/mlp.fsd s/^//"
     "mlp_fc1_full examples/mlp.fsd s/^  fully_shard fc1\$/  fully_shard fc1 (recompute = full)/"
     "tiny_bf16_none examples/tiny.fsd $(shard_set 'mixed_precision(param = bf16, reduce = fp32)')"
@@ -67,7 +68,7 @@ for v in "${VARIANTS[@]}"; do
     sed "$script" "$src" >"$OUT/$name.fsd"
 done
 # a variant whose sed found nothing to change would test `none` against itself
-for v in tiny_full tiny_selective tiny_every2 tiny_llama_full tiny_llama_selective mlp_fc1_full \
+for v in tiny_full tiny_selective tiny_every2 tiny_llama_full tiny_llama_selective tiny_llama_every2 mlp_fc1_full \
          tiny_bf16_full variants_full variants_selective; do
     grep -q "recompute" "$OUT/$v.fsd" || bad "variant $v: the sed script set no recompute (the example changed?)"
 done
@@ -167,7 +168,7 @@ EOF
 
 for w in 1 2 3; do
     for n in tiny_none tiny_full tiny_selective tiny_every2 tiny_llama_none tiny_llama_full \
-             tiny_llama_selective mlp_none mlp_fc1_full; do
+             tiny_llama_selective tiny_llama_every2 mlp_none mlp_fc1_full; do
         run $n $w
     done
     # the none trainers' own peaks against their plans, so a plan that is off
@@ -179,7 +180,7 @@ for w in 1 2 3; do
             "[ -n \"$plan\" ] && [ \"$got\" = \"$plan\" ]"
     done
     for n in tiny_full tiny_selective tiny_every2; do compare tiny_none $n $w; done
-    for n in tiny_llama_full tiny_llama_selective; do compare tiny_llama_none $n $w; done
+    for n in tiny_llama_full tiny_llama_selective tiny_llama_every2; do compare tiny_llama_none $n $w; done
     compare mlp_none mlp_fc1_full $w
 done
 # bf16 compute: the recompute ops round what they store as forward did
