@@ -112,8 +112,11 @@ else
     secs=$(echo "$(date +%s.%N) - $t0" | bc)
     check "stopped rank: the job ends non-zero after the timeout, not the guard's (status $st, ${secs%.*} s)" \
         '[ $st != 0 ] && [ $st != 124 ] && [ "${secs%.*}" -lt 20 ]' "$TMP/stall.out"
+    # inside a step it names the collective, its group and the step; stopped
+    # between steps, the other waits in the step boundary's all-reduce (the
+    # ranks' agreement on stopping: runtime/stop.c), "before step N"
     check "stopped rank: the other names the collective, group and step it waited on" \
-        "grep -Eq 'train: rank [01]: the [a-z -]+( of group [^ ]+)? in step [0-9]+ did not complete within 3 s \(--collective-timeout\)' '$TMP/stall.out'" \
+        "grep -Eq 'train: rank [01]: the [a-z -]+( of group [^ ]+)? (in|before) step [0-9]+ did not complete within 3 s \(--collective-timeout\)' '$TMP/stall.out'" \
         "$TMP/stall.out"
     check "stopped rank: the waiting rank sleeps, not spins ($((c1 - c0)) of ~$(getconf CLK_TCK) ticks in 1 s)" \
         '[ $((c1 - c0)) -lt $(( $(getconf CLK_TCK) / 2 )) ]'
