@@ -210,13 +210,11 @@ show() {
 }
 
 # The lanes, longest first. Times from one clean-clone run on two quiet
-# cores (12.4 minutes in all): cudasim 11 minutes; kernels 6.6, cuda 4.6,
-# rtsan 1; compiler 28 s, unit 3 s, san 33 s, fuzz 45 s, runtime 86 s,
-# ckpt 82 s, faults 3.4 minutes, install 1 s, e2e 2.8 minutes, oracle 72 s.
-# Added since, and measured beside other work: recompute (about 75 s of
-# CPU: 2.5 minutes on two cores beside a load of 7) and eval (41 s), in
-# cudasim's lane; hf (52-95 s, its trainers' builds most of it), in the
-# kernels lane.
+# cores (18.5 minutes in all, 3,327 checks): cudasim 13.4
+# minutes, recompute 133 s, eval about 70 s; kernels 6.9 minutes, cuda 5.7,
+# rtsan 113 s, hf 98 s; compiler 34 s, unit 12 s, san 42 s, fuzz 53 s,
+# runtime 92 s, ckpt 107 s, faults 4.3 minutes, install 6 s, e2e 3.9
+# minutes, oracle 134 s.
 case $mode in
 quick)  lanes=("smoke" "docs compiler unit san") ;;
 *)      lanes=("cudasim recompute eval" "kernels cuda rtsan hf" "docs compiler unit san fuzz runtime ckpt faults install e2e oracle") ;;
