@@ -82,51 +82,33 @@ static void put(Emit *e, const char *fmt, ...)
 
 /* ── names and shapes ── */
 
-/* An element count as a C expression in the micro-batch size B. */
-static const char *numel_expr(const Tensor *t)
+/* The product of t's first `ndims` dimensions, divided by `per`, as a C
+ * expression in the micro-batch size B. */
+static const char *count_expr(const Tensor *t, int ndims, int64_t per)
 {
     int64_t n = 1;
     bool batch = false;
-    for (int i = 0; i < t->rank; i++) {
+    for (int i = 0; i < ndims; i++) {
         if (t->dim[i] == DIM_BATCH)
             batch = true;
         else
             n *= t->dim[i];
     }
+    n /= per;
     return batch ? arena_printf("B * %" PRId64, n) : arena_printf("%" PRId64, n);
 }
 
+/* An element count. */
+static const char *numel_expr(const Tensor *t) { return count_expr(t, t->rank, 1); }
+
 /* Rows of a tensor whose last dimension is C. */
-static const char *rows_expr(const Tensor *t)
-{
-    int64_t n = 1;
-    bool batch = false;
-    for (int i = 0; i + 1 < t->rank; i++) {
-        if (t->dim[i] == DIM_BATCH)
-            batch = true;
-        else
-            n *= t->dim[i];
-    }
-    return batch ? arena_printf("B * %" PRId64, n) : arena_printf("%" PRId64, n);
-}
+static const char *rows_expr(const Tensor *t) { return count_expr(t, t->rank - 1, 1); }
 
 static int64_t last_dim(const Tensor *t) { return t->dim[t->rank - 1]; }
 
 /* Runs of C elements in t, C dividing its last dimension: a norm's rows,
  * or with qk_norm each head of each row (op_norm_width). */
-static const char *runs_expr(const Tensor *t, int64_t C)
-{
-    int64_t n = 1;
-    bool batch = false;
-    for (int i = 0; i < t->rank; i++) {
-        if (t->dim[i] == DIM_BATCH)
-            batch = true;
-        else
-            n *= t->dim[i];
-    }
-    n /= C;
-    return batch ? arena_printf("B * %" PRId64, n) : arena_printf("%" PRId64, n);
-}
+static const char *runs_expr(const Tensor *t, int64_t C) { return count_expr(t, t->rank, C); }
 
 
 /* Names a micro-batch function already uses, or that C, C++ or CUDA keep:
