@@ -100,10 +100,10 @@ $(B)/obj/lexer.o: $(GEN)/lexer.c $(GEN)/parser.h compiler/fsdpc.h
 	$(CC) $(CFLAGS) -std=c11 -D_POSIX_C_SOURCE=200809L $(INC) -c -o $@ $<
 
 # Unit tests that link the compiler's passes directly.
-$(B)/test_schedule: tests/unit/test_schedule.c $(OBJS)
-	$(CC) $(CFLAGS) $(WARN) $(INC) $(LDFLAGS) -o $@ $^ -lm -ldl
-$(B)/test_pattern: tests/unit/test_pattern.c $(OBJS)
-	$(CC) $(CFLAGS) $(WARN) $(INC) $(LDFLAGS) -o $@ $^ -lm -ldl
+$(B)/test_schedule: tests/unit/test_schedule.c tests/unit/unit.c tests/unit/unit.h $(OBJS)
+	$(CC) $(CFLAGS) $(WARN) $(INC) $(LDFLAGS) -o $@ $(filter-out %.h,$^) -lm -ldl
+$(B)/test_pattern: tests/unit/test_pattern.c tests/unit/unit.c tests/unit/unit.h $(OBJS)
+	$(CC) $(CFLAGS) $(WARN) $(INC) $(LDFLAGS) -o $@ $(filter-out %.h,$^) -lm -ldl
 
 setup:
 	@tools/setup.sh
