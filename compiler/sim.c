@@ -147,8 +147,8 @@ static int gpu_sms(const SimGpu *gpu) { return preset_sms[gpu - presets]; }
 /* ── modelling assumptions ── */
 
 /* The fraction of the dense tensor peak a training step's products reach:
- * the one constant fitted on the calibration table (docs/simulator.md#the-
- * calibration-table): 0.65 puts the A100 rows (torchtitan's Llama 3 8B and
+ * the one constant fitted on the calibration table
+ * (docs/simulator.md#the-calibration-table): 0.65 puts the A100 rows (torchtitan's Llama 3 8B and
  * 70B, llm.c's GPT-2) within 0.96-1.18 of their measurements. It was 0.75,
  * "70-80% for large GEMMs", which is what one large GEMM alone reaches;
  * a whole step also runs smaller and oddly shaped ones. */
