@@ -960,28 +960,60 @@ typedef struct SimGpu {
     double bf16_flops;           /* dense tensor-core peak, FLOP/s (fp16 alike) */
     double tf32_flops;           /* dense TF32 tensor-core peak */
     double fp32_flops;           /* fp32 on the CUDA cores */
+    double attention_eff;        /* eff = ideal: FlashAttention-2's fraction of peak */
     double hbm_bytes_per_s;
     int64_t hbm_bytes;           /* capacity */
     double nvlink_bytes_per_s;   /* one direction */
     double nvlink_alpha_s;       /* latency of one ring step over NVLink */
-    double ib_bytes_per_s;       /* this GPU's NIC, one direction */
+    int nics;                    /* NICs per node of the generation's DGX system */
+    double nic_bytes_per_s;      /* each NIC, one direction */
     double ib_alpha_s;           /* latency of one ring step across nodes */
 } SimGpu;
+
+/* How compute ops are costed: `ideal`, fractions of peak (sim.c's named
+ * efficiencies), or `measured`, per op kind and shape class from a
+ * calibration file (docs/simulator.md#calibration-files). */
+typedef enum { SIM_EFF_IDEAL, SIM_EFF_MEASURED } SimEff;
+typedef struct SimCalib SimCalib;   /* a parsed calibration file (sim.c) */
 
 typedef struct SimCluster {
     const SimGpu *gpu;
     int64_t nodes, gpus_per_node;
     int64_t world;               /* ranks; at most nodes x gpus_per_node */
+    int64_t nics;                /* NICs per node (nics=), the preset's unless told */
+    double nic_bytes_per_s;      /* each NIC, one direction (nic_gbps=) */
+    SimEff eff;
+    const SimCalib *calib;       /* eff = measured: the figures (NULL otherwise) */
 } SimCluster;
 
-/* Parses a --sim spec: "h100", "h100:nodes=16", "a100:gpus=4,nodes=2"
- * (one node of 8 GPUs unless told). On error returns false with a message
- * for the user in msg. */
+/* Parses a --sim spec: "h100", "h100:nodes=16", "a100:gpus=4,nodes=2",
+ * "h100:nodes=8,nics=4,nic_gbps=200", "h200:gpus=1,eff=measured",
+ * "h200:calib=FILE" (one node of 8 GPUs unless told). On error returns
+ * false with a message for the user in msg naming the key and value. */
 bool sim_parse_cluster(const char *spec, SimCluster *c, char *msg, size_t msgsize);
 /* What --trace assumes without --sim: h100 nodes of 8, ceil(world/8) nodes. */
 SimCluster sim_default_cluster(int64_t world);
 const char *sim_preset_list(void);        /* "a100, h100, h200, b200" */
-/* Seconds a ring all-gather or reduce-scatter moving `bytes` per rank takes. */
+
+typedef enum { COLL_ALL_GATHER, COLL_REDUCE_SCATTER, COLL_ALL_REDUCE } CollKind;
+/* Seconds one collective takes when each of `ranks` ranks contributes `bytes`
+ * (all-gather: its shard; reduce-scatter and all-reduce: its whole buffer),
+ * the group's members `stride` ranks apart (consecutive ranks: stride 1; one
+ * rank per node in a replica group: stride = ranks per shard group). */
+double sim_group_collective_seconds(const SimCluster *c, CollKind kind, int64_t bytes,
+                                    int64_t ranks, int64_t stride);
+/* NCCL's algorithms as the simulator models them; SIM_ALGO_NONE for a
+ * group of one rank, which moves nothing. */
+typedef enum { SIM_ALGO_NONE, SIM_ALGO_RING, SIM_ALGO_TREE } SimAlgo;
+/* The same collective with the algorithm chosen (the faster by NCCL's
+ * model) and its bus bandwidth in nccl-tests' convention (bytes/s: algbw x
+ * (n-1)/n for all-gather and reduce-scatter, x 2(n-1)/n for all-reduce). */
+double sim_collective_detail(const SimCluster *c, CollKind kind, int64_t bytes, int64_t ranks,
+                             int64_t stride, SimAlgo *algo, double *busbw);
+const char *sim_algo_name(SimAlgo a);     /* "ring", "tree", "none" */
+const char *sim_coll_name(CollKind k);    /* "all-gather", ... */
+/* Seconds a ring all-gather or reduce-scatter over the whole world takes
+ * when each rank receives `bytes` (the bus bytes: (W-1)/W of the buffer). */
 double sim_collective_seconds(const SimCluster *c, int64_t bytes);
 
 /* One step replayed on the cluster; times in seconds from the step's start. */
@@ -1001,6 +1033,11 @@ typedef struct Sim {
     double exposed_s;            /* compute stream waiting on collectives */
     double exposed_gather_s, exposed_reduce_s;
     double busy_s[STREAM_COUNT]; /* each stream's busy time */
+    int64_t algo_runs[STREAM_COUNT][3]; /* collectives of each stream by SimAlgo */
+    int64_t calib_ops, ideal_ops; /* eff = measured: op events costed from the
+                                    calibration, and by the ideal fractions for
+                                    want of an entry */
+    const char *uncalibrated;    /* those ops' kinds, "a, b" ("" when none) */
     int64_t bytes[STREAM_COUNT]; /* per rank per step, by stream */
     double model_flops;          /* counted FLOPs per rank per step, recompute ops left out */
     double hw_flops;             /* the same with the recompute ops: what the GPU runs */

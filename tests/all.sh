@@ -47,6 +47,9 @@
 #   eval      tests/eval/run.sh: evaluation (val_loss on any number of ranks,
 #             against PyTorch, at its steps, after a resume) and the
 #             learning-rate schedules against torch.optim.lr_scheduler;
+#   simcheck  tests/simcheck/run.sh (make sim-check): the simulator's
+#             predictions against published runs, each within +-25%, and
+#             tools/calibrate.py on a CPU trainer's trace;
 #   smoke     tests/smoke/run.sh: tiny's trainer on 1 and 2 ranks, resumed
 #             from a checkpoint (--quick only: runtime, ckpt and e2e hold
 #             all of it and more).
@@ -178,6 +181,7 @@ part_oracle()  { suite "oracle: " env MAKE="$MAKE" tests/oracle/run.sh; }
 part_eval()    { suite "eval: " env MAKE="$MAKE" tests/eval/run.sh; }
 part_rtsan()   { suite "rtsan: " env MAKE="$MAKE" tests/faults/sanitize.sh; }
 part_smoke()   { suite "" env MAKE="$MAKE" tests/smoke/run.sh; }
+part_simcheck() { suite "" env MAKE="$MAKE" tests/simcheck/run.sh; }
 
 # ── running them ──
 # run_part NAME: part_NAME in a subshell, its lines to $TOP/NAME.out; then
@@ -217,7 +221,7 @@ show() {
 # minutes, oracle 134 s.
 case $mode in
 quick)  lanes=("smoke" "docs compiler unit san") ;;
-*)      lanes=("cudasim recompute eval" "kernels cuda rtsan hf" "docs compiler unit san fuzz runtime ckpt faults install e2e oracle") ;;
+*)      lanes=("cudasim recompute eval simcheck" "kernels cuda rtsan hf" "docs compiler unit san fuzz runtime ckpt faults install e2e oracle") ;;
 esac
 
 if [ $mode = serial ]; then
