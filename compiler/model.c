@@ -571,7 +571,8 @@ static void plan_groups(Build *mb, Setting *settings)
             diag_error(D, v->args ? v->args->loc : v->loc,
                        "`fully_shard auto(...)` takes no per-target arguments: the planner "
                        "makes its groups; set `recompute` in the shard section, which then "
-                       "covers each element of the model's layer arrays");
+                       "covers each element of the model's layer arrays (and "
+                       "`mixed_precision`, which covers every group)");
             continue;
         }
         if (!first_target)
@@ -881,8 +882,8 @@ static void group_dtypes(Build *mb)
             diag_error(mb->d, s->loc[MP_PARAM],
                        "`param = %s` on %s: the program computes in bf16 (the shard "
                        "section's `param = bf16` at %s) and every group stores its unsharded "
-                       "parameters in the compute dtype, so a %s gather would be rounded to "
-                       "bf16 after it (%s); leave `param` out on this line to gather in bf16, "
+                       "parameters in the compute dtype, so what it gathers in %s would be "
+                       "rounded to bf16 after the gather (%s); leave `param` out on this line to gather in bf16, "
                        "or make the program fp32 with `param = fp32` in the shard section and "
                        "write `param = bf16` on the targets that should gather in bf16",
                        dtype_name(g->param_dtype), who, diag_where(mb->d, c->mixed_loc),
