@@ -260,7 +260,6 @@ int64_t bk_counted_extra(FsdRun *r, int64_t world)
 bool bk_memory(FsdRun *r, BkMemory *d)
 {
     Backend *bk = r->bk;
-    const FsdModel *m = r->m;
     size_t free_now = 0, total = 0;
     if (cudaMemGetInfo(&free_now, &total) != cudaSuccess) {
         cudaGetLastError();
