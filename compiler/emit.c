@@ -841,15 +841,18 @@ static uint64_t model_hash(Model *m)
         MIX(&p->offset, sizeof p->offset);
     }
     MIX(&m->shard.param_dtype, sizeof m->shard.param_dtype);
-    /* a group's own dtypes, only where they differ from the shard section's:
-     * a model without per-target mixed precision keeps the hash it had */
+    /* a group's own all-gather dtype, as the shard section's is, only where
+     * it differs from that one: a model without per-target mixed precision
+     * keeps the hash it had, and the same gathers written either way give
+     * one hash. The reduce dtype is left out, per group as shard-wide: it
+     * changes the communication, not what a checkpoint holds
+     * (docs/design.md#per-target-mixed-precision). */
     for (int i = 0; i < m->ngroups; i++) {
         ShardGroup *sg = m->groups[i];
-        if (sg->param_dtype == m->shard.param_dtype && sg->reduce_dtype == m->shard.reduce_dtype)
+        if (sg->param_dtype == m->shard.param_dtype)
             continue;
         MIX(&i, sizeof i);
         MIX(&sg->param_dtype, sizeof sg->param_dtype);
-        MIX(&sg->reduce_dtype, sizeof sg->reduce_dtype);
     }
 #undef MIX
     return h;

@@ -18,7 +18,9 @@
 #      within 1e-3 of fp32 and differs from it, all-gathering fewer bytes;
 #   4. every run's bytes each step and its memory peak are fsdpc's plan for
 #      the same world, exactly (its schedule's bytes per group dtype, its
-#      memory plan's buffers per group dtype).
+#      memory plan's buffers per group dtype);
+# and the model hash covers a group's own all-gather dtype, not its reduce
+# dtype.
 #
 # Trainers and .fsd variants go to build/mixed/. Every test prints one
 # line; the last line is "N passed, N failed".
@@ -111,6 +113,13 @@ read -r g32 _ <<<"$(bytes_of "$TMP/fp32.w2.log")"
 read -r g16 _ <<<"$(bytes_of "$TMP/gather16.w2.log")"
 check "param = bf16 on blocks[*]: all-gathers ${g16:-?} bytes a step, fewer than fp32's ${g32:-?}, more than half" \
     '[ -n "${g16:-}" ] && [ -n "${g32:-}" ] && [ "$g16" -lt "$g32" ] && [ $((g16 * 2)) -gt "$g32" ]'
+
+# ── the model hash: a group's own all-gather dtype is in it, a reduce dtype
+# is not (per target as shard-wide: checkpoints move between them) ──
+hash_of() { $FSDPC $OUT/$1.fsd -o "$TMP/$1.cu" 2>/dev/null && sed -n 's|^ *0x\([0-9a-f]*\)ull,  /\* hash \*/|\1|p' "$TMP/$1.cu"; }
+h32=$(hash_of fp32) h16=$(hash_of gather16) hb=$(hash_of bf16) hbf=$(hash_of bf16_fp32) hs=$(hash_of some)
+check "model hash: param = bf16 on blocks[*] changes it (${h32:-?} vs ${h16:-?}); reduce = fp32 on blocks[*] does not (${hb:-?} = ${hs:-?} = ${hbf:-?})" \
+    '[ -n "$h32" ] && [ -n "$h16" ] && [ "$h32" != "$h16" ] && [ -n "$hb" ] && [ "$hb" = "$hs" ] && [ "$hs" = "$hbf" ]'
 
 # ── 4. the plan holds ──
 for run in fp32.w2 bf16.w2 bf16_fp32.w2 every.w2 some.w2 gather16.w2 some.w3 gather16.w3; do
