@@ -602,9 +602,14 @@ static void emit_tables(Emit *e)
           p->std, p->rank >= 2 ? "true" : "false");
     }
     P("};\n\n");
+    /* each group's all-gather and reduce-scatter dtypes: the shard section's
+     * unless its fully_shard line sets them (docs/design.md#per-target-mixed-precision) */
+    static const char *const gdts[] = {"FSD_FP32", "FSD_BF16", "FSD_FP16"};
     P("static const FsdGroupInfo groups[%d] = {\n", m->ngroups);
+    P("    /* name, flat_numel, param_dtype, reduce_dtype */\n");
     for (int i = 0; i < m->ngroups; i++)
-        P("    {\"%s\", %" PRId64 "},\n", m->groups[i]->name, m->groups[i]->flat_numel);
+        P("    {\"%s\", %" PRId64 ", %s, %s},\n", m->groups[i]->name, m->groups[i]->flat_numel,
+          gdts[m->groups[i]->param_dtype], gdts[m->groups[i]->reduce_dtype]);
     P("};\n\n");
 
     /* arena tensors: live range over this micro-batch's op order */
@@ -836,6 +841,19 @@ static uint64_t model_hash(Model *m)
         MIX(&p->offset, sizeof p->offset);
     }
     MIX(&m->shard.param_dtype, sizeof m->shard.param_dtype);
+    /* a group's own all-gather dtype, as the shard section's is, only where
+     * it differs from that one: a model without per-target mixed precision
+     * keeps the hash it had, and the same gathers written either way give
+     * one hash. The reduce dtype is left out, per group as shard-wide: it
+     * changes the communication, not what a checkpoint holds
+     * (docs/design.md#per-target-mixed-precision). */
+    for (int i = 0; i < m->ngroups; i++) {
+        ShardGroup *sg = m->groups[i];
+        if (sg->param_dtype == m->shard.param_dtype)
+            continue;
+        MIX(&i, sizeof i);
+        MIX(&sg->param_dtype, sizeof sg->param_dtype);
+    }
 #undef MIX
     return h;
 }

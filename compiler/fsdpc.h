@@ -288,6 +288,18 @@ typedef enum {
 
 typedef enum { ACT_GELU, ACT_RELU, ACT_SWIGLU } Activation;
 
+/* `mixed_precision(param, reduce, output)` as written on a fully_shard
+ * line: each dtype only where set[i] (MP_PARAM, MP_REDUCE, MP_OUTPUT), at
+ * loc[i]; the rest are the shard section's
+ * (docs/design.md#per-target-mixed-precision). */
+enum { MP_PARAM, MP_REDUCE, MP_OUTPUT, MP_NDTYPES };
+typedef struct MixedSpec {
+    bool set[MP_NDTYPES];
+    DType dtype[MP_NDTYPES];
+    Loc loc[MP_NDTYPES];
+    Loc at;                  /* the mixed_precision(...) call */
+} MixedSpec;
+
 /* `recompute = none | full | selective | every(k) | auto`, in the shard
  * section or on a fully_shard line (docs/design.md#activation-recomputation).
  * As a unit's mode (RecomputeUnit.mode) only RC_NONE, RC_FULL and
@@ -352,6 +364,9 @@ typedef struct Layer {
      * array): the setting that governs it, its fully_shard line's or the
      * shard section's; NULL when it is not a unit */
     const RecomputeSpec *recompute;
+    /* the mixed_precision(...) of the fully_shard line that targets this
+     * layer, as written; NULL when that line has none */
+    const struct MixedSpec *mixed;
 } Layer;
 
 /* A user `block` type (or the model itself) and its checked forward. */
@@ -386,6 +401,12 @@ typedef struct ShardGroup {
     int64_t flat_numel;      /* params laid end to end, each start aligned */
     int fwd_order;           /* position among groups in forward use order */
     bool reshard;            /* free the unsharded params after forward */
+    /* model.c: the group's all-gather and reduce-scatter dtypes, its
+     * fully_shard line's mixed_precision(...) over the shard section's
+     * (docs/design.md#per-target-mixed-precision); mixed is that line's
+     * setting as written, NULL when it has none */
+    DType param_dtype, reduce_dtype, output_dtype;
+    const struct MixedSpec *mixed;
 } ShardGroup;
 
 /* lr_schedule's forms (docs/design.md#learning-rate-schedule) */
@@ -396,6 +417,7 @@ typedef struct ShardConfig {
     int reshard_after_forward;   /* -1: FSDP2 default (true but root) */
     Loc reshard_after_forward_loc;   /* where it was written, when it was */
     DType param_dtype, reduce_dtype, output_dtype;
+    Loc mixed_loc;               /* the mixed_precision(...) setting, when written */
     int prefetch_forward, prefetch_backward;
     /* prefetch's arguments as written: memory_budget's search varies only
      * those left out (and reshard_after_forward when it is -1) */
@@ -563,6 +585,8 @@ Model *model_build(Model *m, Diag *d);
 void model_dump(FILE *out, Model *m);
 /* A recompute setting as written: "full", "every(2)". */
 const char *model_recompute_name(const RecomputeSpec *s);
+/* A fully_shard line's mixed precision as written: "mixed_precision(reduce = fp32)". */
+const char *model_mixed_name(const MixedSpec *s);
 
 /* ───────────────────────── ir.c: the op graph ───────────────────────── */
 

@@ -109,14 +109,20 @@ void plan_dump(FILE *out, Plan *p, int64_t world)
     for (int i = 0; i < m->ngroups; i++) {
         ShardGroup *sg = p->fwd_order[i];
         int64_t shard = plan_shard_numel(sg, world);
-        fprintf(out, "  %-5d %-24s %14s %14s %14s %12s  %s%s\n", sg->index, sg->name,
+        /* a group's own dtypes, where its fully_shard line sets them off
+         * the shard section's (docs/design.md#per-target-mixed-precision) */
+        bool own = sg->param_dtype != c->param_dtype || sg->reduce_dtype != c->reduce_dtype;
+        fprintf(out, "  %-5d %-24s %14s %14s %14s %12s  %s%s%s\n", sg->index, sg->name,
                 fmt_count(sg->numel), fmt_count(plan_padded_numel(sg, world)), fmt_count(shard),
-                fmt_size((plan_padded_numel(sg, world) - shard) * dtype_bytes(c->param_dtype)),
+                fmt_size((plan_padded_numel(sg, world) - shard) * dtype_bytes(sg->param_dtype)),
                 sg->reshard ? (c->reshard_after_backward ? "after forward"
                                                          : "after forward, the last backward")
                 : c->reshard_after_backward ? "after backward"
                                             : "after the last backward",
-                i >= p->nused ? " (unused in forward: never gathered)" : "");
+                i >= p->nused ? " (unused in forward: never gathered)" : "",
+                own ? arena_printf("; all-gather %s, reduce-scatter %s",
+                                   dtype_name(sg->param_dtype), dtype_name(sg->reduce_dtype))
+                    : "");
     }
     fputs("\nlayout (offsets in elements; the same for every world size)\n", out);
     for (int i = 0; i < m->ngroups; i++) {

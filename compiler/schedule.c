@@ -583,7 +583,7 @@ int64_t event_comm_bytes(const Schedule *s, const Event *e, int64_t world)
      * buffer through every rank */
     ShardGroup *sg = m->groups[e->group];
     int64_t padded = plan_padded_numel(sg, world), shard = plan_shard_numel(sg, world);
-    DType dt = e->kind == EV_ALL_GATHER ? m->shard.param_dtype : m->shard.reduce_dtype;
+    DType dt = e->kind == EV_ALL_GATHER ? sg->param_dtype : sg->reduce_dtype;
     return (padded - shard) * dtype_bytes(dt);
 }
 

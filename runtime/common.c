@@ -327,6 +327,23 @@ static void check_model(FsdRun *r)
                 m->name);
         return;
     }
+    /* the same for each group's own dtypes (fsdpc refuses these per target
+     * too: docs/design.md#per-target-mixed-precision) */
+    for (int g = 0; g < m->ngroups; g++) {
+        const FsdGroupInfo *gi = &m->groups[g];
+        const bool dts_known = gi->param_dtype <= FSD_FP16 && gi->reduce_dtype <= FSD_FP16 &&
+                               (int)gi->param_dtype >= 0 && (int)gi->reduce_dtype >= 0;
+        if (!dts_known ||
+            (m->act_dtype == FSD_BF16 &&
+             (gi->param_dtype != FSD_BF16 || gi->reduce_dtype == FSD_FP16))) {
+            rt_fail(r, "model %s: group %s gathers in dtype %d and reduces in dtype %d, which a "
+                       "program that computes in %s cannot (the tables are inconsistent: "
+                       "regenerate the trainer with fsdpc)",
+                    m->name, gi->name, (int)gi->param_dtype, (int)gi->reduce_dtype,
+                    dtype_name(m->act_dtype));
+            return;
+        }
+    }
     /* flat_numel counts the group's parameters with their alignment gaps,
      * so "elements": a group of 2 parameters aligned to 16 has 16 */
     int64_t fits = INT64_MAX;
@@ -882,7 +899,7 @@ void fsdrt_all_gather(FsdRun *r, int g)
     if (g < 0 || g >= r->m->ngroups)
         RT_BUG(r, "fsdrt_all_gather: no group %d", g);
     Group *G = &r->groups[g];
-    const FsdDtype dt = r->m->param_dtype;
+    const FsdDtype dt = group_param_dtype(r, g);
     if (G->gathering)
         RT_BUG(r, "all-gather of group %s issued again before its wait", r->m->groups[g].name);
     /* a group gathered again without a reshard reuses its buffer */
@@ -906,7 +923,7 @@ void fsdrt_wait_gather(FsdRun *r, int g)
     int mark[2];
     bk_trace_collective(r, g, 1, mark);
     rt_trace(r, r->m->groups[g].name, "all_gather", 1, G->gather_t0, rt_now(), mark,
-             (G->padded - G->shard) * dtype_bytes(r->m->param_dtype));
+             (G->padded - G->shard) * dtype_bytes(group_param_dtype(r, g)));
 }
 
 void fsdrt_reshard(FsdRun *r, int g)
@@ -914,7 +931,7 @@ void fsdrt_reshard(FsdRun *r, int g)
     if (g < 0 || g >= r->m->ngroups || !r->groups[g].params || r->groups[g].gathering)
         RT_BUG(r, "fsdrt_reshard(%d) of a group that is not gathered (or still gathering)", g);
     Group *G = &r->groups[g];
-    bk_pool_put(r, G->params, bk_unsharded_count(r, G->padded, r->m->param_dtype));
+    bk_pool_put(r, G->params, bk_unsharded_count(r, G->padded, group_param_dtype(r, g)));
     G->params = NULL;
 }
 
@@ -924,7 +941,7 @@ void fsdrt_alloc_grads(FsdRun *r, int g)
         RT_BUG(r, "fsdrt_alloc_grads(%d) of a group whose gradients are already allocated", g);
     Group *G = &r->groups[g];
     G->grads = bk_pool_get(r, unsharded_bytes(r, G),
-                           bk_unsharded_count(r, G->padded, grads_dtype(r)));
+                           bk_unsharded_count(r, G->padded, grads_dtype(r, g)));
     bk_alloc_grads(r, g);
 }
 
@@ -933,11 +950,11 @@ void fsdrt_reduce_scatter(FsdRun *r, int g)
     if (g < 0 || g >= r->m->ngroups || !r->groups[g].grads || r->groups[g].reducing)
         RT_BUG(r, "fsdrt_reduce_scatter(%d) without gradients, or with one in flight", g);
     Group *G = &r->groups[g];
-    rt_count(r, reduce_buffer_bytes(r, G->padded));
+    rt_count(r, reduce_buffer_bytes(r, g, G->padded));
     bk_reduce_scatter(r, g);
     G->reducing = true;
     G->reduce_t0 = rt_now();
-    r->counters.reduce_bytes += (G->padded - G->shard) * dtype_bytes(r->m->reduce_dtype);
+    r->counters.reduce_bytes += (G->padded - G->shard) * dtype_bytes(group_reduce_dtype(r, g));
 }
 
 void fsdrt_wait_reduce(FsdRun *r, int g)
@@ -946,12 +963,12 @@ void fsdrt_wait_reduce(FsdRun *r, int g)
         RT_BUG(r, "fsdrt_wait_reduce(%d) without a reduce-scatter in flight", g);
     Group *G = &r->groups[g];
     bk_wait_reduce(r, g);
-    rt_count(r, -reduce_buffer_bytes(r, G->padded));
+    rt_count(r, -reduce_buffer_bytes(r, g, G->padded));
     G->reducing = false;
     int mark[2];
     bk_trace_collective(r, g, 2, mark);
     rt_trace(r, r->m->groups[g].name, "reduce_scatter", 2, G->reduce_t0, rt_now(), mark,
-             (G->padded - G->shard) * dtype_bytes(r->m->reduce_dtype));
+             (G->padded - G->shard) * dtype_bytes(group_reduce_dtype(r, g)));
 }
 
 void fsdrt_free_grads(FsdRun *r, int g)
@@ -959,7 +976,7 @@ void fsdrt_free_grads(FsdRun *r, int g)
     if (g < 0 || g >= r->m->ngroups || !r->groups[g].grads || r->groups[g].reducing)
         RT_BUG(r, "fsdrt_free_grads(%d) of gradients not allocated, or still reducing", g);
     Group *G = &r->groups[g];
-    bk_pool_put(r, G->grads, bk_unsharded_count(r, G->padded, grads_dtype(r)));
+    bk_pool_put(r, G->grads, bk_unsharded_count(r, G->padded, grads_dtype(r, g)));
     G->grads = NULL;
 }
 

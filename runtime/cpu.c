@@ -600,7 +600,7 @@ void bk_all_gather(FsdRun *r, int g)
 {
     Group *G = &r->groups[g];
     GroupComm *c = &r->bk->gc[g];
-    FsdDtype dt = r->m->param_dtype;
+    FsdDtype dt = group_param_dtype(r, g);
     int n = count_of(r, G->shard, "a shard");
     if (dt == FSD_FP32) {
         memcpy((real *)G->params + G->lo, G->master, (size_t)G->shard * sizeof(real));
@@ -626,7 +626,7 @@ void bk_wait_gather(FsdRun *r, int g)
     GroupComm *c = &r->bk->gc[g];
     wait_for(r, &c->gather, "all-gather", g);
     if (c->wire) {
-        FsdDtype dt = r->m->param_dtype;
+        FsdDtype dt = group_param_dtype(r, g);
         real *params = G->params;
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < G->padded; i++)
@@ -664,7 +664,7 @@ void bk_reduce_scatter(FsdRun *r, int g)
         for (int64_t i = 0; i < G->padded; i++)
             sum[i] = float_from_bf16(grads[i]);
     } else
-        round_to(r->m->reduce_dtype, sum, G->padded);
+        round_to(group_reduce_dtype(r, g), sum, G->padded);
     MPI_CHECK(r, MPI_Ireduce_scatter_block(MPI_IN_PLACE, sum, count_of(r, G->shard, "a shard"),
                                            MPI_REAL_T, MPI_SUM, r->bk->comm, &c->reduce));
 }
@@ -697,7 +697,7 @@ void bk_wait_reduce(FsdRun *r, int g)
     GroupComm *c = &r->bk->gc[g];
     wait_for(r, &c->reduce, "reduce-scatter", g);
     real *sum = c->wide ? c->wide : G->grads, *shard = G->grad;
-    round_to(r->m->reduce_dtype, sum, G->shard);
+    round_to(group_reduce_dtype(r, g), sum, G->shard);
     accumulate_shard(shard, sum, G->shard, r->world);
     if (c->wide) {
         bk_pool_put(r, c->wide, 0);

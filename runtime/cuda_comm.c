@@ -222,7 +222,7 @@ void bk_all_gather(FsdRun *r, int g)
     Backend *bk = r->bk;
     Group *G = &r->groups[g];
     GroupComm *c = &bk->gc[g];
-    const FsdDtype dt = r->m->param_dtype;
+    const FsdDtype dt = group_param_dtype(r, g);
     const bool bf16_act = act_bf16(r);
     /* this rank's slice of the unsharded buffer: its shard goes there, and
      * the gather fills the rest around it */
@@ -287,7 +287,7 @@ void bk_reduce_scatter(FsdRun *r, int g)
     Backend *bk = r->bk;
     Group *G = &r->groups[g];
     GroupComm *c = &bk->gc[g];
-    const FsdDtype dt = r->m->reduce_dtype;
+    const FsdDtype dt = group_reduce_dtype(r, g);
     /* where the averaged slice is added: the grad shard, or with offload the
      * device accumulator (NULL with grad_accum 1 and fp32 act: the slice is
      * copied out as it is, from the unsharded gradient buffer) */

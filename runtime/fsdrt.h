@@ -83,6 +83,10 @@ typedef struct FsdParamInfo {
 typedef struct FsdGroupInfo {
     const char *name;
     int64_t flat_numel;      /* aligned parameters end to end, before padding */
+    /* this group's all-gather and reduce-scatter dtypes: the shard
+     * section's unless its fully_shard line sets its own
+     * (docs/design.md#per-target-mixed-precision) */
+    FsdDtype param_dtype, reduce_dtype;
 } FsdGroupInfo;
 
 /* A tensor of the activation arena: numel = per_sample * B + fixed, live
@@ -143,6 +147,8 @@ typedef struct FsdModel {
     const FsdParamInfo *params;
     const FsdGroupInfo *groups;
     const FsdActInfo *acts;
+    /* the shard section's mixed_precision: every group's but where its
+     * FsdGroupInfo says otherwise, which is what the collectives use */
     FsdDtype param_dtype;    /* all-gather dtype */
     FsdDtype act_dtype;      /* FSD_ACT_DTYPE: FSD_BF16, or FSD_FP32 for `real` */
     FsdDtype reduce_dtype;   /* reduce-scatter dtype */

@@ -209,19 +209,22 @@ static inline int64_t unsharded_bytes(const FsdRun *r, const Group *G)
 {
     return G->padded * (int64_t)act_bytes(r);
 }
-/* What the plan holds unsharded gradients in: act when it is bf16 (FSDP2's
- * gradients in the param dtype), else the reduce dtype. */
-static inline FsdDtype grads_dtype(const FsdRun *r)
+/* Group g's all-gather and reduce-scatter dtypes (FsdGroupInfo). */
+static inline FsdDtype group_param_dtype(const FsdRun *r, int g) { return r->m->groups[g].param_dtype; }
+static inline FsdDtype group_reduce_dtype(const FsdRun *r, int g) { return r->m->groups[g].reduce_dtype; }
+/* What the plan holds group g's unsharded gradients in: act when it is bf16
+ * (FSDP2's gradients in the param dtype), else the group's reduce dtype. */
+static inline FsdDtype grads_dtype(const FsdRun *r, int g)
 {
-    return act_bf16(r) ? FSD_BF16 : r->m->reduce_dtype;
+    return act_bf16(r) ? FSD_BF16 : group_reduce_dtype(r, g);
 }
-/* bf16 gradients reduced in fp32 are widened into an fp32 buffer of the
- * group's padded size, which lives from fsdrt_reduce_scatter to
+/* bf16 gradients reduced in fp32 are widened into an fp32 buffer of group
+ * g's padded size, which lives from fsdrt_reduce_scatter to
  * fsdrt_wait_reduce and is counted for that time, as the plan counts it:
  * its bytes for a group of `padded` elements (0 when there is none). */
-static inline int64_t reduce_buffer_bytes(const FsdRun *r, int64_t padded)
+static inline int64_t reduce_buffer_bytes(const FsdRun *r, int g, int64_t padded)
 {
-    return act_bf16(r) && r->m->reduce_dtype == FSD_FP32 ? padded * 4 : 0;
+    return act_bf16(r) && group_reduce_dtype(r, g) == FSD_FP32 ? padded * 4 : 0;
 }
 /* Arena tensor i at micro-batch B: numel × bytes of act, or of real for a
  * statistic (fsdrt.h), as the plan sizes it. */

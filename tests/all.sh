@@ -40,6 +40,8 @@
 #   cudasim   tests/cudasim/run.sh: the CUDA backend's host code on a
 #             simulated device, against the CPU build;
 #   e2e       tests/e2e/run.sh: emitted trainers end to end;
+#   mixed     tests/mixed/run.sh: per-target mixed precision, trainers
+#             against the shard-wide setting and the plan's bytes and memory;
 #   recompute tests/recompute/run.sh: trainers with activation
 #             recomputation against the same models without it, bit for bit,
 #             and their memory peaks against the plan;
@@ -68,7 +70,7 @@
 # the shared builds (build/fsdata, build/runtime's libraries) are made
 # before the lanes start, and each suite builds its trainers in a folder of
 # its own (build/ckpt, build/hf, build/faults*, build/oracle, build/e2e, build/smoke,
-# build/kernels, build/recompute, build/eval; build/<model>/cpu and cudasim are cudasim's,
+# build/kernels, build/recompute, build/mixed, build/eval; build/<model>/cpu and cudasim are cudasim's,
 # build/<model>/cuda cuda's).
 # Each part writes to its own log and scratch folder; its lines are printed
 # as one block, under a header with its time, when it finishes.
@@ -177,6 +179,7 @@ part_cuda()    { suite "" env MAKE="$MAKE" tests/cuda/run.sh; }
 part_cudasim() { suite "" env MAKE="$MAKE" tests/cudasim/run.sh; }
 part_e2e()     { suite "e2e: " env MAKE="$MAKE" tests/e2e/run.sh; }
 part_recompute() { suite "recompute: " env MAKE="$MAKE" tests/recompute/run.sh; }
+part_mixed()   { suite "mixed: " env MAKE="$MAKE" tests/mixed/run.sh; }
 part_oracle()  { suite "oracle: " env MAKE="$MAKE" tests/oracle/run.sh; }
 part_eval()    { suite "eval: " env MAKE="$MAKE" tests/eval/run.sh; }
 part_rtsan()   { suite "rtsan: " env MAKE="$MAKE" tests/faults/sanitize.sh; }
@@ -221,7 +224,7 @@ show() {
 # minutes, oracle 134 s.
 case $mode in
 quick)  lanes=("smoke" "docs compiler unit san") ;;
-*)      lanes=("cudasim recompute eval simcheck" "kernels cuda rtsan hf" "docs compiler unit san fuzz runtime ckpt faults install e2e oracle") ;;
+*)      lanes=("cudasim recompute eval simcheck" "kernels cuda rtsan hf mixed" "docs compiler unit san fuzz runtime ckpt faults install e2e oracle") ;;
 esac
 
 if [ $mode = serial ]; then

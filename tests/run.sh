@@ -110,6 +110,14 @@ for dump in ir model; do
     fi
 done
 
+# ── per-target mixed precision: the model dump shows each line's setting as
+# written (its plans, with each group's dtypes, are among the golden plans) ──
+if "$FSDPC" tests/plan/tiny_mixed.fsd --dump-model >"$TMP/out" 2>"$TMP/err"; then
+    compare "golden tiny_mixed.model" "tests/golden/tiny_mixed.model" "$TMP/out"
+else
+    bad "golden tiny_mixed.model: fsdpc failed" "$TMP/err"
+fi
+
 # ── fully_shard auto: the chosen bucket size is the fastest the simulator
 # found, and no larger than the target ──
 for w in 8 64; do
