@@ -414,6 +414,39 @@ static CostCat event_work(const Sim *sim, const Event *e, Work *w, double *laten
     return cat;
 }
 
+/* A collective event's time on its sub-group of the mesh: plain FSDP's
+ * collectives span the world (sim_collective_seconds, as before); under
+ * replicate = R (docs/design.md#hsdp) all-gathers and reduce-scatters run
+ * over the S = W/R consecutive ranks of a replica, the all-reduce over the
+ * R ranks S apart. `moved` is what event_comm_bytes counts; the group
+ * model takes what each rank contributes. */
+static double mesh_collective_seconds(const Sim *sim, const Event *e, int64_t moved)
+{
+    const Model *m = sim->sched->plan->m;
+    const SimCluster *c = &sim->cluster;
+    int64_t R = m->shard.replicate;
+    if (R <= 1 && e->kind != EV_ALL_REDUCE)
+        return sim_collective_seconds(c, moved);
+    int64_t S = plan_shard_world(m, c->world);
+    const ShardGroup *sg = m->groups[e->group];
+    int64_t shard = plan_shard_numel(sg, c->world), padded = plan_padded_numel(sg, c->world);
+    if (moved == 0)
+        return 0;
+    switch (e->kind) {
+    case EV_ALL_GATHER:
+        return sim_group_collective_seconds(c, COLL_ALL_GATHER,
+                                            shard * dtype_bytes(m->shard.param_dtype), S, 1);
+    case EV_REDUCE_SCATTER:
+        return sim_group_collective_seconds(c, COLL_REDUCE_SCATTER,
+                                            padded * dtype_bytes(m->shard.reduce_dtype), S, 1);
+    case EV_ALL_REDUCE:
+        return sim_group_collective_seconds(c, COLL_ALL_REDUCE,
+                                            shard * dtype_bytes(m->shard.reduce_dtype), R, S);
+    default:
+        fsd_unreachable();
+    }
+}
+
 /* ── contention ──
  * A collective in flight on its stream, and what it takes from the compute
  * beside it while it runs: its channels' SMs, and its HBM traffic's share
@@ -537,15 +570,18 @@ static void replay_event(Sim *sim, Replay *r, int i, bool record)
         break;
     }
     case EV_ALL_GATHER:
-    case EV_REDUCE_SCATTER: {
+    case EV_REDUCE_SCATTER:
+    case EV_ALL_REDUCE: {
         StreamId st = event_stream(e->kind);
         int64_t bytes = event_comm_bytes(s, e, sim->cluster.world);
         if (r->now[st] > start)
             start = r->now[st];
-        dur = sim_collective_seconds(&sim->cluster, bytes);
+        dur = mesh_collective_seconds(sim, e, bytes);
         if (dur > 0)
             push_flight(&r->flights[st], flight(sim, start, dur, bytes));
         r->now[st] = start + dur;
+        /* a replica all-reduce follows its reduce-scatter on the reduce
+         * stream: the wait is for both */
         (e->kind == EV_ALL_GATHER ? r->gather_done : r->reduce_done)[e->group] = r->now[st];
         sim->busy_s[st] += dur;
         sim->bytes[st] += bytes;
@@ -890,10 +926,24 @@ void sim_trace(FILE *out, const Sim *sim, const MemPlan *mp)
     json_str(out, arena_printf("fsdpc plan: %s on %" PRId64 " x %" PRId64 " %s (world %" PRId64 ")",
                                m->name, c->nodes, c->gpus_per_node, c->gpu->name, c->world));
     fputs("}}", out);
-    for (int t = 0; t < STREAM_COUNT; t++) {
+    /* under HSDP the mesh's two dimensions get tracks of their own: the
+     * shard group's collectives (intra-node when a replica fits in a node)
+     * and the replica all-reduce (inter-node), drawn on a fourth track
+     * though it runs on the reduce stream */
+    int64_t R = m->shard.replicate, S = plan_shard_world(m, c->world);
+    bool hsdp = R > 1;
+    const char *names[STREAM_COUNT + 1] = {track_names[0], track_names[1], track_names[2], NULL};
+    if (hsdp) {
+        const char *span = S <= c->gpus_per_node ? "intra-node" : "inter-node";
+        names[1] = arena_printf("all-gather (shard: %" PRId64 " ranks, %s)", S, span);
+        names[2] = arena_printf("reduce-scatter (shard: %" PRId64 " ranks, %s)", S, span);
+        names[3] = arena_printf("all-reduce (replicate: %" PRId64 " ranks %" PRId64 " apart, %s)",
+                                R, S, S >= c->gpus_per_node ? "inter-node" : "intra-node");
+    }
+    for (int t = 0; t < STREAM_COUNT + hsdp; t++) {
         fprintf(out, ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, "
                      "\"args\": {\"name\": \"%s\"}}",
-                t, track_names[t]);
+                t, names[t]);
         fprintf(out, ",\n{\"name\": \"thread_sort_index\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, "
                      "\"args\": {\"sort_index\": %d}}",
                 t, t);
@@ -913,6 +963,7 @@ void sim_trace(FILE *out, const Sim *sim, const MemPlan *mp)
             break;
         case EV_ALL_GATHER:
         case EV_REDUCE_SCATTER:
+        case EV_ALL_REDUCE:
         case EV_OPTIMIZER:
             name = arena_printf("%s %s", event_name(e->kind), m->groups[e->group]->name);
             break;
@@ -935,13 +986,16 @@ void sim_trace(FILE *out, const Sim *sim, const MemPlan *mp)
                      "\"dur\": %.3f, \"args\": {\"event\": %d, \"micro\": %d",
                 e->kind == EV_WAIT_GATHER || e->kind == EV_WAIT_REDUCE ? "wait"
                                                                         : phase_names[e->phase],
-                (int)event_stream(e->kind), sim->start_s[i] * 1e6, dur * 1e6, i, e->micro);
+                e->kind == EV_ALL_REDUCE ? STREAM_COUNT : (int)event_stream(e->kind),
+                sim->start_s[i] * 1e6, dur * 1e6, i, e->micro);
         if (e->group >= 0) {
             fputs(", \"group\": ", out);
             json_str(out, m->groups[e->group]->name);
         }
-        if (e->kind == EV_ALL_GATHER || e->kind == EV_REDUCE_SCATTER)
+        if (e->kind == EV_ALL_GATHER || e->kind == EV_REDUCE_SCATTER || e->kind == EV_ALL_REDUCE)
             fprintf(out, ", \"bytes\": %" PRId64, event_comm_bytes(s, e, c->world));
+        if (hsdp && event_mesh_dim(s, e))
+            fprintf(out, ", \"mesh\": \"%s\"", event_mesh_dim(s, e));
         if (e->op)
             fprintf(out, ", \"op\": %d, \"flops\": %.0f, \"bytes\": %.0f, \"bound\": \"%s\"",
                     e->op->index, op_flops(e->op, B), op_bytes(e->op, B),
@@ -987,4 +1041,34 @@ void sim_trace(FILE *out, const Sim *sim, const MemPlan *mp)
     fprintf(out, ", \"world\": %" PRId64 ", \"step_ms\": %.6f, \"exposed_comm_ms\": %.6f, "
                  "\"mfu\": %.6f, \"hfu\": %.6f, \"mem_peak_bytes\": %" PRId64 "}\n}\n",
             c->world, sim->step_s * 1e3, sim->exposed_s * 1e3, sim->mfu, sim->hfu, mp->peak);
+}
+
+/* ── sim_group_collective_seconds: collectives on sub-groups of the world ──
+ *
+ * A simple stand-in, kept apart so that a fuller network model can replace
+ * it whole: an alpha-beta ring over NVLink when the group's members all sit
+ * in one node (they are `stride` ranks apart, starting at a node's first
+ * GPU, as HSDP's shard groups and replica groups do), else over each GPU's
+ * NIC. `bytes` is what each rank contributes: its shard for an all-gather
+ * (it receives ranks-1 of them), the whole buffer for a reduce-scatter
+ * ((ranks-1)/ranks of it crosses each link), the buffer for an all-reduce
+ * (2(ranks-1)/ranks, reduce-scatter then all-gather: NCCL's ring, and
+ * nccl-tests' bus-bandwidth convention, PERFORMANCE.md there). */
+double sim_group_collective_seconds(const SimCluster *c, CollKind kind, int64_t bytes,
+                                    int64_t ranks, int64_t stride)
+{
+    if (ranks <= 1 || bytes <= 0)
+        return 0;
+    bool intra = (ranks - 1) * stride < c->gpus_per_node;
+    double bw = intra ? c->gpu->nvlink_bytes_per_s * NVLINK_EFFICIENCY
+                      : c->gpu->ib_bytes_per_s * IB_EFFICIENCY;
+    double hop = intra ? c->gpu->nvlink_alpha_s : c->gpu->ib_alpha_s;
+    double n = (double)ranks, b = (double)bytes, moved, steps;
+    switch (kind) {
+    case COLL_ALL_GATHER: moved = (n - 1) * b; steps = n - 1; break;
+    case COLL_REDUCE_SCATTER: moved = (n - 1) / n * b; steps = n - 1; break;
+    case COLL_ALL_REDUCE: moved = 2 * (n - 1) / n * b; steps = 2 * (n - 1); break;
+    default: fsd_unreachable();
+    }
+    return NCCL_BASE_LAT_S + steps * hop + moved / bw;
 }
