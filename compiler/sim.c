@@ -885,6 +885,20 @@ void sim_dump(FILE *out, const Sim *sim, const MemPlan *mp)
             ms(sim->busy_s[STREAM_GATHER]), fmt_count(sim->bytes[STREAM_GATHER]));
     fprintf(out, "  %-16s %s busy  %s bytes per rank\n", "reduce-scatter",
             ms(sim->busy_s[STREAM_REDUCE]), fmt_count(sim->bytes[STREAM_REDUCE]));
+    /* HSDP: the reduce stream's bytes include the replica all-reduces;
+     * the mesh line splits them out, only then, so other dumps keep
+     * their form */
+    if (m->shard.replicate > 1) {
+        int64_t R = m->shard.replicate, S = plan_shard_world(m, c->world), ar = 0;
+        const Schedule *s = sim->sched;
+        for (int i = 0; i < s->nev; i++)
+            if (s->ev[i].kind == EV_ALL_REDUCE)
+                ar += event_comm_bytes(s, &s->ev[i], c->world) * schedule_runs(s, &s->ev[i]);
+        fprintf(out, "  %-16s replicate %" PRId64 " x shard %" PRId64 ": shard groups %s, "
+                     "replica all-reduce %s bytes per rank (of the reduce stream's) %s\n",
+                "mesh", R, S, S <= c->gpus_per_node ? "within a node" : "across nodes",
+                fmt_count(ar), S >= c->gpus_per_node ? "across nodes" : "within a node");
+    }
     double n6 = 6.0 * (double)m->numel * sim->tokens_per_step;
     fprintf(out, "  %-16s %9.1f%%  (%s counted FLOPs per rank per step; by 6*N*tokens: %.1f%%)\n",
             "MFU", sim->mfu * 100, human_rate(sim->model_flops, "FLOP"),
