@@ -100,7 +100,7 @@ part_docs() { suite "docs: " tools/check_doc_refs.sh; }
 part_compiler() { suite "" env FSDPC=build/fsdpc tests/run.sh; }
 
 part_unit() {
-    suite "unit: " build/test_schedule examples/*.fsd tests/plan/*.fsd
+    suite "unit: " build/test_schedule examples/*.fsd tests/plan/*.fsd tests/mesh/tiny_hsdp.fsd
     suite "unit: " build/test_pattern examples/tiny.fsd examples/gpt2.fsd examples/mlp.fsd \
         examples/tiny_llama.fsd tests/plan/*.fsd
 }
