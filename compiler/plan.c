@@ -147,9 +147,10 @@ void plan_dump(FILE *out, Plan *p, int64_t world)
     for (int i = 0; i < m->ngroups; i++) {
         ShardGroup *sg = m->groups[i];
         int64_t padded = plan_padded_numel(sg, world), shard = plan_shard_numel(sg, world);
-        fprintf(out, "  group %d %s: %s elements, padded to %s; rank r owns [r*%" PRId64
+        fprintf(out, "  group %d %s: %s elements, padded to %s; %s owns [r*%" PRId64
                      ", (r+1)*%" PRId64 ")\n",
-                sg->index, sg->name, fmt_count(sg->flat_numel), fmt_count(padded), shard, shard);
+                sg->index, sg->name, fmt_count(sg->flat_numel), fmt_count(padded),
+                c->replicate > 1 ? "rank r of each replica" : "rank r", shard, shard);
         for (int j = 0; j < sg->nparams; j++) {
             Param *pa = sg->params[j];
             int64_t first = pa->offset / shard, last = (pa->offset + pa->numel - 1) / shard;
