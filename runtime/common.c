@@ -1116,6 +1116,8 @@ static void grad_check(FsdRun *r, FsdStepFn step)
             for (int g = 0; g < ng; g++)
                 for (int64_t i = 0; i < r->groups[g].shard; i++)
                     dot += (double)grad[g][i] * (double)dir[g][i];
+            if (r->replica > 0)   /* HSDP: the replicas hold the same shards; count one */
+                dot = 0;
             bk_allreduce_sum(r, &dot, 1);
             check_set(r, saved, eps, dir);
             double plus = check_step(r, step);

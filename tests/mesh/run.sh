@@ -6,7 +6,8 @@
 #      world 4 with replicate = 2, and tiny at world 6 with replicate = 2
 #      and 3, against plain FSDP at world 1 (and tiny at world 4), with
 #      the same global batch G = 12 over 10 steps, within 1e-5;
-#   2. the plan holds per mesh dimension: every step's all-gather and
+#   2. the float64 gradient check passes under replicate = 2 at world 4;
+#      the plan holds per mesh dimension: every step's all-gather and
 #      reduce-scatter bytes (shard group) and replica all-reduce bytes
 #      (replicate_bytes) equal fsdpc's --dump-schedule=json at that world;
 #      the measured memory peak equals --dump-memory's; the trace has the
@@ -141,6 +142,18 @@ g2=$(python3 -c "import json,sys; s=json.loads(open(sys.argv[1]).readline()); pr
 gr=$(python3 -c "import json,sys; s=json.loads(open(sys.argv[1]).readline()); print(s['gather_bytes'], s['reduce_bytes'], s.get('replicate_bytes', 0))" "$TMP/tiny_r2.w4.log")
 check "bytes: replicate = 2 at world 4 gathers and reduce-scatters what world 2 does ($g2), plus ${gr##* } replica all-reduce bytes" \
     '[ "${gr% *}" = "$g2" ] && [ "${gr##* }" -gt 0 ]'
+
+# the float64 build's gradient check under HSDP: step 0's gradient at world
+# 4, replicate = 2, against central differences (the directional
+# derivative sums one replica's shards: the others hold the same)
+if $MAKE --no-print-directory -s trainer FSD="$OUT/tiny_r2.fsd" BACKEND=cpu64 TRAINER="$OUT/tiny_r2_64" \
+        >"$TMP/build64" 2>&1 && ! grep -q "warning:" "$TMP/build64"; then
+    mp 4 $OUT/tiny_r2_64/train --data "$D" --micro-batch 2 --grad-accum 2 --grad-check 3 >"$TMP/gc" 2>&1
+    st=$?
+    if [ $st = 0 ] && res=$($E2E gradcheck "$TMP/gc" 3); then
+        ok "grad check, replicate = 2 on 4 ranks (float64): $res"
+    else bad "grad check, replicate = 2 on 4 ranks: status $st" "$TMP/gc"; fi
+else bad "build: tiny_r2 float64" "$TMP/build64"; fi
 
 # ── 3. checkpoints across R ──
 # straight: tiny_r2 at world 4 for 10 steps, a checkpoint after step 5
