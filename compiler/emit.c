@@ -483,7 +483,7 @@ static void emit_event(Emit *e, const Event *ev)
         [EV_ALL_GATHER] = "fsdrt_all_gather",   [EV_WAIT_GATHER] = "fsdrt_wait_gather",
         [EV_RESHARD] = "fsdrt_reshard",         [EV_ALLOC_GRADS] = "fsdrt_alloc_grads",
         [EV_REDUCE_SCATTER] = "fsdrt_reduce_scatter", [EV_WAIT_REDUCE] = "fsdrt_wait_reduce",
-        [EV_FREE_GRADS] = "fsdrt_free_grads",
+        [EV_FREE_GRADS] = "fsdrt_free_grads",   [EV_ALL_REDUCE] = "fsdrt_all_reduce",
     };
     switch (ev->kind) {
     case EV_ALL_GATHER:
@@ -492,6 +492,7 @@ static void emit_event(Emit *e, const Event *ev)
     case EV_ALLOC_GRADS:
     case EV_REDUCE_SCATTER:
     case EV_WAIT_REDUCE:
+    case EV_ALL_REDUCE:
     case EV_FREE_GRADS: P("    %s(r, %s);\n", call[ev->kind], e->gvar[ev->group]); break;
     case EV_COMPUTE:
         /* a unit's recompute ops open with what they are for */
@@ -697,6 +698,11 @@ static void emit_model(Emit *e, uint64_t hash)
     P("    %" PRId64 ", %" PRId64 ", %" PRId64
       ",  /* plan_world, plan_peak_bytes, memory_budget_bytes */\n",
       e->plan->mem->world, e->plan->mem->peak, c->memory_budget_bytes);
+    /* the mesh: written only under HSDP (a field left out is 0, plain
+     * FSDP), so that other programs stay as they were */
+    if (c->replicate > 1)
+        P("    %" PRId64 ",  /* replicate: replicas of world / replicate ranks "
+          "(docs/design.md#hsdp) */\n", c->replicate);
     P("};\n\n");
 }
 

@@ -407,6 +407,8 @@ typedef struct ShardGroup {
      * setting as written, NULL when it has none */
     DType param_dtype, reduce_dtype, output_dtype;
     const struct MixedSpec *mixed;
+    int64_t replicate;       /* the shard section's replicate = R: the group is
+                                sharded over world / R ranks (plan_padded_numel) */
 } ShardGroup;
 
 /* lr_schedule's forms (docs/design.md#learning-rate-schedule) */
@@ -431,6 +433,8 @@ typedef struct ShardConfig {
     Loc memory_budget_loc;       /* the setting, for plan_choose's error */
     RecomputeSpec recompute;     /* the shard-wide setting: what a unit without
                                     one on its fully_shard line inherits */
+    int64_t replicate;           /* replicate = R (HSDP): R replicas of W/R ranks; 1: plain FSDP */
+    Loc replicate_loc;           /* its value, for main.c's check against --world */
 } ShardConfig;
 
 typedef struct TrainConfig {
@@ -829,7 +833,11 @@ typedef struct Plan {
 /* Lays out the model's groups as they stand (offsets, padding, forward
  * order) with the shard section's policies; chooses nothing. */
 Plan *plan_build(Model *m, Graph *g);
-/* A group's padded flat size and per-rank shard for world size w. */
+/* The ranks one group is sharded over at world w: w / replicate. */
+int64_t plan_shard_world(const Model *m, int64_t world);
+/* A group's padded flat size and per-rank shard for world size w: padded
+ * to, and sharded over, the shard group of w / R ranks under replicate = R
+ * (docs/design.md#hsdp). */
 int64_t plan_padded_numel(const ShardGroup *sg, int64_t world);
 int64_t plan_shard_numel(const ShardGroup *sg, int64_t world);
 void plan_dump(FILE *out, Plan *p, int64_t world);
@@ -847,6 +855,7 @@ typedef enum { PH_FORWARD, PH_BACKWARD, PH_OPTIMIZER } Phase;
     EV(EV_RESHARD,        "reshard",        STREAM_COMPUTE) \
     EV(EV_ALLOC_GRADS,    "alloc_grads",    STREAM_COMPUTE) \
     EV(EV_REDUCE_SCATTER, "reduce_scatter", STREAM_REDUCE)  \
+    EV(EV_ALL_REDUCE,     "all_reduce",     STREAM_REDUCE)  \
     EV(EV_WAIT_REDUCE,    "wait_reduce",    STREAM_COMPUTE) \
     EV(EV_FREE_GRADS,     "free_grads",     STREAM_COMPUTE) \
     EV(EV_GRAD_NORM,      "grad_norm",      STREAM_COMPUTE) \
@@ -918,8 +927,13 @@ int schedule_verify(Schedule *s, FILE *err);
 struct MemPlan;
 void schedule_dump(FILE *out, Schedule *s, int64_t world, struct MemPlan *mp);
 void schedule_dump_json(FILE *out, Schedule *s, int64_t world, struct MemPlan *mp);
-/* Bytes one rank sends and receives for a collective event at world w. */
+/* Bytes one rank sends and receives for a collective event at world w:
+ * all-gathers and reduce-scatters within the shard group, the replica
+ * all-reduce across replicas (docs/design.md#hsdp). */
 int64_t event_comm_bytes(const Schedule *s, const Event *e, int64_t world);
+/* The mesh dimension a collective event runs over, for the dumps and the
+ * trace: "shard" or "replicate"; NULL for other events. */
+const char *event_mesh_dim(const Schedule *s, const Event *e);
 
 /* ───────────────────────── memplan.c: memory per rank ───────────────── */
 

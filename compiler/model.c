@@ -684,6 +684,7 @@ static const SettingSpec shard_settings[] = {
     {"accumulate", SET_ASSIGN, "accumulate = sharded"},
     {"reshard_after_backward", SET_ASSIGN, "reshard_after_backward = true"},
     {"recompute", SET_ASSIGN, "recompute = full"},
+    {"replicate", SET_ASSIGN, "replicate = 2"},
     {NULL, 0, NULL},
 };
 
@@ -751,7 +752,7 @@ static void check_shard(Build *mb)
     Scope sc = {mb->model_sec->decls, NULL, mb->root_type};
     int64_t auto_bucket = c->auto_bucket_bytes;   /* set by plan_groups */
     *c = (ShardConfig){.reshard_after_forward = -1, .prefetch_forward = 1,
-                       .prefetch_backward = 1, .reshard_after_backward = true};
+                       .prefetch_backward = 1, .reshard_after_backward = true, .replicate = 1};
     c->auto_bucket_bytes = auto_bucket;
     Setting *by[16];
     collect_settings(mb, mb->shard_sec, shard_settings, by);
@@ -840,6 +841,17 @@ static void check_shard(Build *mb)
     /* the default every unit without a per-target setting takes */
     if (by[7])
         parse_recompute(mb, by[7]->value, &c->recompute);
+    /* replicate = R: FSDP2's 2-D DeviceMesh (HSDP, docs/design.md#hsdp): R
+     * replicas of W/R consecutive ranks, each replica sharding every group
+     * over its own ranks. Whether R divides the world is known only with
+     * --world (main.c checks it) or when the trainer starts. */
+    if (by[8]) {
+        int64_t v;
+        if (eval_int(mb->d, &sc, by[8]->value, "`replicate`", 1, &v)) {
+            c->replicate = v;
+            c->replicate_loc = by[8]->value->loc;
+        }
+    }
 }
 
 /* Each group's dtypes: its fully_shard line's mixed_precision(...) over
@@ -1334,6 +1346,8 @@ void model_dump(FILE *out, Model *m)
         fprintf(out, "  memory_budget = %" PRId64 " bytes\n", c->memory_budget_bytes);
     if (c->recompute.written)
         fprintf(out, "  recompute = %s\n", model_recompute_name(&c->recompute));
+    if (c->replicate > 1)
+        fprintf(out, "  replicate = %" PRId64 "\n", c->replicate);
     TrainConfig *t = &m->train;
     fputs("\ntrain\n", out);
     fprintf(out, "  micro_batch = %" PRId64 "\n  grad_accum = %" PRId64 "\n  steps = %" PRId64

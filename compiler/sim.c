@@ -871,6 +871,44 @@ static CostCat event_work(const Sim *sim, const Event *e, Work *w, double *laten
     return cat;
 }
 
+/* A collective event's time on its sub-group of the mesh: plain FSDP's
+ * collectives span the world (sim_collective_seconds, as before); under
+ * replicate = R (docs/design.md#hsdp) all-gathers and reduce-scatters run
+ * over the S = W/R consecutive ranks of a replica, the all-reduce over the
+ * R ranks S apart. `moved` is what event_comm_bytes counts; the group
+ * model takes what each rank contributes. */
+static double mesh_collective_seconds(const Sim *sim, const Event *e, int64_t moved,
+                                      SimAlgo *algo)
+{
+    const Model *m = sim->sched->plan->m;
+    const SimCluster *c = &sim->cluster;
+    int64_t R = m->shard.replicate;
+    double busbw;
+    *algo = SIM_ALGO_NONE;
+    if (moved == 0)
+        return 0;
+    if (R <= 1 && e->kind != EV_ALL_REDUCE) {
+        *algo = SIM_ALGO_RING;   /* NCCL has no tree for these */
+        return sim_collective_seconds(c, moved);
+    }
+    int64_t S = plan_shard_world(m, c->world);
+    const ShardGroup *sg = m->groups[e->group];
+    int64_t shard = plan_shard_numel(sg, c->world), padded = plan_padded_numel(sg, c->world);
+    switch (e->kind) {
+    case EV_ALL_GATHER:
+        return sim_collective_detail(c, COLL_ALL_GATHER, shard * dtype_bytes(sg->param_dtype), S,
+                                     1, algo, &busbw);
+    case EV_REDUCE_SCATTER:
+        return sim_collective_detail(c, COLL_REDUCE_SCATTER,
+                                     padded * dtype_bytes(sg->reduce_dtype), S, 1, algo, &busbw);
+    case EV_ALL_REDUCE:
+        return sim_collective_detail(c, COLL_ALL_REDUCE, shard * dtype_bytes(sg->reduce_dtype), R,
+                                     S, algo, &busbw);
+    default:
+        fsd_unreachable();
+    }
+}
+
 /* ── contention ──
  * A collective in flight on its stream, and what it takes from the compute
  * beside it while it runs: its channels' SMs, and its HBM traffic's share
@@ -997,16 +1035,20 @@ static void replay_event(Sim *sim, Replay *r, int i, bool record)
         break;
     }
     case EV_ALL_GATHER:
-    case EV_REDUCE_SCATTER: {
+    case EV_REDUCE_SCATTER:
+    case EV_ALL_REDUCE: {
         StreamId st = event_stream(e->kind);
         int64_t bytes = event_comm_bytes(s, e, sim->cluster.world);
         if (r->now[st] > start)
             start = r->now[st];
-        dur = sim_collective_seconds(&sim->cluster, bytes);
-        sim->algo_runs[st][dur > 0 ? SIM_ALGO_RING : SIM_ALGO_NONE]++;
+        SimAlgo algo;
+        dur = mesh_collective_seconds(sim, e, bytes, &algo);
+        sim->algo_runs[st][algo]++;
         if (dur > 0)
             push_flight(&r->flights[st], flight(sim, start, dur, bytes));
         r->now[st] = start + dur;
+        /* a replica all-reduce follows its reduce-scatter on the reduce
+         * stream: the wait is for both */
         (e->kind == EV_ALL_GATHER ? r->gather_done : r->reduce_done)[e->group] = r->now[st];
         sim->busy_s[st] += dur;
         sim->bytes[st] += bytes;
@@ -1363,6 +1405,20 @@ void sim_dump(FILE *out, const Sim *sim, const MemPlan *mp)
                     "", algo_summary(sim->algo_runs[st]),
                     human_rate((double)sim->bytes[st] / sim->busy_s[st], "B/s"));
     }
+    /* HSDP: the reduce stream's bytes include the replica all-reduces;
+     * the mesh line splits them out, only then, so other dumps keep
+     * their form */
+    if (m->shard.replicate > 1) {
+        int64_t R = m->shard.replicate, S = plan_shard_world(m, c->world), ar = 0;
+        const Schedule *s = sim->sched;
+        for (int i = 0; i < s->nev; i++)
+            if (s->ev[i].kind == EV_ALL_REDUCE)
+                ar += event_comm_bytes(s, &s->ev[i], c->world) * schedule_runs(s, &s->ev[i]);
+        fprintf(out, "  %-16s replicate %" PRId64 " x shard %" PRId64 ": shard groups %s, "
+                     "replica all-reduce %s bytes per rank (of the reduce stream's) %s\n",
+                "mesh", R, S, S <= c->gpus_per_node ? "within a node" : "across nodes",
+                fmt_count(ar), S >= c->gpus_per_node ? "across nodes" : "within a node");
+    }
     double n6 = 6.0 * (double)m->numel * sim->tokens_per_step;
     fprintf(out, "  %-16s %9.1f%%  (%s counted FLOPs per rank per step; by 6*N*tokens: %.1f%%)\n",
             "MFU", sim->mfu * 100, human_rate(sim->model_flops, "FLOP"),
@@ -1403,10 +1459,24 @@ void sim_trace(FILE *out, const Sim *sim, const MemPlan *mp)
     json_str(out, arena_printf("fsdpc plan: %s on %" PRId64 " x %" PRId64 " %s (world %" PRId64 ")",
                                m->name, c->nodes, c->gpus_per_node, c->gpu->name, c->world));
     fputs("}}", out);
-    for (int t = 0; t < STREAM_COUNT; t++) {
+    /* under HSDP the mesh's two dimensions get tracks of their own: the
+     * shard group's collectives (intra-node when a replica fits in a node)
+     * and the replica all-reduce (inter-node), drawn on a fourth track
+     * though it runs on the reduce stream */
+    int64_t R = m->shard.replicate, S = plan_shard_world(m, c->world);
+    bool hsdp = R > 1;
+    const char *names[STREAM_COUNT + 1] = {track_names[0], track_names[1], track_names[2], NULL};
+    if (hsdp) {
+        const char *span = S <= c->gpus_per_node ? "intra-node" : "inter-node";
+        names[1] = arena_printf("all-gather (shard: %" PRId64 " ranks, %s)", S, span);
+        names[2] = arena_printf("reduce-scatter (shard: %" PRId64 " ranks, %s)", S, span);
+        names[3] = arena_printf("all-reduce (replicate: %" PRId64 " ranks %" PRId64 " apart, %s)",
+                                R, S, S >= c->gpus_per_node ? "inter-node" : "intra-node");
+    }
+    for (int t = 0; t < STREAM_COUNT + hsdp; t++) {
         fprintf(out, ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, "
                      "\"args\": {\"name\": \"%s\"}}",
-                t, track_names[t]);
+                t, names[t]);
         fprintf(out, ",\n{\"name\": \"thread_sort_index\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, "
                      "\"args\": {\"sort_index\": %d}}",
                 t, t);
@@ -1426,6 +1496,7 @@ void sim_trace(FILE *out, const Sim *sim, const MemPlan *mp)
             break;
         case EV_ALL_GATHER:
         case EV_REDUCE_SCATTER:
+        case EV_ALL_REDUCE:
         case EV_OPTIMIZER:
             name = arena_printf("%s %s", event_name(e->kind), m->groups[e->group]->name);
             break;
@@ -1448,13 +1519,16 @@ void sim_trace(FILE *out, const Sim *sim, const MemPlan *mp)
                      "\"dur\": %.3f, \"args\": {\"event\": %d, \"micro\": %d",
                 e->kind == EV_WAIT_GATHER || e->kind == EV_WAIT_REDUCE ? "wait"
                                                                         : phase_names[e->phase],
-                (int)event_stream(e->kind), sim->start_s[i] * 1e6, dur * 1e6, i, e->micro);
+                e->kind == EV_ALL_REDUCE ? STREAM_COUNT : (int)event_stream(e->kind),
+                sim->start_s[i] * 1e6, dur * 1e6, i, e->micro);
         if (e->group >= 0) {
             fputs(", \"group\": ", out);
             json_str(out, m->groups[e->group]->name);
         }
-        if (e->kind == EV_ALL_GATHER || e->kind == EV_REDUCE_SCATTER)
+        if (e->kind == EV_ALL_GATHER || e->kind == EV_REDUCE_SCATTER || e->kind == EV_ALL_REDUCE)
             fprintf(out, ", \"bytes\": %" PRId64, event_comm_bytes(s, e, c->world));
+        if (hsdp && event_mesh_dim(s, e))
+            fprintf(out, ", \"mesh\": \"%s\"", event_mesh_dim(s, e));
         if (e->op)
             fprintf(out, ", \"op\": %d, \"flops\": %.0f, \"bytes\": %.0f, \"bound\": \"%s\"",
                     e->op->index, op_flops(e->op, B), op_bytes(e->op, B),

@@ -228,6 +228,7 @@ static void *device(FsdRun *r, int64_t bytes, bool counted)
 static int64_t largest_padded_in(const FsdRun *r, int64_t W, bool by_reduce, bool fp32)
 {
     int64_t most = 0;
+    W = shard_world_of(r, W);   /* HSDP: padded per shard group */
     for (int g = 0; g < r->m->ngroups; g++) {
         const FsdDtype dt = by_reduce ? group_reduce_dtype(r, g) : group_param_dtype(r, g);
         const int64_t padded = (r->m->groups[g].flat_numel + W - 1) / W * W;

@@ -174,6 +174,11 @@ typedef struct FsdModel {
      * section's memory_budget (0: none), which the runtime holds the peak
      * at its own world to before it starts. */
     int64_t plan_world, plan_peak_bytes, memory_budget_bytes;
+    /* replicate = R (docs/design.md#hsdp): the world is R replicas of W/R
+     * consecutive ranks, each sharding every group over its own ranks, the
+     * reduced gradient shards all-reduced across replicas; 0 or 1: plain
+     * FSDP. Last, so a program written without it reads 0. */
+    int64_t replicate;
 } FsdModel;
 
 /* ── lifecycle ── */
@@ -250,6 +255,7 @@ void fsdrt_wait_gather(FsdRun *r, int group);
 void fsdrt_reshard(FsdRun *r, int group);      /* unsharded params back to the pool */
 void fsdrt_alloc_grads(FsdRun *r, int group);  /* a zeroed unsharded grad buffer */
 void fsdrt_reduce_scatter(FsdRun *r, int group);  /* async: average over ranks */
+void fsdrt_all_reduce(FsdRun *r, int group);   /* HSDP: the shard across replicas, after it */
 void fsdrt_wait_reduce(FsdRun *r, int group);  /* and accumulate into the grad shard */
 void fsdrt_free_grads(FsdRun *r, int group);
 
@@ -288,11 +294,15 @@ bool fsdrt_gemm_bias_gelu(FsdRun *r, bool transA, bool transB, int64_t M, int64_
 void fsdrt_trace_begin(FsdRun *r, const char *name);
 void fsdrt_trace_end(FsdRun *r);
 
-/* Collective bytes count what a rank receives in a ring: (W-1)/W of the
- * padded buffer in the collective's dtype, the planner's figure exactly. */
+/* Collective bytes count what a rank receives in a ring: (S-1)/S of the
+ * padded buffer in the collective's dtype over the S ranks of the shard
+ * group (S = W, or W/R under replicate = R), and 2(R-1)/R of the shard for
+ * the replica all-reduce: the planner's figures exactly, per mesh
+ * dimension. */
 typedef struct FsdCounters {
-    int64_t gather_bytes;        /* all-gathers */
-    int64_t reduce_bytes;        /* reduce-scatters */
+    int64_t gather_bytes;        /* all-gathers (shard dimension) */
+    int64_t reduce_bytes;        /* reduce-scatters (shard dimension) */
+    int64_t replicate_bytes;     /* replica all-reduces (replicate dimension) */
     int64_t alloc_bytes;         /* runtime-owned memory now */
     int64_t peak_alloc_bytes;    /* its maximum */
 } FsdCounters;

@@ -120,6 +120,7 @@ static int64_t most_unsharded(FsdRun *r, int64_t W, bool counted)
         free(padded), free(flags), free(before);
         return -1;
     }
+    W = shard_world_of(r, W);   /* HSDP: padded per shard group */
     for (int g = 0; g < G; g++)
         padded[g] = ceil_div(m->groups[g].flat_numel, W) * W;
     Held h = {flags, flags + G + 1, flags + 2 * G + 2, 0, 0};
@@ -145,6 +146,7 @@ static int64_t resident_bytes(const FsdRun *r, int64_t W)
     if (r->m->offload_cpu)
         return 0;
     int64_t shards = 0;
+    W = shard_world_of(r, W);   /* HSDP: shards of the shard group */
     for (int g = 0; g < r->m->ngroups; g++)
         shards += ceil_div(r->m->groups[g].flat_numel, W);
     return shards * (int64_t)sizeof(real) * (2 + optim_states(r));

@@ -19,8 +19,10 @@
 #   2b. tiny with each sharding policy that changes what the backend does
 #      (unsharded accumulation, parameters kept gathered, fp32 compute with
 #      bf16 or fp16 wire formats), tiny_llama and mlp at world 2, tiny at
-#      world 3 (eager); 2c. per-target mixed precision: tiny with its root
-#      alone in bf16, tiny_bf16 with its blocks reducing in fp32;
+#      world 3 (eager), tiny with replicate = 2 (HSDP: the communicators
+#      ncclCommSplit makes) at world 4, lazy and eager; 2c. per-target mixed
+#      precision: tiny with its root alone in bf16, tiny_bf16 with its blocks
+#      reducing in fp32;
 #   3. the proof that 2 can fail: with every cudaStreamWaitEvent dropped
 #      (FSD_CUDASIM_DROP_WAITS=1) the lazy run no longer matches; an
 #      asynchronous NCCL error ends the run with the backend's message, and so
@@ -291,6 +293,17 @@ fi
 cpu tiny_cpu_w3 3 tiny
 sim tiny_sim_w3 3 FSD_TF32=0 FSD_CUDASIM=eager tiny/cudasim
 same "cudasim: tiny, world 3, eager, vs CPU" tiny_cpu_w3 tiny_sim_w3 "${FP32[@]}"
+# HSDP (replicate = 2) at world 4: the shard and replica communicators
+# split from the world's (ncclCommSplit), the replica average behind each
+# reduce-scatter; lazy and eager, against the CPU build's MPI_Comm_split
+policy tiny_hsdp 'replicate = 2'
+if trainers "$OUT/tiny_hsdp.fsd"; then
+    cpu tiny_hsdp_cpu 4 tiny_hsdp
+    sim tiny_hsdp_sim 4 FSD_TF32=0 tiny_hsdp/cudasim
+    same "cudasim: tiny, replicate = 2, world 4, lazy, vs CPU" tiny_hsdp_cpu tiny_hsdp_sim "${FP32[@]}" "replicate_bytes 0"
+    sim tiny_hsdp_sim_eager 4 FSD_TF32=0 FSD_CUDASIM=eager tiny_hsdp/cudasim
+    same "cudasim: tiny, replicate = 2, world 4, eager, vs CPU" tiny_hsdp_cpu tiny_hsdp_sim_eager "${FP32[@]}"
+fi
 
 # ── 3. a missing event wait shows ──
 if ! timeout 300 env FSD_TF32=0 FSD_CUDASIM_DROP_WAITS=1 "${MPI[@]}" -np 2 build/tiny/cudasim/train \

@@ -264,6 +264,25 @@ static void mutations(const char *path, bool rab)
     snprintf(what, sizeof what, "%s: %d waits before their collective caught of %d", path, caught,
              tried);
     check(tried > 0 && caught == tried, what);
+
+    /* HSDP: a replica all-reduce moved before its reduce-scatter */
+    if (m->shard.replicate > 1) {
+        tried = caught = 0;
+        for (int i = 0; i < s->nev; i++) {
+            if (s->ev[i].kind != EV_ALL_REDUCE)
+                continue;
+            int j = i - 1;
+            while (j >= 0 && !(s->ev[j].kind == EV_REDUCE_SCATTER && s->ev[j].group == s->ev[i].group))
+                j--;
+            if (j < 0)
+                continue;
+            tried++;
+            caught += schedule_verify(copy_moved(s, i, j), NULL) > 0;
+        }
+        snprintf(what, sizeof what, "%s: %d replica all-reduces before their reduce-scatter "
+                                    "caught of %d", path, caught, tried);
+        check(tried > 0 && caught == tried, what);
+    }
 }
 
 static bool reads_output_of(const Event *e, const OpNode *op)
