@@ -330,6 +330,9 @@ TRAINER_FLAGS_cpu   :=
 TRAINER_FLAGS_cpu64 := -DFSD_FLOAT64
 TRAINER_LIB_cpu     := $(RT)/libfsdrt_cpu.a
 TRAINER_LIB_cpu64   := $(RT)/libfsdrt_cpu64.a
+# fsdpc's planning flags for the trainer, e.g. FSDPC_FLAGS="--world 16": the
+# world replicate = auto and memory_budget plan for (docs/design.md#replicate-auto)
+FSDPC_FLAGS ?=
 
 .PHONY: trainer
 trainer: $(if $(filter cuda,$(BACKEND)),$(if $(filter 0,$(MPI)),,setup),setup)
@@ -337,7 +340,7 @@ trainer: $(if $(filter cuda,$(BACKEND)),$(if $(filter 0,$(MPI)),,setup),setup)
 	@case "$(BACKEND)$(RT_SAN)" in cuda1) echo "make trainer: RT_SAN=1 builds the CPU runtime only (BACKEND=cpu or cpu64)"; exit 1;; esac
 	@$(MAKE) --no-print-directory $(B)/fsdpc $(if $(filter cuda,$(BACKEND)),runtime-cuda,runtime)
 	@mkdir -p $(TRAINER)
-	$(B)/fsdpc $(FSD) -o $(TRAINER)/train.cu
+	$(B)/fsdpc $(FSD) $(FSDPC_FLAGS) -o $(TRAINER)/train.cu
 ifeq ($(BACKEND),cuda)
 	$(NVCC) -x cu $(NVCC_FLAGS) -Iruntime $(TRAINER)/train.cu -L$(RT) -l$(CU_LIB) $(CUDA_LIBS) \
 	  -o $(TRAINER)/train

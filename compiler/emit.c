@@ -703,6 +703,10 @@ static void emit_model(Emit *e, uint64_t hash)
     if (c->replicate > 1)
         P("    %" PRId64 ",  /* replicate: replicas of world / replicate ranks "
           "(docs/design.md#hsdp) */\n", c->replicate);
+    /* replicate = auto's R is the plan_world's (docs/design.md#replicate-auto);
+     * R = 1 runs at any world, so only a chosen R > 1 is marked */
+    if (c->replicate > 1 && c->replicate_auto)
+        P("    1,  /* replicate_auto: chosen by the planner for plan_world */\n");
     P("};\n\n");
 }
 

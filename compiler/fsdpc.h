@@ -435,6 +435,8 @@ typedef struct ShardConfig {
                                     one on its fully_shard line inherits */
     int64_t replicate;           /* replicate = R (HSDP): R replicas of W/R ranks; 1: plain FSDP */
     Loc replicate_loc;           /* its value, for main.c's check against --world */
+    bool replicate_auto;         /* replicate = auto: plan_choose sets replicate from the
+                                    mesh's candidates (docs/design.md#replicate-auto) */
 } ShardConfig;
 
 typedef struct TrainConfig {
@@ -828,7 +830,34 @@ typedef struct Plan {
     struct MemPlan *mem;
     PlanTry *tries;
     int ntries, cap_tries;
+    /* replicate = auto: each R weighed (NULL otherwise) */
+    struct MeshChoice *mesh;
 } Plan;
+
+/* One replicate = R that `replicate = auto` weighed: the plan made with it
+ * (every other search run as for a written R), its predicted step and
+ * exposed communication on the cluster, and its peak per rank. */
+typedef struct MeshTry {
+    int64_t replicate, shard;    /* R and S = W / R */
+    bool planned;                /* false: no policy fit memory_budget under it */
+    double step_s, exposed_s, tokens_per_s_gpu;
+    int64_t peak;
+    bool fits;                   /* planned, and its peak within the limit */
+    bool chosen;
+} MeshTry;
+
+/* What replicate = auto weighed, for --dump-plan (planner.c). */
+typedef struct MeshChoice {
+    MeshTry *tries;
+    int ntries;
+    int64_t world, nodes, gpus_per_node;
+    const char *gpu;             /* the cluster's GPU, "H100 SXM 80GB" */
+    int64_t limit;               /* the memory a candidate must fit: memory_budget, else
+                                    the GPU's HBM */
+    bool limit_is_budget;
+    bool none_fits;              /* no candidate fit: the leanest was taken */
+    bool world_assumed;          /* no --world or --sim: the default world (main.c sets it) */
+} MeshChoice;
 
 /* Lays out the model's groups as they stand (offsets, padding, forward
  * order) with the shard section's policies; chooses nothing. */
@@ -1119,6 +1148,9 @@ void plan_recompute(Recompute *rc);
  * --dump-memory (policies) list them. */
 void plan_dump_buckets(FILE *out, const Plan *p);
 void plan_dump_policies(FILE *out, const Plan *p);
+/* replicate = auto's table for --dump-plan: each R, its step, exposed
+ * communication, tokens/s per GPU and peak, and why the chosen one won. */
+void plan_dump_mesh(FILE *out, const Plan *p);
 
 /* ───────────────────────── emit.c: the training program ─────────────── */
 

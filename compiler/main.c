@@ -453,11 +453,12 @@ static int from_hf(const Options *o, Output *out)
 /* replicate = R needs a world R divides (docs/design.md#hsdp): refused
  * here when --world (or --sim) names the world, at the setting; else the
  * plan's default world of 8 becomes the next multiple of R, and the
- * trainer checks the world it runs at. */
+ * trainer checks the world it runs at. replicate = auto chooses among the
+ * divisors of the world it plans for (planner.c). */
 static bool check_mesh(Options *o, Model *m, Diag *d)
 {
     int64_t R = m->shard.replicate;
-    if (R <= 1 || o->world % R == 0)
+    if (m->shard.replicate_auto || R <= 1 || o->world % R == 0)
         return true;
     if (o->world_set || o->sim_spec) {
         diag_error(d, m->shard.replicate_loc,
@@ -527,6 +528,8 @@ int main(int argc, char **argv)
     Plan *plan = plan_choose(model, graph, &o.cluster, &diag);
     if (!plan)
         return finish(&out, false);
+    if (plan->mesh)   /* replicate = auto planned for a world nobody named */
+        plan->mesh->world_assumed = !o.world_set && !o.sim_spec;
     verified(&out, schedule_verify(plan->sched, stderr), "scheduling");
     verified(&out, memplan_verify(plan->mem, stderr), "memory planning");
     if (!write_plan_outputs(&o, &out, plan))

@@ -844,8 +844,13 @@ static void check_shard(Build *mb)
     /* replicate = R: FSDP2's 2-D DeviceMesh (HSDP, docs/design.md#hsdp): R
      * replicas of W/R consecutive ranks, each replica sharding every group
      * over its own ranks. Whether R divides the world is known only with
-     * --world (main.c checks it) or when the trainer starts. */
-    if (by[8]) {
+     * --world (main.c checks it) or when the trainer starts.
+     * `replicate = auto` leaves R to the planner (plan_choose): 1 until it
+     * has chosen (docs/design.md#replicate-auto). */
+    if (by[8] && by[8]->value->kind == EX_IDENT && strcmp(by[8]->value->str, "auto") == 0) {
+        c->replicate_auto = true;
+        c->replicate_loc = by[8]->value->loc;
+    } else if (by[8]) {
         int64_t v;
         if (eval_int(mb->d, &sc, by[8]->value, "`replicate`", 1, &v)) {
             c->replicate = v;
@@ -1346,7 +1351,9 @@ void model_dump(FILE *out, Model *m)
         fprintf(out, "  memory_budget = %" PRId64 " bytes\n", c->memory_budget_bytes);
     if (c->recompute.written)
         fprintf(out, "  recompute = %s\n", model_recompute_name(&c->recompute));
-    if (c->replicate > 1)
+    if (c->replicate_auto)
+        fputs("  replicate = auto\n", out);
+    else if (c->replicate > 1)
         fprintf(out, "  replicate = %" PRId64 "\n", c->replicate);
     TrainConfig *t = &m->train;
     fputs("\ntrain\n", out);

@@ -107,7 +107,9 @@ void plan_dump(FILE *out, Plan *p, int64_t world)
     fprintf(out, "  mixed precision: all-gather %s, reduce-scatter %s, master weights fp32\n",
             dtype_name(c->param_dtype), dtype_name(c->reduce_dtype));
     fprintf(out, "  offload: %s\n", c->offload_cpu ? "cpu" : "none");
-    /* the mesh, only under HSDP, so that other plans' dumps keep their form */
+    /* replicate = auto's candidates (planner.c), then the mesh chosen; the
+     * mesh only under HSDP, so that other plans' dumps keep their form */
+    plan_dump_mesh(out, p);
     if (c->replicate > 1) {
         int64_t S = plan_shard_world(m, world);
         fprintf(out, "  mesh: replicate %" PRId64 " x shard %" PRId64 " (HSDP): replica r is "

@@ -566,7 +566,8 @@ void plan_recompute(Recompute *rc)
     }
 }
 
-Plan *plan_choose(Model *m, Graph *g, const SimCluster *c, Diag *d)
+/* Every choice but the mesh's, for the replicate = R the model holds. */
+static Plan *plan_for_mesh(Model *m, Graph *g, const SimCluster *c, Diag *d)
 {
     Plan *p = m->shard.auto_bucket_bytes ? choose_buckets(m, g, c) : plan_build(m, g);
     if (choose_policy(p, c, d))
@@ -578,6 +579,104 @@ Plan *plan_choose(Model *m, Graph *g, const SimCluster *c, Diag *d)
                    "the %d assignments weighed (--dump-plan lists them when one fits)",
                    g->rc->ntries);
     return NULL;
+}
+
+/* ── replicate = auto: the mesh ──
+ * HSDP (docs/design.md#hsdp) trades memory for traffic: a shard group of
+ * S = W / R ranks holds 1/S of every group, not 1/W, but its all-gathers and
+ * reduce-scatters stay on S ranks (NVLink when S is a node), and only the
+ * gradient shards cross replicas. Which R is fastest depends on the model,
+ * the batch and the network, so each candidate is planned in full (bucket,
+ * policy and, through plan_recompute_search's calls, recomputation searches
+ * as for a written R) and simulated on the cluster.
+ *
+ * The candidates are those FSDP2's HSDP is used with: R = 1 (plain FSDP),
+ * and every R whose shard group is a whole number of nodes, S = k x the
+ * GPUs per node for each k dividing the number of nodes (a 2-D DeviceMesh
+ * of (nodes / k, k x gpus)). At most a handful: 2 nodes give R = 1, 2;
+ * 8 nodes R = 1, 2, 4, 8. Shard groups within a node (S < gpus per node)
+ * would put the replica all-reduce on NVLink beside the shard group's
+ * traffic and shard the state over fewer ranks than a node gives for the
+ * same links; they are left out. A world that is not whole nodes gives
+ * R = 1 alone. */
+enum { MAX_MESH_TRIES = 16 };
+
+static int mesh_candidates(const SimCluster *c, int64_t out[MAX_MESH_TRIES])
+{
+    int n = 0;
+    out[n++] = 1;
+    int64_t g = c->gpus_per_node;
+    if (g < 1 || c->world % g != 0)
+        return n;
+    int64_t nodes = c->world / g;
+    /* k = nodes is S = W, R = 1: already there */
+    for (int64_t k = nodes - 1; k >= 1 && n < MAX_MESH_TRIES; k--)
+        if (nodes % k == 0)
+            out[n++] = nodes / k;
+    return n;
+}
+
+/* Plans and simulates the model under replicate = R, errors counted, not
+ * printed; the plan, or NULL when no policy fits memory_budget. */
+static Plan *weigh_mesh(Model *m, Graph *g, const SimCluster *c, int64_t R, MeshTry *t)
+{
+    m->shard.replicate = R;
+    Diag quiet;
+    diag_init(&quiet, m->prog->src, NULL);
+    Plan *p = plan_for_mesh(m, g, c, &quiet);
+    *t = (MeshTry){.replicate = R, .shard = c->world / R};
+    if (!p || quiet.errors)
+        return NULL;
+    Sim *sim = sim_run(p->sched, c);
+    t->planned = true;
+    t->step_s = sim->step_s;
+    t->exposed_s = sim->exposed_s;
+    t->tokens_per_s_gpu = sim->tokens_per_s_gpu;
+    t->peak = p->mem->peak;
+    return p;
+}
+
+/* The fastest candidate that fits the limit: memory_budget when written,
+ * else the GPU's HBM (without a budget nothing else bounds the choice, and
+ * a larger R always costs memory). A tie goes to the smaller R, which holds
+ * less. When none fits, R = 1, the leanest, planned again with errors
+ * reported: its own budget error says what it needs. */
+static Plan *choose_replicate(Model *m, Graph *g, const SimCluster *c, Diag *d)
+{
+    int64_t cand[MAX_MESH_TRIES];
+    int n = mesh_candidates(c, cand);
+    MeshChoice *mc = arena_alloc(sizeof *mc);
+    *mc = (MeshChoice){.tries = arena_alloc(sizeof(MeshTry) * (size_t)n), .ntries = n,
+                       .world = c->world, .nodes = c->nodes, .gpus_per_node = c->gpus_per_node,
+                       .gpu = c->gpu->name};
+    mc->limit_is_budget = m->shard.memory_budget_bytes > 0;
+    mc->limit = mc->limit_is_budget ? m->shard.memory_budget_bytes : c->gpu->hbm_bytes;
+    int best = -1;
+    for (int k = 0; k < n; k++) {
+        MeshTry *t = &mc->tries[k];
+        weigh_mesh(m, g, c, cand[k], t);
+        t->fits = t->planned && t->peak <= mc->limit;
+        if (t->fits && (best < 0 || faster(t->step_s, mc->tries[best].step_s)))
+            best = k;
+    }
+    mc->none_fits = best < 0;
+    int pick = best >= 0 ? best : 0;
+    mc->tries[pick].chosen = true;
+    m->shard.replicate = cand[pick];
+    Plan *p = plan_for_mesh(m, g, c, d);
+    if (p)
+        p->mesh = mc;
+    else if (n > 1)
+        diag_error(d, m->shard.replicate_loc,
+                   "`replicate = auto` weighed %d meshes on %" PRId64 " ranks and none fits; "
+                   "that error is for replicate = 1, which holds the least",
+                   n, c->world);
+    return p;
+}
+
+Plan *plan_choose(Model *m, Graph *g, const SimCluster *c, Diag *d)
+{
+    return m->shard.replicate_auto ? choose_replicate(m, g, c, d) : plan_for_mesh(m, g, c, d);
 }
 
 /* ── the alternatives, for the dumps ── */
@@ -608,5 +707,71 @@ void plan_dump_policies(FILE *out, const Plan *p)
                     t->peak <= budget ? arena_printf("fits, step %.3f ms", 1e3 * t->step_s)
                                       : "too big",
                     t->chosen ? "  <- chosen" : "");
+    }
+}
+
+void plan_dump_mesh(FILE *out, const Plan *p)
+{
+    const MeshChoice *mc = p->mesh;
+    if (!mc)
+        return;
+    fprintf(out, "  mesh: replicate = auto, the simulator's choice on %" PRId64 " node%s x %" PRId64
+                 " %s (world %" PRId64 "): R = 1 and each R whose shard group is whole nodes, "
+                 "the fastest whose peak fits %s %s:\n",
+            mc->nodes, mc->nodes == 1 ? "" : "s", mc->gpus_per_node, mc->gpu, mc->world,
+            mc->limit_is_budget ? "memory_budget" : "the GPU's HBM of", fmt_size(mc->limit));
+    if (mc->world_assumed)
+        fprintf(out, "    (no --world or --sim: planned for the default world of %" PRId64
+                     "; give the world the trainer will run at, or --sim its cluster)\n",
+                mc->world);
+    const MeshTry *chosen = NULL;
+    for (int i = 0; i < mc->ntries; i++) {
+        const MeshTry *t = &mc->tries[i];
+        if (t->chosen)
+            chosen = t;
+        if (!t->planned) {
+            fprintf(out, "    replicate %3" PRId64 " x shard %4" PRId64
+                         ": no reshard policy or prefetch depth fits memory_budget%s\n",
+                    t->replicate, t->shard, t->chosen ? "  <- chosen (the leanest)" : "");
+            continue;
+        }
+        fprintf(out, "    replicate %3" PRId64 " x shard %4" PRId64 ": step %10.3f ms, exposed "
+                     "comm %9.3f ms, %8.0f tokens/s per GPU, peak %10s  %s%s\n",
+                t->replicate, t->shard, 1e3 * t->step_s, 1e3 * t->exposed_s, t->tokens_per_s_gpu,
+                fmt_size(t->peak), t->fits ? "fits" : "too big",
+                t->chosen ? (mc->none_fits ? "  <- chosen (the leanest)" : "  <- chosen") : "");
+    }
+    if (mc->none_fits) {
+        fprintf(out, "    none fits: replicate 1 holds the least (shards of 1/%" PRId64 ")\n",
+                mc->world);
+        return;
+    }
+    /* why: against the runner-up, or alone */
+    const MeshTry *next = NULL;
+    for (int i = 0; i < mc->ntries; i++) {
+        const MeshTry *t = &mc->tries[i];
+        if (t != chosen && t->fits && (!next || t->step_s < next->step_s))
+            next = t;
+    }
+    if (mc->ntries == 1)
+        fprintf(out, "    replicate 1: the only candidate (no shard group of whole nodes but "
+                     "the world)\n");
+    else if (!next)
+        fprintf(out, "    replicate %" PRId64 ": the only candidate that fits\n",
+                chosen->replicate);
+    else if (!faster(chosen->step_s, next->step_s))
+        fprintf(out, "    replicate %" PRId64 ": as fast as replicate %" PRId64
+                     " and holds less (a tie goes to the smaller R)\n",
+                chosen->replicate, next->replicate);
+    else
+        fprintf(out, "    replicate %" PRId64 ": the fastest that fits, %.3f ms (%.1f%%) a step "
+                     "ahead of replicate %" PRId64 "\n",
+                chosen->replicate, 1e3 * (next->step_s - chosen->step_s),
+                100 * (next->step_s - chosen->step_s) / next->step_s, next->replicate);
+    for (int i = 0; i < mc->ntries; i++) {
+        const MeshTry *t = &mc->tries[i];
+        if (t->planned && !t->fits && t->step_s < chosen->step_s)
+            fprintf(out, "    replicate %" PRId64 " would be faster but peaks at %s, over %s\n",
+                    t->replicate, fmt_size(t->peak), fmt_size(mc->limit));
     }
 }

@@ -292,6 +292,17 @@ static void set_mesh(FsdRun *r)
     r->shard_world = r->world;
     r->shard_rank = r->rank;
     r->replica = 0;
+    if (r->world % R != 0 && r->m->replicate_auto) {
+        /* the planner's choice, for the world fsdpc planned: say so, and
+         * how to plan for this one */
+        rt_fail(r, "model %s has replicate = %lld, which `replicate = auto` chose for the world "
+                   "of %lld ranks fsdpc planned; this run has %d ranks, not a multiple of %lld: "
+                   "run on a multiple of %lld (%lld as planned), or recompile for this world "
+                   "(fsdpc --world %d, or --sim for its cluster) so that the planner chooses again",
+                r->m->name, (long long)R, (long long)r->m->plan_world, r->world, (long long)R,
+                (long long)R, (long long)r->m->plan_world, r->world);
+        return;
+    }
     if (r->world % R != 0) {
         rt_fail(r, "model %s has replicate = %lld (HSDP: %lld replicas of world / %lld ranks), "
                    "but this run has %d ranks, not a multiple of %lld: run on %lld or %lld ranks, "
@@ -305,6 +316,15 @@ static void set_mesh(FsdRun *r)
     r->shard_world = (int)(r->world / R);
     r->shard_rank = r->rank % r->shard_world;
     r->replica = r->rank / r->shard_world;
+    /* a divisible world other than the planned one trains the same (HSDP
+     * computes plain FSDP's step at any R), but the mesh was weighed for
+     * another cluster */
+    if (r->m->replicate_auto && r->world != r->m->plan_world && r->rank == 0)
+        fprintf(stderr, "train: note: replicate = %lld was chosen by `replicate = auto` for a "
+                        "world of %lld ranks; at %d ranks it trains the same, but may not be the "
+                        "fastest mesh here: recompile with fsdpc --world %d (or --sim) to weigh "
+                        "it for this world\n",
+                (long long)R, (long long)r->m->plan_world, r->world, r->world);
 }
 
 static void check_model(FsdRun *r)

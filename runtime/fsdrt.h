@@ -179,6 +179,11 @@ typedef struct FsdModel {
      * reduced gradient shards all-reduced across replicas; 0 or 1: plain
      * FSDP. Last, so a program written without it reads 0. */
     int64_t replicate;
+    /* 1: replicate was chosen by `replicate = auto` for plan_world
+     * (docs/design.md#replicate-auto): the trainer runs at any world it
+     * divides, notes a world other than plan_world and names plan_world
+     * when it refuses one; 0: written in the .fsd. */
+    int64_t replicate_auto;
 } FsdModel;
 
 /* ── lifecycle ── */
