@@ -295,6 +295,51 @@ for f in tests/budget/*.fsd; do
     done
 done
 
+# ── replicate = auto: tests/meshplan/*.fsd planned with --sim h100 on the
+# nodes each names (`# nodes: 2 8`), --dump-plan and --sim as a golden file,
+# and the choice held to its rule by check_mesh.py: the meshes of whole
+# nodes weighed, the chosen one fits, none that fits is faster, and it is
+# the plan written. Then the cases around it: no mesh fits the budget (the
+# error names replicate = auto), and no world given (the default world,
+# said in the dump). ──
+mkdir -p tests/golden/meshplan
+for f in tests/meshplan/*.fsd; do
+    name=$(basename "$f" .fsd)
+    for n in $(sed -n 's/^# nodes: //p' "$f"); do
+        if "$FSDPC" "$f" --sim h100:nodes=$n --dump-plan >"$TMP/out" 2>"$TMP/err"; then
+            compare "golden meshplan/$name.nodes$n" "tests/golden/meshplan/$name.nodes$n" "$TMP/out"
+            if python3 tests/meshplan/check_mesh.py "$TMP/out" $n >"$TMP/why" 2>&1; then
+                ok "replicate = auto $name on $n nodes: $(cat "$TMP/why")"
+            else
+                bad "replicate = auto $name on $n nodes: the choice breaks the rule" "$TMP/why"
+            fi
+        else
+            bad "replicate = auto $name on $n nodes: fsdpc failed" "$TMP/err"
+        fi
+    done
+done
+f=tests/meshplan/llama3_8b_mesh_budget.fsd
+line=$(grep -n "^  replicate = auto" $f | cut -d: -f1)
+"$FSDPC" $f --sim h100:nodes=2 --dump-plan >"$TMP/out" 2>"$TMP/err"
+st=$?
+if [ $st = 1 ] && [ ! -s "$TMP/out" ] && grep -q "^$f:$line:15: error: \`replicate = auto\` weighed 2 meshes on 16 ranks and none fits" "$TMP/err" &&
+    grep -q "error: memory_budget 20.00 GiB is less than the leanest plan needs on 16 ranks" "$TMP/err"; then
+    ok "replicate = auto: no mesh fits the budget on 2 nodes, refused at $f:$line:15 with replicate = 1's numbers"
+else
+    bad "replicate = auto: no mesh fits the budget on 2 nodes (status $st)" "$TMP/err"
+fi
+sed 's/^shard {/shard {\n  replicate = auto/' examples/tiny.fsd >"$TMP/tiny_rauto.fsd"
+"$FSDPC" "$TMP/tiny_rauto.fsd" --dump-plan >"$TMP/out" 2>"$TMP/err" &&
+    "$FSDPC" "$TMP/tiny_rauto.fsd" --world 16 --dump-plan >"$TMP/out16" 2>>"$TMP/err"
+if grep -q "^plan tiny for world 8$" "$TMP/out" && grep -q "(no --world or --sim: planned for the default world of 8;" "$TMP/out" &&
+    grep -q "replicate 1: the only candidate" "$TMP/out" && ! grep -q "no --world" "$TMP/out16" &&
+    grep -q "mesh: replicate = auto, the simulator's choice on 2 nodes x 8 H100 SXM 80GB (world 16)" "$TMP/out16"; then
+    ok "replicate = auto without --world: the default world 8 (one node: replicate 1), said in the dump; --world 16 weighs 2 nodes"
+else
+    cat "$TMP/out" "$TMP/out16" >>"$TMP/err"
+    bad "replicate = auto without --world" "$TMP/err"
+fi
+
 # ── the memory plan: tests/memory/check.py, a suite of its own, counted here ──
 # Figures computed by hand from the models' shapes, memory_budget's choices
 # and errors, and golden --dump-memory files (rewritten by --regen).
