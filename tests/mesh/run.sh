@@ -20,6 +20,10 @@
 #   4. a bad R: a world R does not divide refused by the trainer (every
 #      rank, exit 1, the numbers in the message) and by fsdpc --world (at
 #      the setting's line and column); replicate = 0 refused by fsdpc.
+#   5. replicate = auto (docs/design.md#replicate-auto): tiny planned for
+#      --world 16 (two nodes of 8) gets the planner's R = 2; trained at
+#      world 4 it notes the planned world and has plain FSDP's losses; at
+#      world 3 it is refused on every rank naming the planned world.
 #
 # Trainers and the .fsd variants go to build/mesh/. One line per check,
 # then "N passed, N failed".
@@ -55,10 +59,13 @@ variant tiny_r2 examples/tiny.fsd 'replicate = 2'
 variant tiny_r3 examples/tiny.fsd 'replicate = 3'
 variant tiny_r4 examples/tiny.fsd 'replicate = 4'
 variant tiny_llama_r2 examples/tiny_llama.fsd 'replicate = 2'
-VARIANTS=(tiny tiny_r2 tiny_r3 tiny_r4 tiny_llama tiny_llama_r2)
+variant tiny_rauto examples/tiny.fsd 'replicate = auto'
+VARIANTS=(tiny tiny_r2 tiny_r3 tiny_r4 tiny_llama tiny_llama_r2 tiny_rauto)
 build_one() {
+    local flags=
+    [ "$1" = tiny_rauto ] && flags="--world 16"   # the world replicate = auto plans for
     $MAKE --no-print-directory -s trainer FSD="$OUT/$1.fsd" BACKEND=cpu TRAINER="$OUT/$1" \
-        >"$TMP/build.$1" 2>&1
+        FSDPC_FLAGS="$flags" >"$TMP/build.$1" 2>&1
     echo $? >"$TMP/status.$1"
 }
 build_one "${VARIANTS[0]}"
@@ -202,6 +209,32 @@ variant tiny_r0 examples/tiny.fsd 'replicate = 0'
 $FSDPC "$OUT/tiny_r0.fsd" --check >"$TMP/bad0" 2>&1
 st=$?
 check "fsdpc: replicate = 0 refused, exit 1" '[ $st = 1 ] && grep -q "error: .*replicate" "$TMP/bad0"' "$TMP/bad0"
+
+# ── 5. replicate = auto: R chosen for the planned world ──
+check "replicate = auto planned for --world 16: the trainer has replicate 2 (chosen) for plan world 16" \
+    'grep -q "^    2,  /\* replicate: " "$OUT/tiny_rauto/train.cu" && grep -q "^    1,  /\* replicate_auto: " "$OUT/tiny_rauto/train.cu" && grep -q "^    16, [0-9]*, 0,  /\* plan_world" "$OUT/tiny_rauto/train.cu"' \
+    "$OUT/tiny_rauto/train.cu"
+# at world 4 fsdpc would plan another mesh (one node of 4: R = 1), so the
+# run is held to replicate = 2's plan at world 4 (tiny_r2.w4's dumps)
+mp 4 "$OUT/tiny_rauto/train" --data "$D" --steps 10 --micro-batch 3 --grad-accum 1 \
+    --log "$TMP/tiny_rauto.w4.log" --quiet >"$TMP/tiny_rauto.w4.out" 2>&1 ||
+    bad "tiny_rauto.w4: status $?" "$TMP/tiny_rauto.w4.out"
+for ref in tiny.w1 tiny_r2.w4; do
+    if res=$($E2E losses "$TMP/$ref.log" "$TMP/tiny_rauto.w4.log" 1e-5); then
+        ok "losses tiny_rauto.w4 = $ref: $res"
+    else bad "losses tiny_rauto.w4 vs $ref: $res"; fi
+done
+if res=$($CHECK bytes "$TMP/tiny_rauto.w4.log" "$TMP/tiny_r2.w4.json"); then
+    ok "plan bytes tiny_rauto.w4 (replicate = 2's plan at world 4): $res"
+else bad "plan bytes tiny_rauto.w4: $res" "$TMP/tiny_r2.w4.json"; fi
+check "replicate = auto at world 4, planned for 16: one note naming both worlds" \
+    '[ "$(grep -c "train: note: replicate = 2 was chosen by \`replicate = auto\` for a world of 16 ranks; at 4 ranks it trains the same" "$TMP/tiny_rauto.w4.out")" = 1 ]' \
+    "$TMP/tiny_rauto.w4.out"
+mp 3 $OUT/tiny_rauto/train --data "$D" --steps 1 >"$TMP/bad3" 2>&1
+st=$?
+n=$(grep -c "train: model tiny has replicate = 2, which \`replicate = auto\` chose for the world of 16 ranks fsdpc planned; this run has 3 ranks, not a multiple of 2: run on a multiple of 2 (16 as planned), or recompile for this world (fsdpc --world 3" "$TMP/bad3")
+check "trainer: replicate = auto's R = 2 at world 3 refused on every rank naming the planned world 16, exit 1" \
+    '[ $st = 1 ] && [ "$n" = 3 ]' "$TMP/bad3"
 
 echo "($(($(date +%s) - t0)) s)"
 done_
