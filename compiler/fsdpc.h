@@ -1124,7 +1124,8 @@ void sim_trace(FILE *out, const Sim *sim, const MemPlan *mp);
 /* ───────────────────────── planner.c: every choice, in one place ──────── */
 
 /* Chooses what the .fsd leaves open and plans the step for c->world ranks:
- * fully_shard auto's groups (bucket sizes searched through the simulator
+ * under replicate = auto the mesh (each candidate R planned as below and
+ * simulated; p->mesh lists them), fully_shard auto's groups (bucket sizes searched through the simulator
  * on c), then under memory_budget the fastest reshard policy and prefetch
  * depth that fit (searched through the memory planner), then the step's
  * schedule and memory plan (p->sched, p->mem; not verified yet). Every

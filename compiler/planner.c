@@ -4,6 +4,9 @@
  * decided (the groups of explicit `fully_shard` lines, the shard section's
  * policies); what is left to choose is chosen here, in this order:
  *
+ *   0. the mesh: under `replicate = auto` each candidate R is planned by
+ *      the steps below and simulated, and the fastest that fits wins
+ *      (choose_replicate, the outermost loop);
  *   1. groups: `fully_shard auto(bucket = N)` packs leaf layers into
  *      buckets; the bucket size is searched through the simulator (sim.c)
  *      from N down, and the fastest predicted step wins;
