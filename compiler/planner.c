@@ -250,8 +250,7 @@ static void apply_policy(Plan *p, const PlanTry *t)
     Model *m = p->m;
     p->prefetch_fwd = t->prefetch_fwd;
     p->prefetch_bwd = t->prefetch_bwd;
-    for (int i = 0; i < m->ngroups; i++)
-        m->groups[i]->reshard = t->reshard && !m->groups[i]->is_root;
+    plan_apply_reshard(m, t->reshard);
 }
 
 /* "reshard after forward (as written), prefetch 1", for the dump's table:
