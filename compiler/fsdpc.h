@@ -442,6 +442,7 @@ typedef struct ShardConfig {
     int reshard_after_forward;   /* -1: FSDP2 default (true but root) */
     Loc reshard_after_forward_loc;   /* where it was written, when it was */
     int64_t reshard_ranks;       /* reshard_after_forward = N >= 2: N; else 0 */
+    Loc reshard_ranks_loc;       /* N as written, for main.c's check against --world */
     DType param_dtype, reduce_dtype, output_dtype;
     Loc mixed_loc;               /* the mixed_precision(...) setting, when written */
     int prefetch_forward, prefetch_backward;

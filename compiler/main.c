@@ -463,7 +463,7 @@ static bool check_reshard_ranks(Options *o, Model *m, Diag *d, ReshardSpec *rs, 
     if (N < 2)
         return true;
     if (S % N != 0) {
-        diag_error(d, rs ? rs->loc : m->shard.reshard_after_forward_loc,
+        diag_error(d, rs ? rs->loc : m->shard.reshard_ranks_loc,
                    "`reshard_after_forward = %" PRId64 "` does not divide the shard group of %"
                    PRId64 " ranks (world %" PRId64 "%s, %s): the copy kept after forward is "
                    "sharded over N consecutive ranks of it; use a divisor of %" PRId64,

@@ -810,6 +810,7 @@ static void check_shard(Build *mb)
         if (parse_reshard(mb, by[0]->value, &rs)) {
             c->reshard_after_forward = rs.reshard;
             c->reshard_ranks = rs.ranks;
+            c->reshard_ranks_loc = rs.loc;
             c->reshard_after_forward_loc = by[0]->loc;
         }
     }
