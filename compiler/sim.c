@@ -1437,6 +1437,24 @@ void sim_dump(FILE *out, const Sim *sim, const MemPlan *mp)
                 "mesh", R, S, S <= c->gpus_per_node ? "within a node" : "across nodes",
                 fmt_count(ar), S >= c->gpus_per_node ? "across nodes" : "within a node");
     }
+    /* partial resharding: the gather stream's bytes include the gathers
+     * from the copies; split out only then, as the mesh line above */
+    {
+        const Schedule *s = sim->sched;
+        int64_t pg = 0, most = 0;
+        for (int i = 0; i < s->nev; i++)
+            if (s->ev[i].kind == EV_GATHER_PARTIAL) {
+                pg += event_comm_bytes(s, &s->ev[i], c->world) * schedule_runs(s, &s->ev[i]);
+                if (m->groups[s->ev[i].group]->reshard_ranks > most)
+                    most = m->groups[s->ev[i].group]->reshard_ranks;
+            }
+        if (pg > 0)
+            fprintf(out, "  %-16s gather_partial %s bytes per rank (of the gather stream's) "
+                         "within N ranks (N up to %" PRId64 ": %s), from the copies "
+                         "reshard_after_forward = N keeps\n",
+                    "reshard", fmt_count(pg), most,
+                    most <= c->gpus_per_node ? "within a node" : "across nodes");
+    }
     double n6 = 6.0 * (double)m->numel * sim->tokens_per_step;
     fprintf(out, "  %-16s %9.1f%%  (%s counted FLOPs per rank per step; by 6*N*tokens: %.1f%%)\n",
             "MFU", sim->mfu * 100, human_rate(sim->model_flops, "FLOP"),
