@@ -484,8 +484,11 @@ static void emit_event(Emit *e, const Event *ev)
         [EV_RESHARD] = "fsdrt_reshard",         [EV_ALLOC_GRADS] = "fsdrt_alloc_grads",
         [EV_REDUCE_SCATTER] = "fsdrt_reduce_scatter", [EV_WAIT_REDUCE] = "fsdrt_wait_reduce",
         [EV_FREE_GRADS] = "fsdrt_free_grads",   [EV_ALL_REDUCE] = "fsdrt_all_reduce",
+        [EV_KEEP_PARTIAL] = "fsdrt_keep_partial", [EV_GATHER_PARTIAL] = "fsdrt_gather_partial",
     };
     switch (ev->kind) {
+    case EV_KEEP_PARTIAL:
+    case EV_GATHER_PARTIAL:
     case EV_ALL_GATHER:
     case EV_WAIT_GATHER:
     case EV_RESHARD:
@@ -608,9 +611,17 @@ static void emit_tables(Emit *e)
     static const char *const gdts[] = {"FSD_FP32", "FSD_BF16", "FSD_FP16"};
     P("static const FsdGroupInfo groups[%d] = {\n", m->ngroups);
     P("    /* name, flat_numel, param_dtype, reduce_dtype */\n");
-    for (int i = 0; i < m->ngroups; i++)
-        P("    {\"%s\", %" PRId64 ", %s, %s},\n", m->groups[i]->name, m->groups[i]->flat_numel,
-          gdts[m->groups[i]->param_dtype], gdts[m->groups[i]->reduce_dtype]);
+    for (int i = 0; i < m->ngroups; i++) {
+        const ShardGroup *sg = m->groups[i];
+        P("    {\"%s\", %" PRId64 ", %s, %s", sg->name, sg->flat_numel, gdts[sg->param_dtype],
+          gdts[sg->reduce_dtype]);
+        /* written only with partial resharding (left out, it is 0), so that
+         * other programs stay as they were */
+        if (sg->reshard_ranks >= 2)
+            P(", %" PRId64 " /* reshard_ranks: docs/design.md#partial-resharding */",
+              sg->reshard_ranks);
+        P("},\n");
+    }
     P("};\n\n");
 
     /* arena tensors: live range over this micro-batch's op order */
@@ -713,30 +724,52 @@ static void emit_model(Emit *e, uint64_t hash)
 /* A step's unsharded-buffer events, in schedule order: the CUDA runtime
  * replays them at start-up to size its pools, and every runtime to predict
  * its memory peak (FsdModel's buf_one). */
-static int buffer_op(EventKind k)
+/* A partial copy (keep_partial) is freed at the wait of the gather_partial
+ * that reads it: that wait is a buffer event, other waits are not; so
+ * `partial` tracks which groups' gathers in flight are partial. */
+static int buffer_op(const Event *ev, bool *partial)
 {
+    const EventKind k = ev->kind;
+    if (k == EV_WAIT_GATHER)
+        return partial[ev->group] ? 8 : -1;
     return k == EV_ALL_GATHER       ? 0
            : k == EV_RESHARD        ? 1
            : k == EV_ALLOC_GRADS    ? 2
            : k == EV_FREE_GRADS     ? 3
            : k == EV_REDUCE_SCATTER ? 4
            : k == EV_WAIT_REDUCE    ? 5
+           : k == EV_KEEP_PARTIAL   ? 6
+           : k == EV_GATHER_PARTIAL ? 7
                                     : -1;
 }
 
 static void emit_buffers(Emit *e, const Schedule *s, const char *name, int which)
 {
     static const char *const ops[] = {"FSD_BUF_GATHER", "FSD_BUF_RESHARD", "FSD_BUF_ALLOC_GRADS",
-                                      "FSD_BUF_FREE_GRADS", "FSD_BUF_REDUCE", "FSD_BUF_WAIT_REDUCE"};
+                                      "FSD_BUF_FREE_GRADS", "FSD_BUF_REDUCE", "FSD_BUF_WAIT_REDUCE",
+                                      "FSD_BUF_KEEP_PARTIAL", "FSD_BUF_GATHER_PARTIAL",
+                                      "FSD_BUF_WAIT_PARTIAL"};
+    bool *partial = arena_alloc((size_t)e->m->ngroups + 1);
     int n = 0;
-    for (int i = 0; i < s->nev; i++)
-        n += buffer_op(s->ev[i].kind) >= 0;
+    for (int i = 0; i < s->nev; i++) {
+        const Event *ev = &s->ev[i];
+        n += buffer_op(ev, partial) >= 0;
+        if (event_is_gather(ev->kind))
+            partial[ev->group] = ev->kind == EV_GATHER_PARTIAL;
+        else if (ev->kind == EV_WAIT_GATHER)
+            partial[ev->group] = false;
+    }
     e->nbuf[which] = n;
     P("static const FsdBufEvent %s[%d] = {", name, n ? n : 1);
     int col = 0;
+    memset(partial, 0, (size_t)e->m->ngroups + 1);
     for (int i = 0; i < s->nev; i++) {
         const Event *ev = &s->ev[i];
-        int op = buffer_op(ev->kind);
+        int op = buffer_op(ev, partial);
+        if (event_is_gather(ev->kind))
+            partial[ev->group] = ev->kind == EV_GATHER_PARTIAL;
+        else if (ev->kind == EV_WAIT_GATHER)
+            partial[ev->group] = false;
         if (op < 0)
             continue;
         P("%s{%s, %d, %d},", col++ % 4 ? " " : "\n    ", ops[op], ev->group, ev->micro);

@@ -313,6 +313,18 @@ typedef struct RecomputeSpec {
     bool per_target;         /* on a fully_shard line, not the shard section */
     Loc loc;                 /* the value as written */
 } RecomputeSpec;
+/* `reshard_after_forward = true | false | N`, in the shard section or on a
+ * fully_shard line (docs/design.md#partial-resharding): FSDP2's bool or
+ * int. N = 1 is false; N >= 2 frees the unsharded parameters after forward
+ * but keeps a copy sharded over N ranks of the shard group, which backward
+ * all-gathers within those N (ranks 0 for true and false). */
+typedef struct ReshardSpec {
+    bool reshard;            /* free the unsharded parameters after forward */
+    int64_t ranks;           /* N >= 2: the partial copy's ranks; else 0 */
+    int64_t written;         /* the integer as written; 0 for a bool */
+    Loc loc;                 /* the value as written */
+} ReshardSpec;
+
 typedef enum { INIT_NORMAL, INIT_ZEROS, INIT_ONES } InitKind;
 /* normal(0, 0.02): matrices and embeddings unless a layer's init says
  * otherwise (docs/design.md#initialisation) */
@@ -367,6 +379,9 @@ typedef struct Layer {
     /* the mixed_precision(...) of the fully_shard line that targets this
      * layer, as written; NULL when that line has none */
     const struct MixedSpec *mixed;
+    /* its fully_shard line's reshard_after_forward, as written; NULL when
+     * that line has none */
+    const ReshardSpec *reshard;
 } Layer;
 
 /* A user `block` type (or the model itself) and its checked forward. */
@@ -401,6 +416,14 @@ typedef struct ShardGroup {
     int64_t flat_numel;      /* params laid end to end, each start aligned */
     int fwd_order;           /* position among groups in forward use order */
     bool reshard;            /* free the unsharded params after forward */
+    /* reshard_after_forward = N (docs/design.md#partial-resharding): N >= 2
+     * keeps a copy sharded over N ranks after forward, which backward
+     * gathers from; 0 when the group reshards fully or not at all */
+    int64_t reshard_ranks;
+    /* its fully_shard line's reshard_after_forward, NULL when it has none:
+     * it wins over the shard section's and the planner's policies, and is
+     * the only way the root reshards after forward */
+    const ReshardSpec *reshard_own;
     /* model.c: the group's all-gather and reduce-scatter dtypes, its
      * fully_shard line's mixed_precision(...) over the shard section's
      * (docs/design.md#per-target-mixed-precision); mixed is that line's
@@ -418,6 +441,8 @@ typedef enum { OPT_ADAMW, OPT_SGD } OptimizerKind;
 typedef struct ShardConfig {
     int reshard_after_forward;   /* -1: FSDP2 default (true but root) */
     Loc reshard_after_forward_loc;   /* where it was written, when it was */
+    int64_t reshard_ranks;       /* reshard_after_forward = N >= 2: N; else 0 */
+    Loc reshard_ranks_loc;       /* N as written, for main.c's check against --world */
     DType param_dtype, reduce_dtype, output_dtype;
     Loc mixed_loc;               /* the mixed_precision(...) setting, when written */
     int prefetch_forward, prefetch_backward;
@@ -593,6 +618,8 @@ void model_dump(FILE *out, Model *m);
 const char *model_recompute_name(const RecomputeSpec *s);
 /* A fully_shard line's mixed precision as written: "mixed_precision(reduce = fp32)". */
 const char *model_mixed_name(const MixedSpec *s);
+/* A reshard_after_forward as written: "true", "false", "8". */
+const char *model_reshard_name(const ReshardSpec *s);
 
 /* ───────────────────────── ir.c: the op graph ───────────────────────── */
 
@@ -864,6 +891,11 @@ typedef struct MeshChoice {
 Plan *plan_build(Model *m, Graph *g);
 /* The ranks one group is sharded over at world w: w / replicate. */
 int64_t plan_shard_world(const Model *m, int64_t world);
+/* Sets every group's reshard and reshard_ranks: its fully_shard line's
+ * setting where it has one, else `reshard` (the shard section's, or a
+ * memory_budget policy's) for every group but the root, with the shard
+ * section's N (docs/design.md#partial-resharding). */
+void plan_apply_reshard(Model *m, bool reshard);
 /* A group's padded flat size and per-rank shard for world size w: padded
  * to, and sharded over, the shard group of w / R ranks under replicate = R
  * (docs/design.md#hsdp). */
@@ -882,6 +914,8 @@ typedef enum { PH_FORWARD, PH_BACKWARD, PH_OPTIMIZER } Phase;
     EV(EV_WAIT_GATHER,    "wait_gather",    STREAM_COMPUTE) \
     EV(EV_COMPUTE,        "compute",        STREAM_COMPUTE) \
     EV(EV_RESHARD,        "reshard",        STREAM_COMPUTE) \
+    EV(EV_KEEP_PARTIAL,   "keep_partial",   STREAM_COMPUTE) \
+    EV(EV_GATHER_PARTIAL, "gather_partial", STREAM_GATHER)  \
     EV(EV_ALLOC_GRADS,    "alloc_grads",    STREAM_COMPUTE) \
     EV(EV_REDUCE_SCATTER, "reduce_scatter", STREAM_REDUCE)  \
     EV(EV_ALL_REDUCE,     "all_reduce",     STREAM_REDUCE)  \
@@ -963,6 +997,12 @@ int64_t event_comm_bytes(const Schedule *s, const Event *e, int64_t world);
 /* The mesh dimension a collective event runs over, for the dumps and the
  * trace: "shard" or "replicate"; NULL for other events. */
 const char *event_mesh_dim(const Schedule *s, const Event *e);
+/* An all-gather of either kind: from the shards, or (partial resharding)
+ * from the copy kept over N ranks. */
+static inline bool event_is_gather(EventKind k)
+{
+    return k == EV_ALL_GATHER || k == EV_GATHER_PARTIAL;
+}
 
 /* ───────────────────────── memplan.c: memory per rank ───────────────── */
 
@@ -987,6 +1027,7 @@ typedef struct MemPlan {
     int peak_event;
     int64_t peak;
     int64_t peak_unsharded_params, peak_unsharded_grads;   /* at peak_event */
+    int64_t peak_partial_copies; /* of peak_unsharded_params: reshard_after_forward = N's copies */
     int64_t peak_workspace;      /* 0 unless the peak is a compute event */
     /* the lower peak with activations freed as they die: those live at each
      * op instead of the whole arena; reached only by an allocator that

@@ -450,27 +450,81 @@ static int from_hf(const Options *o, Output *out)
     return finish(out, true);
 }
 
-/* replicate = R needs a world R divides (docs/design.md#hsdp): refused
- * here when --world (or --sim) names the world, at the setting; else the
- * plan's default world of 8 becomes the next multiple of R, and the
- * trainer checks the world it runs at. replicate = auto chooses among the
- * divisors of the world it plans for (planner.c). */
-static bool check_mesh(Options *o, Model *m, Diag *d)
+/* replicate = R needs a world R divides (docs/design.md#hsdp), and
+ * reshard_after_forward = N a shard group of S = W / R ranks that N
+ * divides (docs/design.md#partial-resharding): refused here when --world
+ * (or --sim) names the world, at the setting; else the plan's default
+ * world of 8 becomes the next multiple of R (and of R * N), and the
+ * trainer checks the world it runs at. With the world known, N = S is
+ * plain resharding, planned as `true`. replicate = auto chooses R among
+ * the meshes of the world it plans for (planner.c), each one's shard group
+ * a multiple of every N; here it counts as R = 1. */
+/* R as written; 1 under replicate = auto, which chooses it later */
+static int64_t mesh_replicas(const Model *m)
 {
-    int64_t R = m->shard.replicate;
-    if (m->shard.replicate_auto || R <= 1 || o->world % R == 0)
+    return !m->shard.replicate_auto && m->shard.replicate > 1 ? m->shard.replicate : 1;
+}
+
+static bool check_reshard_ranks(Options *o, Model *m, Diag *d, ReshardSpec *rs, int64_t *ranks)
+{
+    int64_t N = *ranks, R = mesh_replicas(m), S = o->world / R;
+    if (N < 2)
         return true;
-    if (o->world_set || o->sim_spec) {
-        diag_error(d, m->shard.replicate_loc,
-                   "`replicate = %" PRId64 "` does not divide the world of %" PRId64
-                   " ranks (%s): HSDP needs R replicas of W/R ranks each; use a world that "
-                   "is a multiple of %" PRId64,
-                   R, o->world, o->sim_spec ? "--sim" : "--world", R);
+    if (S % N != 0) {
+        diag_error(d, rs ? rs->loc : m->shard.reshard_ranks_loc,
+                   "`reshard_after_forward = %" PRId64 "` does not divide the shard group of %"
+                   PRId64 " ranks (world %" PRId64 "%s, %s): the copy kept after forward is "
+                   "sharded over N consecutive ranks of it; use a divisor of %" PRId64,
+                   N, S, o->world, R > 1 ? arena_printf(" / replicate %" PRId64, R) : "",
+                   o->sim_spec ? "--sim" : "--world", S);
         return false;
     }
-    o->world = (o->world + R - 1) / R * R;
-    o->cluster = sim_default_cluster(o->world);
+    if (N == S) {
+        *ranks = 0;
+        if (rs)
+            rs->ranks = 0;
+    }
     return true;
+}
+
+static int64_t gcd64(int64_t a, int64_t b) { return b ? gcd64(b, a % b) : a; }
+
+static bool check_mesh(Options *o, Model *m, Diag *d)
+{
+    int64_t R = mesh_replicas(m);
+    if (R > 1 && o->world % R != 0) {
+        if (o->world_set || o->sim_spec) {
+            diag_error(d, m->shard.replicate_loc,
+                       "`replicate = %" PRId64 "` does not divide the world of %" PRId64
+                       " ranks (%s): HSDP needs R replicas of W/R ranks each; use a world that "
+                       "is a multiple of %" PRId64,
+                       R, o->world, o->sim_spec ? "--sim" : "--world", R);
+            return false;
+        }
+    }
+    if (!o->world_set && !o->sim_spec) {
+        /* the smallest world from 8 that every N and R fit */
+        int64_t step = R;
+        for (int i = 0; i <= m->ngroups; i++) {
+            const ReshardSpec *rs = i < m->ngroups ? m->groups[i]->reshard_own : NULL;
+            int64_t N = i < m->ngroups ? (rs ? rs->ranks : 0) : m->shard.reshard_ranks;
+            if (N >= 2)
+                step = step / gcd64(step, R * N) * (R * N);
+        }
+        int64_t w = (o->world + step - 1) / step * step;
+        if (w != o->world) {
+            o->world = w;
+            o->cluster = sim_default_cluster(o->world);
+        }
+        return true;
+    }
+    bool ok = check_reshard_ranks(o, m, d, NULL, &m->shard.reshard_ranks);
+    for (int i = 0; i < m->ngroups; i++) {
+        ReshardSpec *rs = (ReshardSpec *)m->groups[i]->reshard_own;
+        if (rs)
+            ok &= check_reshard_ranks(o, m, d, rs, &rs->ranks);
+    }
+    return ok;
 }
 
 int main(int argc, char **argv)

@@ -260,13 +260,24 @@ static int64_t reduce_buffer_bytes(const MemPlan *mp, const ShardGroup *sg)
     return plan_padded_numel(sg, mp->world) * dtype_bytes(sg->reduce_dtype);
 }
 
+/* reshard_after_forward = N: the copy forward keeps, 1/N of the padded
+ * buffer in the all-gather dtype (docs/design.md#partial-resharding) */
+static int64_t partial_copy_bytes(const MemPlan *mp, const ShardGroup *sg)
+{
+    return sg->reshard_ranks >= 2
+               ? plan_padded_numel(sg, mp->world) / sg->reshard_ranks * dtype_bytes(sg->param_dtype)
+               : 0;
+}
+
 /* Replays the events: unsharded buffers come and go with their events;
  * the arena is held whole at every event, as the runtime allocates it;
  * workspace counts during a compute event only. Beside that, the bytes
  * with activations freed as they die: those live at the last compute op
  * so far in this micro-batch (none before its first op) instead of the
  * arena. Buffer states are flags, not counts, so a malformed schedule (the
- * verifier's business) cannot drive them negative.
+ * verifier's business) cannot drive them negative. A partial copy
+ * (keep_partial) is held from forward to the wait of the gather_partial
+ * that reads it, and counts with the unsharded parameters.
  *
  * A pattern's micro-batch 1 is replayed once for all its repetitions:
  * what is live after an event depends on the buffer flags and the
@@ -282,7 +293,8 @@ static void replay(MemPlan *mp)
     int G = m->ngroups;
     bool *gathered = arena_alloc((size_t)G + 1), *grads = arena_alloc((size_t)G + 1);
     bool *reducing = arena_alloc((size_t)G + 1);
-    int64_t params = 0, grad = 0, act = 0;
+    bool *kept = arena_alloc((size_t)G + 1), *reading = arena_alloc((size_t)G + 1);
+    int64_t params = 0, grad = 0, act = 0, copies = 0;
     int micro = -2;
     mp->live_after = arena_alloc(sizeof(int64_t) * (size_t)(s->nev + 1));
     mp->peak = mp->freed_peak = -1;
@@ -296,9 +308,25 @@ static void replay(MemPlan *mp)
         }
         switch (e->kind) {
         case EV_ALL_GATHER:
+        case EV_GATHER_PARTIAL:
             if (!gathered[e->group]) {
                 gathered[e->group] = true;
                 params += param_buffer_bytes(mp, m->groups[e->group]);
+            }
+            reading[e->group] = e->kind == EV_GATHER_PARTIAL && kept[e->group];
+            break;
+        case EV_KEEP_PARTIAL:
+            if (!kept[e->group]) {
+                kept[e->group] = true;
+                params += partial_copy_bytes(mp, m->groups[e->group]);
+                copies += partial_copy_bytes(mp, m->groups[e->group]);
+            }
+            break;
+        case EV_WAIT_GATHER:
+            if (reading[e->group]) {
+                reading[e->group] = kept[e->group] = false;
+                params -= partial_copy_bytes(mp, m->groups[e->group]);
+                copies -= partial_copy_bytes(mp, m->groups[e->group]);
             }
             break;
         case EV_RESHARD:
@@ -355,6 +383,7 @@ static void replay(MemPlan *mp)
             mp->peak = live;
             mp->peak_event = i;
             mp->peak_unsharded_params = params;
+            mp->peak_partial_copies = copies;
             mp->peak_unsharded_grads = grad;
             mp->peak_workspace = ws;
         }
@@ -531,6 +560,13 @@ static void dump_settings(const DumpCtx *x)
             any_reshard ? "groups but the root reshard after forward"
                         : "every group keeps its parameters after forward",
             p->prefetch_fwd, p->prefetch_bwd);
+    for (int i = 0; i < m->ngroups; i++)   /* partial resharding, only where written */
+        if (m->groups[i]->reshard_ranks >= 2)
+            fprintf(out, "  group %s: reshard_after_forward = %" PRId64 " (keeps %s bytes, 1/%"
+                         PRId64 " of its padded buffer, from forward to backward's "
+                         "gather_partial)\n",
+                    m->groups[i]->name, m->groups[i]->reshard_ranks,
+                    fmt_count(partial_copy_bytes(mp, m->groups[i])), m->groups[i]->reshard_ranks);
     fprintf(out, "  offload: %s\n",
             mp->offload ? "cpu (sharded parameters, gradients and optimizer state live in "
                           "host memory and are not counted in the peak)"
@@ -556,7 +592,17 @@ static void dump_peak(const DumpCtx *x)
     row(out, "sharded parameters (fp32)", mp->param_shards, host);
     row(out, "sharded gradients (fp32)", mp->grad_shards, host);
     row(out, arena_printf("optimizer state (%d x fp32)", x->nstates), mp->optim_state, host);
-    row(out, arena_printf("unsharded parameters (%s)", x->pdt), mp->peak_unsharded_params, NULL);
+    bool partial = false;
+    for (int i = 0; i < x->p->m->ngroups; i++)
+        partial |= x->p->m->groups[i]->reshard_ranks >= 2;
+    if (!partial) {
+        row(out, arena_printf("unsharded parameters (%s)", x->pdt), mp->peak_unsharded_params,
+            NULL);
+    } else {   /* only with partial resharding, so other dumps keep their form */
+        row(out, arena_printf("unsharded parameters (%s)", x->pdt),
+            mp->peak_unsharded_params - mp->peak_partial_copies, NULL);
+        row(out, "partial copies (1/N)", mp->peak_partial_copies, "reshard_after_forward = N");
+    }
     row(out,
         x->widen ? arena_printf("unsharded gradients (%s+%s reduce)", x->gdt,
                                 dtype_name(DTYPE_FP32))

@@ -48,7 +48,8 @@ static const Signature sig_cosine = {"cosine", {{"warmup", A_INT}, {"min_lr", A_
  * shard section (FSDP2's mp_policy = MixedPrecisionPolicy(...)):
  * target_args binds it under its own name. */
 static const Signature sig_target = {"fully_shard", {{"recompute", A_ENUM},
-                                                    {"mixed_precision", A_ENUM}}};
+                                                    {"mixed_precision", A_ENUM},
+                                                    {"reshard_after_forward", A_INT}}};
 static const Signature sig_every = {"every", {{"k", A_INT, true}}};
 static const Signature sig_linear = {"linear", {{"warmup", A_INT}, {"min_lr", A_FLOAT}}};
 static const Signature sig_wsd = {"wsd", {{"warmup", A_INT}, {"decay", A_FLOAT, true},
@@ -496,7 +497,41 @@ static bool parse_mixed(Build *mb, Loc at, Arg *args, MixedSpec *out)
 typedef struct TargetArgs {
     const RecomputeSpec *recompute;
     const MixedSpec *mixed;
+    const ReshardSpec *reshard;
 } TargetArgs;
+
+/* reshard_after_forward = true | false | N (FSDP2's bool or int,
+ * docs/design.md#partial-resharding): N = 1 keeps the parameters as false
+ * does; N >= 2 keeps a copy sharded over N ranks. Whether N divides the
+ * shard group is main.c's check (the world) and the trainer's. */
+static bool parse_reshard(Build *mb, Expr *e, ReshardSpec *out)
+{
+    Scope sc = {mb->model_sec->decls, NULL, mb->root_type};
+    Value v;
+    if (!eval_fold(mb->d, &sc, e, &v))
+        return false;
+    *out = (ReshardSpec){.loc = e->loc};
+    if (v.kind == V_BOOL) {
+        out->reshard = v.i != 0;
+        return true;
+    }
+    if (v.kind != V_INT) {
+        diag_error(mb->d, e->loc, "`reshard_after_forward` must be `true`, `false` or a number "
+                                  "of ranks to keep the parameters sharded over (`= 8`), got %s",
+                   eval_value_desc(&v));
+        return false;
+    }
+    if (v.i < 1) {
+        diag_error(mb->d, e->loc, "`reshard_after_forward = %" PRId64 "`: a number of ranks "
+                                  "must be at least 1 (1 keeps the parameters, as `false`; N "
+                                  "keeps them sharded over N ranks)", v.i);
+        return false;
+    }
+    out->written = v.i;
+    out->reshard = v.i >= 2;
+    out->ranks = v.i >= 2 ? v.i : 0;
+    return true;
+}
 
 /* fully_shard PATH (name = value, ..., mixed_precision(...)): the
  * per-target arguments, by name only, so a new one never shifts another;
@@ -540,6 +575,11 @@ static TargetArgs target_args(Build *mb, Expr *call)
         else if (parse_mixed(mb, v->loc, v->args, mp))
             ta.mixed = mp;
     }
+    if (b[2]) {
+        ReshardSpec *rs = arena_alloc(sizeof *rs);
+        if (parse_reshard(mb, b[2]->value, rs))
+            ta.reshard = rs;
+    }
     return ta;
 }
 
@@ -554,6 +594,7 @@ static void plan_groups(Build *mb, Setting *settings)
     Layer **found = arena_alloc(sizeof(Layer *) * (size_t)maxk);
     Setting *auto_line = NULL, *first_target = NULL;
     const MixedSpec *root_mixed = NULL;
+    const ReshardSpec *root_reshard = NULL;
     for (Setting *st = settings; st; st = st->next) {
         if (st->kind != SET_FULLY_SHARD)
             continue;
@@ -602,10 +643,17 @@ static void plan_groups(Build *mb, Setting *settings)
                                                 "at %s", diag_where(D, root_mixed->at));
                 else if (ta.mixed)
                     root_mixed = ta.mixed;
+                if (ta.reshard && root_reshard)
+                    diag_error(D, ta.reshard->loc, "the root's `reshard_after_forward` is "
+                                                   "already set at %s",
+                               diag_where(D, root_reshard->loc));
+                else if (ta.reshard)
+                    root_reshard = ta.reshard;
                 continue;
             }
             found[i]->recompute = spec;
             found[i]->mixed = ta.mixed;
+            found[i]->reshard = ta.reshard;
             /* A target's group holds its index in targets until the groups
              * are made, so a second claim is found at once: searching the
              * list made `fully_shard blocks[*]` over 100,000 blocks take
@@ -644,6 +692,7 @@ static void plan_groups(Build *mb, Setting *settings)
         g->name = g->is_root ? "root" : targets[i].layer->path;
         g->loc = g->is_root ? root_loc : targets[i].loc;
         g->mixed = g->is_root ? root_mixed : targets[i].layer->mixed;
+        g->reshard_own = g->is_root ? root_reshard : targets[i].layer->reshard;
         claim(g->is_root ? m->root : g->target, g->index);
         m->groups[m->ngroups++] = g;
     }
@@ -757,9 +806,11 @@ static void check_shard(Build *mb)
     Setting *by[16];
     collect_settings(mb, mb->shard_sec, shard_settings, by);
     if (by[0]) {
-        bool v;
-        if (eval_bool(mb->d, &sc, by[0]->value, "`reshard_after_forward`", &v)) {
-            c->reshard_after_forward = v;
+        ReshardSpec rs;
+        if (parse_reshard(mb, by[0]->value, &rs)) {
+            c->reshard_after_forward = rs.reshard;
+            c->reshard_ranks = rs.ranks;
+            c->reshard_ranks_loc = rs.loc;
             c->reshard_after_forward_loc = by[0]->loc;
         }
     }
@@ -1329,6 +1380,8 @@ void model_dump(FILE *out, Model *m)
                 fprintf(out, "  (recompute = %s)", model_recompute_name(g->target->recompute));
             if (g->mixed)
                 fprintf(out, "  (%s)", model_mixed_name(g->mixed));
+            if (g->reshard_own)
+                fprintf(out, "  (reshard_after_forward = %s)", model_reshard_name(g->reshard_own));
             fputc('\n', out);
         }
     }
@@ -1336,6 +1389,8 @@ void model_dump(FILE *out, Model *m)
     fputs("\nshard\n", out);
     if (c->reshard_after_forward < 0)
         fputs("  reshard_after_forward = default (true; false for the root)\n", out);
+    else if (c->reshard_ranks)
+        fprintf(out, "  reshard_after_forward = %" PRId64 "\n", c->reshard_ranks);
     else
         fprintf(out, "  reshard_after_forward = %s\n", c->reshard_after_forward ? "true" : "false");
     fprintf(out, "  mixed_precision(param = %s, reduce = %s, output = %s)\n",
@@ -1413,6 +1468,11 @@ const char *model_mixed_name(const MixedSpec *s)
             out = arena_printf("%s%s%s = %s", out, out[0] ? ", " : "", sig_mixed.args[i].name,
                                dtype_name(s->dtype[i]));
     return arena_printf("mixed_precision(%s)", out);
+}
+
+const char *model_reshard_name(const ReshardSpec *s)
+{
+    return s->written ? arena_printf("%" PRId64, s->written) : s->reshard ? "true" : "false";
 }
 
 /* Builds the layer tree, its parameters and shard groups, and checks the

@@ -46,6 +46,25 @@ int64_t plan_shard_numel(const ShardGroup *sg, int64_t world)
     return plan_padded_numel(sg, world) / shard_ranks(sg, world);
 }
 
+/* FSDP2 keeps the root gathered after forward whatever the shard section
+ * says (backward starts with its head and loss, so freeing it would
+ * gather it again at once); a setting on the root's own fully_shard line
+ * is honoured here, where FSDP2 would override it
+ * (docs/design.md#partial-resharding). */
+void plan_apply_reshard(Model *m, bool reshard)
+{
+    for (int i = 0; i < m->ngroups; i++) {
+        ShardGroup *sg = m->groups[i];
+        if (sg->reshard_own) {
+            sg->reshard = sg->reshard_own->reshard;
+            sg->reshard_ranks = sg->reshard_own->ranks;
+        } else {
+            sg->reshard = reshard && !sg->is_root;
+            sg->reshard_ranks = sg->reshard ? m->shard.reshard_ranks : 0;
+        }
+    }
+}
+
 Plan *plan_build(Model *m, Graph *g)
 {
     Plan *p = arena_alloc(sizeof *p);
@@ -66,10 +85,11 @@ Plan *plan_build(Model *m, Graph *g)
             off += sg->params[j]->numel;
         }
         sg->flat_numel = round_up(off, PARAM_ALIGN_ELEMS);
-        sg->reshard = m->shard.reshard_after_forward != 0 && !sg->is_root;
         sg->replicate = m->shard.replicate;
         sg->fwd_order = -1;
     }
+
+    plan_apply_reshard(m, m->shard.reshard_after_forward != 0);
 
     /* groups in the order forward first uses them; groups it never uses
      * (only unused layers) come last and are never gathered */
@@ -142,8 +162,11 @@ void plan_dump(FILE *out, Plan *p, int64_t world)
         fprintf(out, "  %-5d %-24s %14s %14s %14s %12s  %s%s%s\n", sg->index, sg->name,
                 fmt_count(sg->numel), fmt_count(plan_padded_numel(sg, world)), fmt_count(shard),
                 fmt_size((plan_padded_numel(sg, world) - shard) * dtype_bytes(sg->param_dtype)),
-                sg->reshard ? (c->reshard_after_backward ? "after forward"
-                                                         : "after forward, the last backward")
+                sg->reshard_ranks
+                    ? arena_printf("after forward to %" PRId64 " ranks%s", sg->reshard_ranks,
+                                   c->reshard_after_backward ? "" : ", the last backward")
+                : sg->reshard ? (c->reshard_after_backward ? "after forward"
+                                                           : "after forward, the last backward")
                 : c->reshard_after_backward ? "after backward"
                                             : "after the last backward",
                 i >= p->nused ? " (unused in forward: never gathered)" : "",

@@ -253,8 +253,7 @@ static void apply_policy(Plan *p, const PlanTry *t)
     Model *m = p->m;
     p->prefetch_fwd = t->prefetch_fwd;
     p->prefetch_bwd = t->prefetch_bwd;
-    for (int i = 0; i < m->ngroups; i++)
-        m->groups[i]->reshard = t->reshard && !m->groups[i]->is_root;
+    plan_apply_reshard(m, t->reshard);
 }
 
 /* "reshard after forward (as written), prefetch 1", for the dump's table:
@@ -601,10 +600,24 @@ static Plan *plan_for_mesh(Model *m, Graph *g, const SimCluster *c, Diag *d)
  * would put the replica all-reduce on NVLink beside the shard group's
  * traffic and shard the state over fewer ranks than a node gives for the
  * same links; they are left out. A world that is not whole nodes gives
- * R = 1 alone. */
+ * R = 1 alone. A mesh whose shard group some reshard_after_forward = N
+ * does not divide is left out too (docs/design.md#partial-resharding). */
 enum { MAX_MESH_TRIES = 16 };
 
-static int mesh_candidates(const SimCluster *c, int64_t out[MAX_MESH_TRIES])
+/* Whether every reshard_after_forward = N of the model divides S. */
+static bool reshard_divides(const Model *m, int64_t S)
+{
+    if (m->shard.reshard_ranks >= 2 && S % m->shard.reshard_ranks != 0)
+        return false;
+    for (int i = 0; i < m->ngroups; i++) {
+        const ReshardSpec *rs = m->groups[i]->reshard_own;
+        if (rs && rs->ranks >= 2 && S % rs->ranks != 0)
+            return false;
+    }
+    return true;
+}
+
+static int mesh_candidates(const Model *m, const SimCluster *c, int64_t out[MAX_MESH_TRIES])
 {
     int n = 0;
     out[n++] = 1;
@@ -614,7 +627,7 @@ static int mesh_candidates(const SimCluster *c, int64_t out[MAX_MESH_TRIES])
     int64_t nodes = c->world / g;
     /* k = nodes is S = W, R = 1: already there */
     for (int64_t k = nodes - 1; k >= 1 && n < MAX_MESH_TRIES; k--)
-        if (nodes % k == 0)
+        if (nodes % k == 0 && reshard_divides(m, k * g))
             out[n++] = nodes / k;
     return n;
 }
@@ -647,7 +660,7 @@ static Plan *weigh_mesh(Model *m, Graph *g, const SimCluster *c, int64_t R, Mesh
 static Plan *choose_replicate(Model *m, Graph *g, const SimCluster *c, Diag *d)
 {
     int64_t cand[MAX_MESH_TRIES];
-    int n = mesh_candidates(c, cand);
+    int n = mesh_candidates(m, c, cand);
     MeshChoice *mc = arena_alloc(sizeof *mc);
     *mc = (MeshChoice){.tries = arena_alloc(sizeof(MeshTry) * (size_t)n), .ntries = n,
                        .world = c->world, .nodes = c->nodes, .gpus_per_node = c->gpus_per_node,

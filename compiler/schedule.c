@@ -12,7 +12,11 @@
  *   forward   before the first op reading group g: issue the all-gather of g
  *             (if not yet issued) and of the next prefetch.forward groups,
  *             then wait for g; after the last forward op reading g, free its
- *             unsharded parameters if g reshards after forward.
+ *             unsharded parameters if g reshards after forward; a group
+ *             with reshard_after_forward = N first keeps its 1/N slice
+ *             (keep_partial), and its backward all-gather is then a
+ *             gather_partial within those N ranks, from that copy
+ *             (docs/design.md#partial-resharding).
  *   backward  the same with prefetch.backward, in backward order; gradient
  *             buffers are allocated (zeroed) before a group's first gradient
  *             write; after its last parameter read the group is resharded,
@@ -90,8 +94,19 @@ typedef struct Builder {
     Plan *p;
     int ngroups;
     bool *issued, *gathered, *grads, *reduced;
+    bool *kept;                 /* the group's 1/N copy is held (partial resharding) */
+    bool eval;                  /* forward only: nothing to keep a copy for */
     int pending_rs;             /* group whose reduce-scatter is in flight, or -1 */
 } Builder;
+
+/* Issues group g's all-gather: from the copy kept over N ranks when forward
+ * left one (partial resharding), else from the shards. */
+static void issue_gather(Builder *b, Phase ph, int micro, int g)
+{
+    emit(b->s, b->kept[g] ? EV_GATHER_PARTIAL : EV_ALL_GATHER, ph, micro, g, NULL);
+    b->kept[g] = false;
+    b->issued[g] = true;
+}
 
 /* Before op `at` reads group g: issues g's all-gather if it is not gathered
  * or in flight, then prefetches: makes sure the all-gathers of the next
@@ -100,10 +115,8 @@ typedef struct Builder {
 static void gather(Builder *b, Phase ph, int micro, int g, int at, int end, int ahead)
 {
     Graph *gr = b->p->g;
-    if (!b->issued[g] && !b->gathered[g]) {
-        emit(b->s, EV_ALL_GATHER, ph, micro, g, NULL);
-        b->issued[g] = true;
-    }
+    if (!b->issued[g] && !b->gathered[g])
+        issue_gather(b, ph, micro, g);
     int *next = arena_alloc(sizeof(int) * (size_t)(ahead + 1)), n = 0;
     for (int i = at; i < end && n < ahead; i++) {
         OpNode *op = gr->ops[i];
@@ -114,10 +127,8 @@ static void gather(Builder *b, Phase ph, int micro, int g, int at, int end, int 
         if (h < 0 || h == g || dup || !op_reads_params(op) || b->gathered[h])
             continue;
         next[n++] = h;
-        if (!b->issued[h]) {
-            emit(b->s, EV_ALL_GATHER, ph, micro, h, NULL);
-            b->issued[h] = true;
-        }
+        if (!b->issued[h])
+            issue_gather(b, ph, micro, h);
     }
     if (!b->gathered[g]) {
         emit(b->s, EV_WAIT_GATHER, ph, micro, g, NULL);
@@ -183,6 +194,12 @@ static void forward(Builder *b, int micro, const LastUse *u, bool keep)
          * micro-batch does not find them gathered */
         if (op->group >= 0 && u->fwd[op->group] == i &&
             (m->groups[op->group]->reshard || (u->read[op->group] < 0 && !keep))) {
+            /* reshard_after_forward = N: the slice backward gathers from,
+             * taken before the buffer goes (when backward reads it) */
+            if (m->groups[op->group]->reshard_ranks >= 2 && u->read[op->group] >= 0 && !b->eval) {
+                emit(b->s, EV_KEEP_PARTIAL, PH_FORWARD, micro, op->group, NULL);
+                b->kept[op->group] = true;
+            }
             emit(b->s, EV_RESHARD, PH_FORWARD, micro, op->group, NULL);
             b->gathered[op->group] = false;
         }
@@ -245,7 +262,7 @@ static Builder builder(Schedule *s, Plan *p)
 {
     size_t G = (size_t)p->m->ngroups;
     return (Builder){s, p, (int)G, arena_alloc(G), arena_alloc(G), arena_alloc(G),
-                     arena_alloc(G), -1};
+                     arena_alloc(G), arena_alloc(G), false, -1};
 }
 
 /* Writes micro-batches `micros` (step indices, ascending) of a step of
@@ -313,6 +330,7 @@ Schedule *schedule_build_eval(Plan *p)
     s->repeat = 1;
     s->forward_only = true;
     Builder b = builder(s, p);
+    b.eval = true;
     LastUse u = last_uses(p);
     forward(&b, 0, &u, false);
     for (int k = 0; k < p->m->ngroups; k++) {
@@ -336,6 +354,12 @@ Schedule *schedule_build_eval(Plan *p)
  *     accumulating sharded and once per step otherwise;
  *   - with reshard_after_backward = false, backward reshards nothing
  *     before the last micro-batch;
+ *   - reshard_after_forward = N (partial resharding): a keep_partial takes
+ *     the copy of a gathered group that has N, before forward's reshard of
+ *     it, which needs one when backward reads the group; the copy is held
+ *     until a gather_partial gathers from it, which only a held copy
+ *     allows, and an all-gather from the shards while a copy is held
+ *     ignores it; a forward-only schedule keeps none;
  *   - under replicate = R > 1 each reduce-scatter is followed by its
  *     replica all-reduce before it is waited for; without it there is none;
  *   - every collective is waited exactly once; every buffer is freed exactly
@@ -375,6 +399,8 @@ int schedule_verify(Schedule *s, FILE *err)
     int *pstate_in = arena_alloc(sizeof(int) * (size_t)G);
     bool *grads_in = arena_alloc((size_t)G), *rs_flight_in = arena_alloc((size_t)G);
     bool *bwd_waited = arena_alloc((size_t)G);   /* backward all-gather waited, this micro-batch */
+    bool *kept = arena_alloc((size_t)G), *kept_in = arena_alloc((size_t)G);   /* 1/N copy held */
+    bool *bwd_reads = arena_alloc((size_t)G);    /* backward reads the group's parameters */
     bool norm_done = false;
     int micro = -2, want_micro = 0;
     int n = s->micro_batches;
@@ -385,9 +411,12 @@ int schedule_verify(Schedule *s, FILE *err)
                          "expected 1, or n - 2 with n >= 4\n",
                     s->repeat, n);
     }
-    for (int i = 0; i < g->nops; i++)
+    for (int i = 0; i < g->nops; i++) {
         if (g->ops[i]->group >= 0 && op_writes_grads(g->ops[i]))
             writes_total[g->ops[i]->group]++;
+        if (g->ops[i]->group >= 0 && g->ops[i]->backward && op_reads_params(g->ops[i]))
+            bwd_reads[g->ops[i]->group] = true;
+    }
 
 #define BAD(...)                                                                  \
     do {                                                                          \
@@ -419,7 +448,7 @@ int schedule_verify(Schedule *s, FILE *err)
             if (micro == 1 && s->repeat > 1)
                 for (int k = 0; k < G; k++)
                     if (pstate[k] != pstate_in[k] || grads[k] != grads_in[k] ||
-                        rs_flight[k] != rs_flight_in[k])
+                        rs_flight[k] != rs_flight_in[k] || kept[k] != kept_in[k])
                         BAD("micro-batch 1 repeats %d times but leaves group %s otherwise "
                             "than it found it",
                             s->repeat, m->groups[k]->name);
@@ -434,6 +463,7 @@ int schedule_verify(Schedule *s, FILE *err)
                 memcpy(pstate_in, pstate, sizeof(int) * (size_t)G);
                 memcpy(grads_in, grads, (size_t)G);
                 memcpy(rs_flight_in, rs_flight, (size_t)G);
+                memcpy(kept_in, kept, (size_t)G);
             }
             memset(ran, 0, (size_t)g->nops);
             for (int k = 0; k < G; k++) {
@@ -445,13 +475,32 @@ int schedule_verify(Schedule *s, FILE *err)
         int gi = e->group;
         if (s->forward_only && e->kind != EV_ALL_GATHER && e->kind != EV_WAIT_GATHER &&
             e->kind != EV_RESHARD && e->kind != EV_COMPUTE)
-            BAD("a forward-only schedule has no gradients and no optimizer");
+            BAD("a forward-only schedule has no gradients, no optimizer and no partial copy");
         switch (e->kind) {
         case EV_ALL_GATHER:
+        case EV_GATHER_PARTIAL:
             if (pstate[gi] != SHARDED)
                 BAD("the group is already %s", pstate[gi] == GATHERING ? "being gathered"
                                                                        : "gathered");
+            if (e->kind == EV_ALL_GATHER && kept[gi])
+                BAD("gathers from the shards while the group's copy over %" PRId64 " ranks is "
+                    "held for it",
+                    m->groups[gi]->reshard_ranks);
+            if (e->kind == EV_GATHER_PARTIAL && !kept[gi])
+                BAD("gathers from a partial copy that forward did not keep");
             pstate[gi] = GATHERING;
+            kept[gi] = false;
+            break;
+        case EV_KEEP_PARTIAL:
+            if (m->groups[gi]->reshard_ranks < 2)
+                BAD("keeps a partial copy of a group without reshard_after_forward = N");
+            if (pstate[gi] != GATHERED)
+                BAD("keeps a copy of parameters that are not gathered");
+            if (kept[gi])
+                BAD("keeps a second copy while one is held");
+            if (e->phase != PH_FORWARD)
+                BAD("keeps a partial copy outside forward");
+            kept[gi] = true;
             break;
         case EV_WAIT_GATHER:
             if (pstate[gi] != GATHERING)
@@ -465,6 +514,11 @@ int schedule_verify(Schedule *s, FILE *err)
             if (!m->shard.reshard_after_backward && e->phase == PH_BACKWARD &&
                 micro != s->micro_batches - 1)
                 BAD("reshards before the last micro-batch with reshard_after_backward = false");
+            if (e->phase == PH_FORWARD && !s->forward_only && m->groups[gi]->reshard_ranks >= 2 &&
+                bwd_reads[gi] && !kept[gi])
+                BAD("frees a group with reshard_after_forward = %" PRId64 " without keeping "
+                    "its copy over %" PRId64 " ranks for backward",
+                    m->groups[gi]->reshard_ranks, m->groups[gi]->reshard_ranks);
             pstate[gi] = SHARDED;
             break;
         case EV_COMPUTE: {
@@ -582,6 +636,8 @@ int schedule_verify(Schedule *s, FILE *err)
                                                   : 1;
         if (pstate[k] != SHARDED)
             BAD("group %s still holds unsharded parameters at the end", sg->name);
+        if (kept[k])
+            BAD("group %s still holds its partial copy at the end", sg->name);
         if (grads[k] || rs_flight[k])
             BAD("group %s still holds gradients at the end", sg->name);
         if (rs_count[k] != want_rs)
@@ -599,7 +655,7 @@ int schedule_verify(Schedule *s, FILE *err)
 int64_t event_comm_bytes(const Schedule *s, const Event *e, int64_t world)
 {
     Model *m = s->plan->m;
-    if (e->kind != EV_ALL_GATHER && e->kind != EV_REDUCE_SCATTER && e->kind != EV_ALL_REDUCE)
+    if (!event_is_gather(e->kind) && e->kind != EV_REDUCE_SCATTER && e->kind != EV_ALL_REDUCE)
         return 0;
     /* a ring all-gather or reduce-scatter moves (S-1)/S of the padded
      * buffer through every rank of the shard group of S; a ring all-reduce
@@ -610,6 +666,12 @@ int64_t event_comm_bytes(const Schedule *s, const Event *e, int64_t world)
     if (e->kind == EV_ALL_REDUCE) {
         int64_t R = m->shard.replicate;
         return 2 * (R - 1) * shard / R * dtype_bytes(sg->reduce_dtype);
+    }
+    /* partial resharding: a ring over the N ranks holding the copy moves
+     * (N-1)/N of the padded buffer (N divides S, so it divides padded) */
+    if (e->kind == EV_GATHER_PARTIAL) {
+        int64_t N = sg->reshard_ranks;
+        return (N - 1) * (padded / N) * dtype_bytes(sg->param_dtype);
     }
     DType dt = e->kind == EV_ALL_GATHER ? sg->param_dtype : sg->reduce_dtype;
     return (padded - shard) * dtype_bytes(dt);
@@ -624,6 +686,8 @@ const char *event_mesh_dim(const Schedule *s, const Event *e)
         return "shard";
     case EV_ALL_REDUCE:
         return "replicate";
+    case EV_GATHER_PARTIAL:
+        return "reshard";
     default:
         return NULL;
     }
@@ -647,14 +711,20 @@ void schedule_dump(FILE *out, Schedule *s, int64_t world, MemPlan *mp)
 {
     Plan *p = s->plan;
     Model *m = p->m;
-    int64_t total[3] = {0, 0, 0}, per_step = 0;
+    int64_t total[4] = {0, 0, 0, 0}, per_step = 0;
+    bool partial = false;
     for (int i = 0; i < s->nev; i++) {
         Event *e = &s->ev[i];
-        if (e->kind == EV_ALL_GATHER || e->kind == EV_REDUCE_SCATTER || e->kind == EV_ALL_REDUCE)
-            total[e->kind == EV_ALL_GATHER ? 0 : e->kind == EV_REDUCE_SCATTER ? 1 : 2] +=
+        if (event_is_gather(e->kind) || e->kind == EV_REDUCE_SCATTER || e->kind == EV_ALL_REDUCE)
+            total[e->kind == EV_ALL_GATHER       ? 0
+                  : e->kind == EV_REDUCE_SCATTER ? 1
+                  : e->kind == EV_ALL_REDUCE     ? 2
+                                                 : 3] +=
                 event_comm_bytes(s, e, world) * schedule_runs(s, e);
         per_step += schedule_runs(s, e);
     }
+    for (int k = 0; k < m->ngroups; k++)
+        partial |= m->groups[k]->reshard_ranks >= 2;
     if (s->repeat == 1)
         fprintf(out, "schedule %s for world %" PRId64 ": %d events, %d micro-batch%s of %" PRId64
                      "\n",
@@ -676,6 +746,19 @@ void schedule_dump(FILE *out, Schedule *s, int64_t world, MemPlan *mp)
                      "over shard, replica all-reduce %s bytes over replicate\n",
                 m->shard.replicate, plan_shard_world(m, world), plan_shard_world(m, world),
                 plan_shard_world(m, world), plan_shard_world(m, world) - 1, fmt_count(total[2]));
+    /* partial resharding, only when a group has it, so other dumps keep their form */
+    if (partial) {
+        fprintf(out, "  reshard_after_forward = N: backward's gather_partial %s bytes over N "
+                     "ranks (",
+                fmt_count(total[3]));
+        for (int k = 0, first = 1; k < m->ngroups; k++)
+            if (m->groups[k]->reshard_ranks >= 2) {
+                fprintf(out, "%s%s N = %" PRId64, first ? "" : ", ", m->groups[k]->name,
+                        m->groups[k]->reshard_ranks);
+                first = 0;
+            }
+        fputs(")\n", out);
+    }
     if (!m->shard.reshard_after_backward)
         fputs("  reshard_after_backward = false: groups stay gathered between micro-batches\n",
               out);
@@ -730,7 +813,7 @@ void schedule_dump_json(FILE *out, Schedule *s, int64_t world, MemPlan *mp)
                     e->op->recompute ? ", \"recompute\": true" : "");
         fprintf(out, ", \"bytes\": %" PRId64 ", \"runs\": %" PRId64,
                 event_comm_bytes(s, e, world), schedule_runs(s, e));
-        if (m->shard.replicate > 1 && event_mesh_dim(s, e))
+        if ((m->shard.replicate > 1 || e->kind == EV_GATHER_PARTIAL) && event_mesh_dim(s, e))
             fprintf(out, ", \"mesh\": \"%s\"", event_mesh_dim(s, e));
         if (mp)
             fprintf(out, ", \"live\": %" PRId64, mp->live_after[i]);

@@ -887,6 +887,15 @@ static double mesh_collective_seconds(const Sim *sim, const Event *e, int64_t mo
     *algo = SIM_ALGO_NONE;
     if (moved == 0)
         return 0;
+    /* partial resharding: a ring over the N consecutive ranks that hold
+     * the copy (intra-node when N fits in a node: the point of it) */
+    if (e->kind == EV_GATHER_PARTIAL) {
+        const ShardGroup *sg = m->groups[e->group];
+        int64_t N = sg->reshard_ranks;
+        return sim_collective_detail(c, COLL_ALL_GATHER,
+                                     plan_padded_numel(sg, c->world) / N * dtype_bytes(sg->param_dtype),
+                                     N, 1, algo, &busbw);
+    }
     if (R <= 1 && e->kind != EV_ALL_REDUCE) {
         *algo = SIM_ALGO_RING;   /* NCCL has no tree for these */
         return sim_collective_seconds(c, moved);
@@ -1035,6 +1044,7 @@ static void replay_event(Sim *sim, Replay *r, int i, bool record)
         break;
     }
     case EV_ALL_GATHER:
+    case EV_GATHER_PARTIAL:
     case EV_REDUCE_SCATTER:
     case EV_ALL_REDUCE: {
         StreamId st = event_stream(e->kind);
@@ -1049,7 +1059,7 @@ static void replay_event(Sim *sim, Replay *r, int i, bool record)
         r->now[st] = start + dur;
         /* a replica all-reduce follows its reduce-scatter on the reduce
          * stream: the wait is for both */
-        (e->kind == EV_ALL_GATHER ? r->gather_done : r->reduce_done)[e->group] = r->now[st];
+        (event_is_gather(e->kind) ? r->gather_done : r->reduce_done)[e->group] = r->now[st];
         sim->busy_s[st] += dur;
         sim->bytes[st] += bytes;
         break;
@@ -1064,6 +1074,14 @@ static void replay_event(Sim *sim, Replay *r, int i, bool record)
             else
                 sim->exposed_reduce_s += dur;
         }
+        break;
+    }
+    case EV_KEEP_PARTIAL: {
+        /* a device copy of the rank's 1/N slice: read and written once */
+        const ShardGroup *sg = s->plan->m->groups[e->group];
+        dur = 2.0 * (double)(plan_padded_numel(sg, sim->cluster.world) / sg->reshard_ranks *
+                             dtype_bytes(sg->param_dtype)) /
+              hbm_rate(sim);
         break;
     }
     case EV_RESHARD:
@@ -1419,6 +1437,24 @@ void sim_dump(FILE *out, const Sim *sim, const MemPlan *mp)
                 "mesh", R, S, S <= c->gpus_per_node ? "within a node" : "across nodes",
                 fmt_count(ar), S >= c->gpus_per_node ? "across nodes" : "within a node");
     }
+    /* partial resharding: the gather stream's bytes include the gathers
+     * from the copies; split out only then, as the mesh line above */
+    {
+        const Schedule *s = sim->sched;
+        int64_t pg = 0, most = 0;
+        for (int i = 0; i < s->nev; i++)
+            if (s->ev[i].kind == EV_GATHER_PARTIAL) {
+                pg += event_comm_bytes(s, &s->ev[i], c->world) * schedule_runs(s, &s->ev[i]);
+                if (m->groups[s->ev[i].group]->reshard_ranks > most)
+                    most = m->groups[s->ev[i].group]->reshard_ranks;
+            }
+        if (pg > 0)
+            fprintf(out, "  %-16s gather_partial %s bytes per rank (of the gather stream's) "
+                         "within N ranks (N up to %" PRId64 ": %s), from the copies "
+                         "reshard_after_forward = N keeps\n",
+                    "reshard", fmt_count(pg), most,
+                    most <= c->gpus_per_node ? "within a node" : "across nodes");
+    }
     double n6 = 6.0 * (double)m->numel * sim->tokens_per_step;
     fprintf(out, "  %-16s %9.1f%%  (%s counted FLOPs per rank per step; by 6*N*tokens: %.1f%%)\n",
             "MFU", sim->mfu * 100, human_rate(sim->model_flops, "FLOP"),
@@ -1495,6 +1531,8 @@ void sim_trace(FILE *out, const Sim *sim, const MemPlan *mp)
                 name = arena_printf("%s (recompute)", name);
             break;
         case EV_ALL_GATHER:
+        case EV_GATHER_PARTIAL:
+        case EV_KEEP_PARTIAL:
         case EV_REDUCE_SCATTER:
         case EV_ALL_REDUCE:
         case EV_OPTIMIZER:
@@ -1525,9 +1563,9 @@ void sim_trace(FILE *out, const Sim *sim, const MemPlan *mp)
             fputs(", \"group\": ", out);
             json_str(out, m->groups[e->group]->name);
         }
-        if (e->kind == EV_ALL_GATHER || e->kind == EV_REDUCE_SCATTER || e->kind == EV_ALL_REDUCE)
+        if (event_is_gather(e->kind) || e->kind == EV_REDUCE_SCATTER || e->kind == EV_ALL_REDUCE)
             fprintf(out, ", \"bytes\": %" PRId64, event_comm_bytes(s, e, c->world));
-        if (hsdp && event_mesh_dim(s, e))
+        if ((hsdp || e->kind == EV_GATHER_PARTIAL) && event_mesh_dim(s, e))
             fprintf(out, ", \"mesh\": \"%s\"", event_mesh_dim(s, e));
         if (e->op)
             fprintf(out, ", \"op\": %d, \"flops\": %.0f, \"bytes\": %.0f, \"bound\": \"%s\"",

@@ -325,6 +325,34 @@ static void set_mesh(FsdRun *r)
                         "fastest mesh here: recompile with fsdpc --world %d (or --sim) to weigh "
                         "it for this world\n",
                 (long long)R, (long long)r->m->plan_world, r->world, r->world);
+    /* reshard_after_forward = N (docs/design.md#partial-resharding): N
+     * consecutive ranks of the shard group keep each copy, so N divides S;
+     * each distinct N gets one sub-communicator (bk_mesh) */
+    r->npartial = 0;
+    for (int g = 0; g < r->m->ngroups; g++) {
+        const int64_t N = r->m->groups[g].reshard_ranks;
+        if (N == 0)
+            continue;
+        if (N < 2 || r->shard_world % N != 0) {
+            rt_fail(r, "group %s of model %s has reshard_after_forward = %lld, which does not "
+                       "divide its shard group of %d ranks (world %d%s): run on a world whose "
+                       "shard group N divides, or recompile with a divisor of %d",
+                    r->m->groups[g].name, r->m->name, (long long)N, r->shard_world, r->world,
+                    R > 1 ? " / replicate" : "", r->shard_world);
+            return;
+        }
+        int k = 0;
+        while (k < r->npartial && r->partial_n[k] != N)
+            k++;
+        if (k == r->npartial) {
+            if (r->npartial == FSD_MAX_PARTIAL) {
+                rt_fail(r, "model %s uses more than %d values of reshard_after_forward = N",
+                        r->m->name, FSD_MAX_PARTIAL);
+                return;
+            }
+            r->partial_n[r->npartial++] = N;
+        }
+    }
 }
 
 static void check_model(FsdRun *r)
@@ -479,6 +507,13 @@ static void allocate(FsdRun *r)
         G->padded = round_up(G->flat, W);
         G->shard = G->padded / W;
         G->lo = r->shard_rank * G->shard;
+        G->part = -1;
+        G->part_ranks = m->groups[g].reshard_ranks;
+        for (int k = 0; k < r->npartial; k++)
+            if (r->partial_n[k] == G->part_ranks)
+                G->part = k;
+        if (G->part >= 0)   /* this rank's slice among its N: N divides S, so rank % N */
+            G->part_lo = (r->shard_rank % G->part_ranks) * (G->padded / G->part_ranks);
         int64_t bytes = G->shard * (int64_t)sizeof(real);
         G->master = bk_alloc_shard(r, bytes);
         G->grad = bk_alloc_shard(r, bytes);
@@ -965,6 +1000,43 @@ void fsdrt_all_gather(FsdRun *r, int g)
     r->counters.gather_bytes += (G->padded - G->shard) * dtype_bytes(dt);
 }
 
+/* The bytes of a gather within the N ranks holding the copy: (N-1)/N of
+ * the padded buffer in the group's gather dtype, as the plan counts them
+ * (on the CPU build and on CUDA with a 16-bit act the wire carries that
+ * dtype; docs/design.md#partial-resharding says where it does not). */
+static int64_t partial_bytes(const FsdRun *r, int g)
+{
+    const Group *G = &r->groups[g];
+    return (G->part_ranks - 1) * (G->padded / G->part_ranks) * dtype_bytes(group_param_dtype(r, g));
+}
+
+void fsdrt_keep_partial(FsdRun *r, int g)
+{
+    if (g < 0 || g >= r->m->ngroups || r->groups[g].part < 0 || !r->groups[g].params ||
+        r->groups[g].gathering || r->groups[g].kept)
+        RT_BUG(r, "fsdrt_keep_partial(%d) of a group without reshard_after_forward = N, not "
+                  "gathered, or already holding its copy", g);
+    Group *G = &r->groups[g];
+    const int64_t n = G->padded / G->part_ranks;
+    G->kept = bk_pool_get(r, n * act_bytes(r), bk_unsharded_count(r, n, group_param_dtype(r, g)));
+    bk_keep_partial(r, g);
+}
+
+void fsdrt_gather_partial(FsdRun *r, int g)
+{
+    if (g < 0 || g >= r->m->ngroups || !r->groups[g].kept || r->groups[g].gathering ||
+        r->groups[g].params)
+        RT_BUG(r, "fsdrt_gather_partial(%d) without a kept copy, or of a group gathered or "
+                  "gathering", g);
+    Group *G = &r->groups[g];
+    G->params = bk_pool_get(r, unsharded_bytes(r, G),
+                            bk_unsharded_count(r, G->padded, group_param_dtype(r, g)));
+    bk_gather_partial(r, g);
+    G->gathering = G->gathering_partial = true;
+    G->gather_t0 = rt_now();
+    r->counters.reshard_bytes += partial_bytes(r, g);
+}
+
 void fsdrt_wait_gather(FsdRun *r, int g)
 {
     if (g < 0 || g >= r->m->ngroups || !r->groups[g].gathering)
@@ -976,6 +1048,16 @@ void fsdrt_wait_gather(FsdRun *r, int g)
      * has the device's, from the backend's marks around the work */
     int mark[2];
     bk_trace_collective(r, g, 1, mark);
+    if (G->gathering_partial) {
+        /* the copy has been read: back to the pool */
+        const int64_t n = G->padded / G->part_ranks;
+        bk_pool_put(r, G->kept, bk_unsharded_count(r, n, group_param_dtype(r, g)));
+        G->kept = NULL;
+        G->gathering_partial = false;
+        rt_trace(r, r->m->groups[g].name, "gather_partial", 1, G->gather_t0, rt_now(), mark,
+                 partial_bytes(r, g));
+        return;
+    }
     rt_trace(r, r->m->groups[g].name, "all_gather", 1, G->gather_t0, rt_now(), mark,
              (G->padded - G->shard) * dtype_bytes(group_param_dtype(r, g)));
 }
@@ -1060,6 +1142,7 @@ static void check_idle(FsdRun *r)
     for (int g = 0; g < r->m->ngroups; g++) {
         const Group *G = &r->groups[g];
         const char *what = G->gathering  ? "an all-gather in flight"
+                           : G->kept     ? "its partial copy (reshard_after_forward = N) held"
                            : G->reducing ? "a reduce-scatter in flight"
                            : G->grads    ? "unsharded gradients allocated"
                            : G->params   ? "unsharded parameters gathered"
@@ -1195,6 +1278,7 @@ static void grad_check(FsdRun *r, FsdStepFn step)
     r->counters.gather_bytes = counters.gather_bytes;
     r->counters.reduce_bytes = counters.reduce_bytes;
     r->counters.replicate_bytes = counters.replicate_bytes;
+    r->counters.reshard_bytes = counters.reshard_bytes;
 }
 
 /* ── the step ── */
@@ -1241,6 +1325,7 @@ bool fsdrt_begin_step(FsdRun *r)
     r->gather_at_step = r->counters.gather_bytes;
     r->reduce_at_step = r->counters.reduce_bytes;
     r->replicate_at_step = r->counters.replicate_bytes;
+    r->reshard_at_step = r->counters.reshard_bytes;
     stop_test_pause(r);
     return true;
 }
@@ -1331,6 +1416,7 @@ void fsdrt_end_step(FsdRun *r)
     int64_t gathered = r->counters.gather_bytes - r->gather_at_step;
     int64_t reduced = r->counters.reduce_bytes - r->reduce_at_step;
     int64_t replicated = r->counters.replicate_bytes - r->replicate_at_step;
+    int64_t partial = r->counters.reshard_bytes - r->reshard_at_step;
     /* evaluation after this update, when due: outside the step's time and
      * bytes, so step_ms, tokens/s and the step's gather_bytes are
      * training's alone; not after a step that stopped the run, whose
@@ -1356,7 +1442,7 @@ void fsdrt_end_step(FsdRun *r)
             fflush(stdout);
         }
         if (r->log) {
-            char ls[32], ns[32], ck[160] = "";
+            char ls[32], ns[32], ck[256] = "";
             /* with checkpoints on: how long this step waited for them */
             if (c->ckpt_every > 0)
                 snprintf(ck, sizeof ck, ", \"ckpt_block_ms\": %.3f", ckpt_ms);
@@ -1371,6 +1457,10 @@ void fsdrt_end_step(FsdRun *r)
             if (r->replicas > 1)
                 snprintf(ck + strlen(ck), sizeof ck - strlen(ck), ", \"replicate_bytes\": %lld",
                          (long long)replicated);
+            /* partial resharding: the gathers within N ranks (in comm_bytes too) */
+            if (r->npartial > 0)
+                snprintf(ck + strlen(ck), sizeof ck - strlen(ck), ", \"reshard_bytes\": %lld",
+                         (long long)partial);
             /* JSON has no NaN: a diverged run logs null */
             json_number(ls, sizeof ls, loss);
             json_number(ns, sizeof ns, norm);
@@ -1382,7 +1472,7 @@ void fsdrt_end_step(FsdRun *r)
                     "\"first_seq\": %lld%s}\n",
                     (long long)r->step, ls, lr, ns, tok_s, secs * 1e3,
                     (long long)r->counters.peak_alloc_bytes, (long long)r->mem.peak,
-                    (long long)(gathered + reduced + replicated),
+                    (long long)(gathered + reduced + replicated + partial),
                     (long long)gathered, (long long)reduced, (long long)r->seq, ck);
             fflush(r->log);
         }

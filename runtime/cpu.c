@@ -74,6 +74,9 @@ struct Backend {
      * replicate, shard is comm and there is no replica group */
     MPI_Comm shard, replica;
     bool have_mesh;
+    /* partial resharding (bk_mesh): N consecutive ranks, per FsdRun's partial_n */
+    MPI_Comm partial[FSD_MAX_PARTIAL];
+    int npartial;
     bool started_mpi;        /* MPI_Init was ours, so MPI_Finalize is too */
     Pooled *pool;
     int npool, pool_cap;
@@ -377,6 +380,8 @@ void bk_stop(FsdRun *r)
             if (e == MPI_SUCCESS)
                 e = MPI_Comm_free(&bk->replica);
         }
+        for (int i = 0; i < bk->npartial && e == MPI_SUCCESS; i++)
+            e = MPI_Comm_free(&bk->partial[i]);
         if (e == MPI_SUCCESS && bk->started_mpi)
             e = MPI_Finalize();
         if (e != MPI_SUCCESS)
@@ -393,6 +398,14 @@ void bk_mesh(FsdRun *r)
 {
     Backend *bk = r->bk;
     bk->shard = bk->comm;
+    /* partial resharding: N consecutive world ranks, which lie inside one
+     * shard group as N divides S (docs/design.md#partial-resharding) */
+    for (int i = 0; i < r->npartial; i++) {
+        MPI_CHECK(r, MPI_Comm_split(bk->comm, (int)(r->rank / r->partial_n[i]), r->rank,
+                                    &bk->partial[i]));
+        bk->npartial = i + 1;
+        MPI_CHECK(r, MPI_Comm_set_errhandler(bk->partial[i], MPI_ERRORS_RETURN));
+    }
     if (r->replicas <= 1)
         return;
     /* colour: which replica (consecutive ranks) or which shard position;
@@ -662,6 +675,30 @@ void bk_wait_gather(FsdRun *r, int g)
         bk_pool_put(r, c->wire, 0);
         c->wire = NULL;
     }
+}
+
+/* ── partial resharding ──
+ * The copy is the gathered buffer's own values (act: already rounded to
+ * the gather dtype), so the gather from it rebuilds exactly what the
+ * all-gather from the shards made. The fp32-act build stands for a GPU
+ * holding the copy in the 16-bit gather dtype: common.c counts its bytes
+ * so, and MPI moves the fp32 values. */
+
+void bk_keep_partial(FsdRun *r, int g)
+{
+    Group *G = &r->groups[g];
+    const int64_t n = G->padded / G->part_ranks;
+    memcpy(G->kept, (char *)G->params + G->part_lo * act_bytes(r), (size_t)(n * act_bytes(r)));
+}
+
+void bk_gather_partial(FsdRun *r, int g)
+{
+    Group *G = &r->groups[g];
+    GroupComm *c = &r->bk->gc[g];
+    int n = count_of(r, G->padded / G->part_ranks, "a partial copy");
+    MPI_Datatype t = act_bf16(r) ? MPI_UINT16_T : MPI_REAL_T;
+    MPI_CHECK(r, MPI_Iallgather(G->kept, n, t, G->params, n, t, r->bk->partial[G->part],
+                                &c->gather));
 }
 
 /* ── gradients: reduce-scatter ── */

@@ -331,6 +331,13 @@ void bk_mesh(FsdRun *r)
 {
     Backend *bk = r->bk;
     bk->shard = bk->comm;
+    /* partial resharding: N consecutive world ranks, inside one shard
+     * group as N divides S (docs/design.md#partial-resharding) */
+    for (int i = 0; i < r->npartial; i++) {
+        NCCL_CHECK(r, ncclCommSplit(bk->comm, (int)(r->rank / r->partial_n[i]), r->rank,
+                                    &bk->partial[i], NULL));
+        bk->npartial = i + 1;
+    }
     if (r->replicas <= 1)
         return;
     NCCL_CHECK(r, ncclCommSplit(bk->comm, r->replica, r->rank, &bk->shard, NULL));
@@ -477,6 +484,17 @@ void bk_stop(FsdRun *r)
     if (bk->have_lt) {
         bk->have_lt = false;
         BLAS_NOTE(r, cublasLtDestroy(bk->lt));
+    }
+    while (bk->npartial > 0) {   /* partial resharding's, before their parent too */
+        ncclComm_t c = bk->partial[--bk->npartial];
+        ncclResult_t e = ncclCommFinalize(c);
+        if (e == ncclSuccess)
+            e = ncclCommDestroy(c);
+        else
+            ncclCommAbort(c);
+        if (e != ncclSuccess)
+            fprintf(stderr, "train: rank %d: %s:%d: shutting down NCCL failed: %s\n", r->rank,
+                    __FILE__, __LINE__, ncclGetErrorString(e));
     }
     if (bk->have_mesh) {   /* the split communicators before their parent */
         bk->have_mesh = false;

@@ -276,6 +276,38 @@ void bk_wait_gather(FsdRun *r, int g)
     CUDA_CHECK(r, cudaStreamWaitEvent(bk->compute, c->gathered, 0));
 }
 
+/* ── partial resharding ──
+ * The copy is the gathered buffer's own values, so the gather from it
+ * rebuilds exactly what the all-gather from the shards made. It is act:
+ * with fp32 act and a 16-bit gather dtype the wire carries fp32, twice
+ * what the counters (the plan's bytes) say (docs/design.md#partial-resharding). */
+
+void bk_keep_partial(FsdRun *r, int g)
+{
+    Backend *bk = r->bk;
+    Group *G = &r->groups[g];
+    const int64_t n = G->padded / G->part_ranks;
+    /* on the compute stream, after the last forward read of the buffer */
+    CUDA_CHECK(r, cudaMemcpyAsync(G->kept, (char *)G->params + G->part_lo * act_bytes(r),
+                                  (size_t)(n * act_bytes(r)), cudaMemcpyDeviceToDevice,
+                                  bk->compute));
+}
+
+void bk_gather_partial(FsdRun *r, int g)
+{
+    Backend *bk = r->bk;
+    Group *G = &r->groups[g];
+    GroupComm *c = &bk->gc[g];
+    /* after the copy and after compute's last use of the pool buffer */
+    fence(r, bk->gather);
+    c->traced_gather[0] = cuda_mark_on(r, bk->gather);
+    NCCL_CHECK(r, ncclAllGather(G->kept, G->params, (size_t)(G->padded / G->part_ranks),
+                                act_bf16(r) ? ncclBfloat16 : ncclFloat32, bk->partial[G->part],
+                                bk->gather));
+    CUDA_CHECK(r, cudaEventRecord(c->gathered, bk->gather));
+    c->traced_gather[1] = cuda_mark_on(r, bk->gather);
+}
+
 /* ── gradients: reduce-scatter ── */
 
 void bk_alloc_grads(FsdRun *r, int g)

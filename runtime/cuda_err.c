@@ -22,6 +22,8 @@ _Noreturn void bk_abort(FsdRun *r)
     fflush(stdout);
     fflush(stderr);
     Backend *bk = r->bk;
+    while (bk && bk->npartial > 0)   /* partial resharding's split communicators */
+        ncclCommAbort(bk->partial[--bk->npartial]);
     if (bk && bk->have_mesh) {   /* HSDP's split communicators, the same way */
         bk->have_mesh = false;
         ncclCommAbort(bk->shard);
@@ -94,6 +96,8 @@ void cuda_host_wait(FsdRun *r, cudaEvent_t ev, const char *what)
                 NCCL_CHECK(r, ncclCommGetAsyncError(bk->shard, &async));
             if (bk->have_mesh && (async == ncclSuccess || async == ncclInProgress))
                 NCCL_CHECK(r, ncclCommGetAsyncError(bk->replica, &async));
+            for (int i = 0; i < bk->npartial && (async == ncclSuccess || async == ncclInProgress); i++)
+                NCCL_CHECK(r, ncclCommGetAsyncError(bk->partial[i], &async));
             if (async != ncclSuccess && async != ncclInProgress)
                 cuda_nccl_failed(r, __FILE__, __LINE__, what, async);
         }

@@ -112,6 +112,9 @@ struct Backend {
      * group, the ranks at this shard_rank of every replica */
     ncclComm_t shard, replica;
     bool have_mesh;
+    /* partial resharding (bk_mesh): N consecutive ranks, per FsdRun's partial_n */
+    ncclComm_t partial[FSD_MAX_PARTIAL];
+    int npartial;
     cublasLtHandle_t lt;
     bool have_lt, tf32;
     void *blas_ws;

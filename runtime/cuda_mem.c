@@ -148,7 +148,8 @@ static void size_pools(FsdRun *r)
     const int64_t k = r->cfg.grad_accum;
     void **params = calloc((size_t)m->ngroups + 1, sizeof *params);
     void **grads = calloc((size_t)m->ngroups + 1, sizeof *grads);
-    if (!params || !grads)
+    void **kept = calloc((size_t)m->ngroups + 1, sizeof *kept);
+    if (!params || !grads || !kept)
         cuda_failed(r, __FILE__, __LINE__, "calloc", "out of memory");
     /* past a few middle micro-batches the pool's state repeats */
     const int64_t micros = k > 8 ? 8 : k;
@@ -165,8 +166,19 @@ static void size_pools(FsdRun *r)
             const int64_t bytes = unsharded_bytes(r, &r->groups[g]);   /* as common.c asks */
             switch (ev[i].op) {
             case FSD_BUF_GATHER:
+            case FSD_BUF_GATHER_PARTIAL:
                 if (!params[g])
                     params[g] = bk_pool_get(r, bytes, 0);
+                break;
+            case FSD_BUF_KEEP_PARTIAL:   /* as fsdrt_keep_partial asks */
+                if (!kept[g] && r->groups[g].part_ranks >= 2)
+                    kept[g] = bk_pool_get(
+                        r, r->groups[g].padded / r->groups[g].part_ranks * act_bytes(r), 0);
+                break;
+            case FSD_BUF_WAIT_PARTIAL:
+                if (kept[g])
+                    bk_pool_put(r, kept[g], 0);
+                kept[g] = NULL;
                 break;
             case FSD_BUF_RESHARD:
                 if (params[g])
@@ -193,9 +205,12 @@ static void size_pools(FsdRun *r)
             bk_pool_put(r, params[g], 0);
         if (grads[g])
             bk_pool_put(r, grads[g], 0);
+        if (kept[g])
+            bk_pool_put(r, kept[g], 0);
     }
     free(params);
     free(grads);
+    free(kept);
     r->bk->pool_sized = true;
 }
 

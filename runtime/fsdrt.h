@@ -87,6 +87,11 @@ typedef struct FsdGroupInfo {
      * section's unless its fully_shard line sets its own
      * (docs/design.md#per-target-mixed-precision) */
     FsdDtype param_dtype, reduce_dtype;
+    /* reshard_after_forward = N (docs/design.md#partial-resharding): after
+     * forward the group keeps a copy sharded over the N consecutive ranks
+     * of its shard group holding this rank, and backward gathers from it
+     * within them; 0: none. Last, so a program written without it reads 0. */
+    int64_t reshard_ranks;
 } FsdGroupInfo;
 
 /* A tensor of the activation arena: numel = per_sample * B + fixed, live
@@ -121,12 +126,17 @@ typedef struct FsdTrainConfig {
 /* One unsharded-buffer event of the schedule (FsdModel's buf_one, buf_three). */
 typedef enum {
     FSD_BUF_GATHER, FSD_BUF_RESHARD, FSD_BUF_ALLOC_GRADS, FSD_BUF_FREE_GRADS,
-    FSD_BUF_REDUCE, FSD_BUF_WAIT_REDUCE
+    FSD_BUF_REDUCE, FSD_BUF_WAIT_REDUCE,
+    /* partial resharding: the 1/N copy kept, the gather from it (it takes
+     * the unsharded buffer as FSD_BUF_GATHER does), and that gather's wait,
+     * which frees the copy */
+    FSD_BUF_KEEP_PARTIAL, FSD_BUF_GATHER_PARTIAL, FSD_BUF_WAIT_PARTIAL
 } FsdBufOp;
 typedef struct FsdBufEvent {
     FsdBufOp op;             /* fsdrt_all_gather, _reshard, _alloc_grads, _free_grads,
                                 _reduce_scatter (a reduce buffer with bf16 act and an
-                                fp32 reduce), _wait_reduce */
+                                fp32 reduce), _wait_reduce, _keep_partial,
+                                _gather_partial, and _wait_gather after it */
     int group;
     int micro;               /* the micro-batch of the step it belongs to */
 } FsdBufEvent;
@@ -263,6 +273,12 @@ void fsdrt_reduce_scatter(FsdRun *r, int group);  /* async: average over ranks *
 void fsdrt_all_reduce(FsdRun *r, int group);   /* HSDP: the shard across replicas, after it */
 void fsdrt_wait_reduce(FsdRun *r, int group);  /* and accumulate into the grad shard */
 void fsdrt_free_grads(FsdRun *r, int group);
+/* reshard_after_forward = N (docs/design.md#partial-resharding): before
+ * forward's reshard, copy this rank's 1/N of the gathered buffer aside;
+ * backward's gather_partial all-gathers it within the N ranks (async, its
+ * wait is fsdrt_wait_gather, which frees the copy). */
+void fsdrt_keep_partial(FsdRun *r, int group);
+void fsdrt_gather_partial(FsdRun *r, int group);
 
 /* ── compute ── */
 
@@ -302,12 +318,15 @@ void fsdrt_trace_end(FsdRun *r);
 /* Collective bytes count what a rank receives in a ring: (S-1)/S of the
  * padded buffer in the collective's dtype over the S ranks of the shard
  * group (S = W, or W/R under replicate = R), and 2(R-1)/R of the shard for
- * the replica all-reduce: the planner's figures exactly, per mesh
- * dimension. */
+ * the replica all-reduce, and (N-1)/N of the padded buffer for a gather
+ * within N ranks (partial resharding): the planner's figures exactly, per
+ * mesh dimension. */
 typedef struct FsdCounters {
     int64_t gather_bytes;        /* all-gathers (shard dimension) */
     int64_t reduce_bytes;        /* reduce-scatters (shard dimension) */
     int64_t replicate_bytes;     /* replica all-reduces (replicate dimension) */
+    int64_t reshard_bytes;       /* partial resharding's gathers, within N ranks:
+                                    (N-1)/N of the padded buffer in the gather dtype */
     int64_t alloc_bytes;         /* runtime-owned memory now */
     int64_t peak_alloc_bytes;    /* its maximum */
 } FsdCounters;

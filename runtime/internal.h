@@ -40,6 +40,9 @@ typedef struct Segment {
 } Segment;
 
 /* One shard group on this rank. */
+/* distinct reshard_after_forward = N values a model may use */
+#define FSD_MAX_PARTIAL 8
+
 typedef struct Group {
     int64_t flat, padded, shard, lo;   /* elements; this rank owns [lo, lo + shard) */
     real *master;            /* fp32 master shard (double in the float64 build) */
@@ -55,6 +58,14 @@ typedef struct Group {
     bool gathering, reducing;
     bool all_reducing;       /* HSDP: the replica all-reduce issued after the reduce-scatter */
     double gather_t0, reduce_t0;
+    /* reshard_after_forward = N (docs/design.md#partial-resharding): N, the
+     * sub-communicator it gathers over (FsdRun's partial_n index, -1 none),
+     * the kept copy (padded / N elements of act, this rank's slice at
+     * `part_lo`), and whether the gather in flight reads it */
+    int64_t part_ranks, part_lo;
+    int part;
+    void *kept;
+    bool gathering_partial;
 } Group;
 
 /* A token file (llm.c's format), mapped read-only. */
@@ -108,6 +119,10 @@ struct FsdRun {
      * consecutive ranks; this rank is shard_rank of replica `replica`.
      * Plain FSDP: R = 1, S = world. Groups are padded and sharded over S. */
     int replicas, shard_world, shard_rank, replica;
+    /* partial resharding's sub-groups: each distinct N of the model's
+     * groups, split once at start-up into N consecutive ranks (bk_mesh) */
+    int npartial;
+    int64_t partial_n[FSD_MAX_PARTIAL];
     Backend *bk;
 
     /* flags that are not train settings */
@@ -156,7 +171,7 @@ struct FsdRun {
     int64_t skipped;         /* non-finite steps skipped in a row, up to the last step */
     bool saves_failed;       /* end the run after this step: ckpt.c's saves keep failing */
     double step_t0, loss_sum;
-    int64_t gather_at_step, reduce_at_step, replicate_at_step;   /* the counters when the step began */
+    int64_t gather_at_step, reduce_at_step, replicate_at_step, reshard_at_step;   /* the counters when the step began */
 
     FsdCounters counters;
 
@@ -512,6 +527,12 @@ void bk_barrier(FsdRun *r);
  * (ranks of this replica) and the replica group (ranks with this
  * shard_rank); nothing without HSDP. Errors go to rt_fail. */
 void bk_mesh(FsdRun *r);
+/* Partial resharding: copy this rank's slice [part_lo, part_lo + padded/N)
+ * of G->params into G->kept (ordered after the compute that last read the
+ * buffer); then the all-gather of G->kept within the N ranks into
+ * G->params, which bk_wait_gather waits for as for bk_all_gather. */
+void bk_keep_partial(FsdRun *r, int g);
+void bk_gather_partial(FsdRun *r, int g);
 void bk_allreduce_sum(FsdRun *r, double *v, int n);
 /* Collective over replica 0's shard group (every rank calls it; the
  * other replicas return at once): group g's full flat buffer (padded

@@ -68,6 +68,7 @@ int64_t mem_arena_bytes(const FsdRun *r, int64_t B)
 /* Which unsharded buffers are out: replay's state between events. */
 typedef struct Held {
     bool *params, *grads, *reducing;
+    bool *kept;              /* partial resharding's 1/N copy, to its gather's wait */
     int64_t now, most;
 } Held;
 
@@ -86,11 +87,16 @@ static void replay_micro(FsdRun *r, const FsdBufEvent *ev, int n, int which,
         const int64_t pb = counted ? bk_unsharded_count(r, padded[g], pdt) : padded[g] * dtype_bytes(pdt);
         const int64_t gb = counted ? bk_unsharded_count(r, padded[g], gdt) : padded[g] * dtype_bytes(gdt);
         const int64_t rb = reduce_buffer_bytes(r, g, padded[g]);
+        const int64_t N = r->m->groups[g].reshard_ranks, part = N >= 2 ? padded[g] / N : 0;
+        const int64_t kb = counted ? bk_unsharded_count(r, part, pdt) : part * dtype_bytes(pdt);
         bool *flag = NULL;
         int64_t bytes = 0;
         bool on = false;
         switch (ev[i].op) {
-        case FSD_BUF_GATHER: flag = &h->params[g], bytes = pb, on = true; break;
+        case FSD_BUF_GATHER:
+        case FSD_BUF_GATHER_PARTIAL: flag = &h->params[g], bytes = pb, on = true; break;
+        case FSD_BUF_KEEP_PARTIAL: flag = &h->kept[g], bytes = kb, on = true; break;
+        case FSD_BUF_WAIT_PARTIAL: flag = &h->kept[g], bytes = kb; break;
         case FSD_BUF_RESHARD: flag = &h->params[g], bytes = pb; break;
         case FSD_BUF_ALLOC_GRADS: flag = &h->grads[g], bytes = gb, on = true; break;
         case FSD_BUF_FREE_GRADS: flag = &h->grads[g], bytes = gb; break;
@@ -115,7 +121,7 @@ static int64_t most_unsharded(FsdRun *r, int64_t W, bool counted)
     const int G = m->ngroups;
     const int64_t k = r->cfg.grad_accum;
     int64_t *padded = malloc(sizeof *padded * (size_t)(G + 1));
-    bool *flags = calloc(3 * (size_t)G + 3, 1), *before = malloc(3 * (size_t)G + 3);
+    bool *flags = calloc(4 * (size_t)G + 4, 1), *before = malloc(4 * (size_t)G + 4);
     if (!padded || !flags || !before) {
         free(padded), free(flags), free(before);
         return -1;
@@ -123,15 +129,15 @@ static int64_t most_unsharded(FsdRun *r, int64_t W, bool counted)
     W = shard_world_of(r, W);   /* HSDP: padded per shard group */
     for (int g = 0; g < G; g++)
         padded[g] = ceil_div(m->groups[g].flat_numel, W) * W;
-    Held h = {flags, flags + G + 1, flags + 2 * G + 2, 0, 0};
+    Held h = {flags, flags + G + 1, flags + 2 * G + 2, flags + 3 * G + 3, 0, 0};
     if (k == 1) {
         replay_micro(r, m->buf_one, m->nbuf_one, 0, padded, counted, &h);
     } else {
         replay_micro(r, m->buf_three, m->nbuf_three, 0, padded, counted, &h);
         for (int64_t mb = 1; mb < k - 1; mb++) {
-            memcpy(before, flags, 3 * (size_t)G + 3);
+            memcpy(before, flags, 4 * (size_t)G + 4);
             replay_micro(r, m->buf_three, m->nbuf_three, 1, padded, counted, &h);
-            if (memcmp(before, flags, 3 * (size_t)G + 3) == 0)
+            if (memcmp(before, flags, 4 * (size_t)G + 4) == 0)
                 break;
         }
         replay_micro(r, m->buf_three, m->nbuf_three, 2, padded, counted, &h);

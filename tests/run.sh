@@ -118,6 +118,21 @@ else
     bad "golden mesh/tiny_hsdp.sim: fsdpc failed" "$TMP/err"
 fi
 
+# ── partial resharding: tiny_partial (replicate = 2, the blocks with
+# reshard_after_forward = 2) planned at world 8 (shard groups of 4, copies
+# over 2), its model dump showing the per-target setting, and simulated on
+# two nodes of 8 H100s (the gathers from the copies within 2 GPUs) ──
+if "$FSDPC" tests/mesh/tiny_partial.fsd --world 8 --dump-model --dump-plan --dump-schedule --dump-memory >"$TMP/out" 2>"$TMP/err"; then
+    compare "golden mesh/tiny_partial.w8" "tests/golden/mesh/tiny_partial.w8" "$TMP/out"
+else
+    bad "golden mesh/tiny_partial.w8: fsdpc failed" "$TMP/err"
+fi
+if "$FSDPC" tests/mesh/tiny_partial.fsd --sim h100:nodes=2 >"$TMP/out" 2>"$TMP/err"; then
+    compare "golden mesh/tiny_partial.sim" "tests/golden/mesh/tiny_partial.sim" "$TMP/out"
+else
+    bad "golden mesh/tiny_partial.sim: fsdpc failed" "$TMP/err"
+fi
+
 # ── recomputation: the training graph of a plan that recomputes (the
 # recompute ops, marked, and the tensors they write, each naming the value
 # it computes again) and its model dump (the settings as written); its

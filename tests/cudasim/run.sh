@@ -20,7 +20,8 @@
 #      (unsharded accumulation, parameters kept gathered, fp32 compute with
 #      bf16 or fp16 wire formats), tiny_llama and mlp at world 2, tiny at
 #      world 3 (eager), tiny with replicate = 2 (HSDP: the communicators
-#      ncclCommSplit makes) at world 4, lazy and eager; 2c. per-target mixed
+#      ncclCommSplit makes) at world 4, lazy and eager, tiny with
+#      reshard_after_forward = 2 (partial resharding) at world 4; 2c. per-target mixed
 #      precision: tiny with its root alone in bf16, tiny_bf16 with its blocks
 #      reducing in fp32;
 #   3. the proof that 2 can fail: with every cudaStreamWaitEvent dropped
@@ -303,6 +304,18 @@ if trainers "$OUT/tiny_hsdp.fsd"; then
     same "cudasim: tiny, replicate = 2, world 4, lazy, vs CPU" tiny_hsdp_cpu tiny_hsdp_sim "${FP32[@]}" "replicate_bytes 0"
     sim tiny_hsdp_sim_eager 4 FSD_TF32=0 FSD_CUDASIM=eager tiny_hsdp/cudasim
     same "cudasim: tiny, replicate = 2, world 4, eager, vs CPU" tiny_hsdp_cpu tiny_hsdp_sim_eager "${FP32[@]}"
+fi
+
+# partial resharding (reshard_after_forward = 2) at world 4: the copy kept
+# on the compute stream, the gather from it over the sub-communicator
+# ncclCommSplit makes (docs/design.md#partial-resharding), against the CPU
+# build's MPI_Comm_split; reshard_bytes exact
+policy tiny_partial 'reshard_after_forward = 2'
+if trainers "$OUT/tiny_partial.fsd"; then
+    cpu tiny_partial_cpu 4 tiny_partial
+    sim tiny_partial_sim 4 FSD_TF32=0 tiny_partial/cudasim
+    same "cudasim: tiny, reshard_after_forward = 2, world 4, lazy, vs CPU" tiny_partial_cpu \
+        tiny_partial_sim "${FP32[@]}" "reshard_bytes 0"
 fi
 
 # ── 3. a missing event wait shows ──

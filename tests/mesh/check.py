@@ -3,11 +3,12 @@
 plan, per mesh dimension (docs/design.md#hsdp), and of a resumed run
 against a straight one.
 
-  bytes LOG SCHEDULE_JSON   every step's gather_bytes, reduce_bytes and
-                            replicate_bytes (0 when the log has none) equal
-                            the schedule's all_gather, reduce_scatter and
-                            all_reduce events summed (bytes x runs), and
-                            comm_bytes their sum
+  bytes LOG SCHEDULE_JSON   every step's gather_bytes, reduce_bytes,
+                            replicate_bytes and reshard_bytes (0 when the
+                            log has none) equal the schedule's all_gather,
+                            reduce_scatter, all_reduce and gather_partial
+                            events summed (bytes x runs), and comm_bytes
+                            their sum
   resumed STRAIGHT RESUMED TOL
                             every step RESUMED logs has STRAIGHT's loss for
                             that step number within relative TOL
@@ -36,7 +37,7 @@ def read_log(path):
 
 
 KINDS = (("all_gather", "gather_bytes"), ("reduce_scatter", "reduce_bytes"),
-         ("all_reduce", "replicate_bytes"))
+         ("all_reduce", "replicate_bytes"), ("gather_partial", "reshard_bytes"))
 
 
 def cmd_bytes(log, schedule_json):

@@ -24,6 +24,14 @@
 #      --world 16 (two nodes of 8) gets the planner's R = 2; trained at
 #      world 4 it notes the planned world and has plain FSDP's losses; at
 #      world 3 it is refused on every rank naming the planned world.
+#   6. partial resharding (docs/design.md#partial-resharding): tiny with
+#      reshard_after_forward = 2 at worlds 4 and 6, tiny_llama at world 4,
+#      and per target (the blocks and the root, N = 2) under replicate = 2
+#      at world 8 (shard groups of 4: a real partial case beside HSDP), the
+#      same losses as plain FSDP (1e-5), the bytes per kind (reshard_bytes
+#      for the gathers within N ranks) and the memory peak equal the plan;
+#      a bad N refused by the trainer (every rank) and by fsdpc --world (at
+#      its line and column), N = 0 by fsdpc.
 #
 # Trainers and the .fsd variants go to build/mesh/. One line per check,
 # then "N passed, N failed".
@@ -60,7 +68,13 @@ variant tiny_r3 examples/tiny.fsd 'replicate = 3'
 variant tiny_r4 examples/tiny.fsd 'replicate = 4'
 variant tiny_llama_r2 examples/tiny_llama.fsd 'replicate = 2'
 variant tiny_rauto examples/tiny.fsd 'replicate = auto'
-VARIANTS=(tiny tiny_r2 tiny_r3 tiny_r4 tiny_llama tiny_llama_r2 tiny_rauto)
+variant tiny_n2 examples/tiny.fsd 'reshard_after_forward = 2'
+variant tiny_llama_n2 examples/tiny_llama.fsd 'reshard_after_forward = 2'
+# per target: the blocks and the root keep copies over 2 ranks; the shard
+# section sets none (FSDP2's per-call reshard_after_forward)
+sed 's/^shard {/shard {\n  replicate = 2/; s/^  fully_shard blocks\[\*\]$/  fully_shard blocks[*] (reshard_after_forward = 2)/; s/^  fully_shard root$/  fully_shard root (reshard_after_forward = 2)/' \
+    examples/tiny.fsd >"$OUT/tiny_r2_tgt.fsd"
+VARIANTS=(tiny tiny_r2 tiny_r3 tiny_r4 tiny_llama tiny_llama_r2 tiny_rauto tiny_n2 tiny_llama_n2 tiny_r2_tgt)
 build_one() {
     local flags=
     [ "$1" = tiny_rauto ] && flags="--world 16"   # the world replicate = auto plans for
@@ -97,8 +111,8 @@ build/fsdata synth "$D" --tokens 60000 --seed 3 >/dev/null
 # micro-batch), 10 steps; the plan's dumps for the same world and batch
 # from $OUT/V.wW.fsd. Sets $RUN to V.wW and returns the trainer's status.
 run() {
-    local v=$1 w=$2 b=$((12 / $2))
-    RUN=$v.w$w
+    local v=$1 w=$2 b=$((${GB:-12} / $2))
+    RUN=$v.w$w${GB:+.g$GB}
     sed "s/micro_batch *= *[0-9]*/micro_batch = $b/; s/grad_accum *= *[0-9]*/grad_accum = 1/" \
         "$OUT/$v.fsd" >"$OUT/$RUN.fsd"
     $FSDPC "$OUT/$RUN.fsd" --world "$w" --dump-schedule=json >"$TMP/$RUN.json" 2>&1 &&
@@ -125,6 +139,11 @@ same() {
     if res=$($E2E memory "$TMP/$RUN.log" "$TMP/$RUN.mem"); then
         ok "plan memory $RUN: $res"
     else bad "plan memory $RUN: $res" "$TMP/$RUN.mem"; fi
+    if grep -q '"gather_partial"' "$TMP/$RUN.json"; then
+        n=$(grep -c '"gather_partial"' "$TMP/$RUN.json")
+        m=$(python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).readline()).get('reshard_bytes', 0))" "$TMP/$RUN.log")
+        check "partial resharding $RUN: $n gather_partial events a step, reshard_bytes $m > 0" '[ "$m" -gt 0 ]'
+    fi
     if grep -q '"all_reduce"' "$TMP/$RUN.json"; then
         if res=$($CHECK tracks "$TMP/$RUN.trace" "$TMP/$RUN.json" "$w" 10); then
             ok "trace $RUN: $res"
@@ -161,6 +180,45 @@ if $MAKE --no-print-directory -s trainer FSD="$OUT/tiny_r2.fsd" BACKEND=cpu64 TR
         ok "grad check, replicate = 2 on 4 ranks (float64): $res"
     else bad "grad check, replicate = 2 on 4 ranks: status $st" "$TMP/gc"; fi
 else bad "build: tiny_r2 float64" "$TMP/build64"; fi
+
+# ── 6. partial resharding ──
+same tiny_n2 4 tiny.w1 tiny.w4
+same tiny_n2 6 tiny.w1
+same tiny_llama_n2 4 tiny_llama.w1
+# world 8, replicate = 2: shard groups of 4, copies over 2 of them; a
+# global batch of 24 (8 does not divide 12), against world 1 at 24
+GB=24 run tiny 1 || done_
+GB=24 same tiny_r2_tgt 8 tiny.w1.g24
+for g in blocks.0 blocks.1 root; do
+    check "per target: $g gathers from its copy over 2 ranks in backward (tiny_r2_tgt, world 8)" \
+        "grep -q '\"event\": \"gather_partial\", \"group\": \"$g\"' '$TMP/tiny_r2_tgt.w8.g24.json'" "$TMP/tiny_r2_tgt.w8.g24.json"
+done
+# a bad N: 2 does not divide a shard group of 3
+mp 3 $OUT/tiny_n2/train --data "$D" --steps 1 --micro-batch 4 >"$TMP/badn" 2>&1
+st=$?
+n=$(grep -c "train: group blocks.0 of model tiny has reshard_after_forward = 2, which does not divide its shard group of 3 ranks (world 3)" "$TMP/badn")
+check "trainer: reshard_after_forward = 2 at world 3 refused on every rank with the numbers, exit 1" \
+    '[ $st = 1 ] && [ "$n" = 3 ]' "$TMP/badn"
+variant tiny_n3 examples/tiny.fsd 'reshard_after_forward = 3'
+line=$(grep -n "reshard_after_forward = 3" "$OUT/tiny_n3.fsd" | cut -d: -f1)
+$FSDPC "$OUT/tiny_n3.fsd" --world 4 --dump-plan >"$TMP/badnc" 2>&1
+st=$?
+check "fsdpc --world 4: reshard_after_forward = 3 refused at $OUT/tiny_n3.fsd:$line:27, exit 1" \
+    '[ $st = 1 ] && grep -q "^$OUT/tiny_n3.fsd:$line:27: error: \`reshard_after_forward = 3\` does not divide the shard group of 4 ranks (world 4, --world)" "$TMP/badnc"' "$TMP/badnc"
+$FSDPC "$OUT/tiny_n3.fsd" --dump-plan >"$TMP/default" 2>&1
+check "fsdpc without --world: reshard_after_forward = 3 plans for world 9 (a multiple of 3 from 8)" \
+    'grep -q "^plan tiny for world 9" "$TMP/default" && grep -q "after forward to 3 ranks" "$TMP/default"' "$TMP/default"
+variant tiny_n0 examples/tiny.fsd 'reshard_after_forward = 0'
+$FSDPC "$OUT/tiny_n0.fsd" --check >"$TMP/badn0" 2>&1
+st=$?
+check "fsdpc: reshard_after_forward = 0 refused, exit 1" \
+    '[ $st = 1 ] && grep -q "error: \`reshard_after_forward = 0\`: a number of ranks must be at least 1" "$TMP/badn0"' "$TMP/badn0"
+# N = S with the world known is plain resharding; N = 1 is false
+$FSDPC "$OUT/tiny_n2.fsd" --world 2 --dump-schedule >"$TMP/ns" 2>&1
+variant tiny_n1 examples/tiny.fsd 'reshard_after_forward = 1'
+$FSDPC "$OUT/tiny_n1.fsd" --world 4 --dump-plan >"$TMP/n1" 2>&1
+check "fsdpc: N = S (2 at world 2) plans as true, N = 1 as false" \
+    '! grep -q "partial" "$TMP/ns" && grep -q " reshard " "$TMP/ns" && grep -q "blocks.0 .*after backward" "$TMP/n1"' "$TMP/ns"
 
 # ── 3. checkpoints across R ──
 # straight: tiny_r2 at world 4 for 10 steps, a checkpoint after step 5

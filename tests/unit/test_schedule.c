@@ -368,6 +368,91 @@ static void kept_gathered(const char *path)
                                 path, bad));
 }
 
+/* reshard_after_forward = 2 (docs/design.md#partial-resharding): every
+ * single deletion caught; each gather_partial made an all-gather from the
+ * shards (the copy ignored), each keep_partial made to come after its
+ * reshard or before its forward wait, and each keep_partial in a
+ * forward-only schedule are refused; evaluation keeps no copy. */
+static void partial_mutations(const char *path, bool rab)
+{
+    Model *m = load(path);
+    m->shard.reshard_after_forward = 1;
+    m->shard.reshard_ranks = 2;
+    m->shard.reshard_after_backward = rab;
+    m->shard.accumulate_unsharded = !rab;
+    m->train.grad_accum = 4;
+    Schedule *s = build(m);
+    if (!rab)
+        path = arena_printf("%s (reshard_after_backward = false)", path);
+    int keeps = 0, partials = 0;
+    for (int i = 0; s && i < s->nev; i++) {
+        keeps += s->ev[i].kind == EV_KEEP_PARTIAL;
+        partials += s->ev[i].kind == EV_GATHER_PARTIAL;
+    }
+    check(s && keeps > 0 && keeps == partials && schedule_verify(s, NULL) == 0,
+          arena_printf("%s, reshard_after_forward = 2: the schedule verifies, %d keep_partial "
+                       "and %d gather_partial", path, keeps, partials));
+    if (!s || !keeps)
+        return;
+    int missed = 0;
+    for (int i = 0; i < s->nev; i++)
+        missed += schedule_verify(copy_without(s, i), NULL) == 0;
+    check(missed == 0, arena_printf("%s, reshard_after_forward = 2: each of %d single-event "
+                                    "deletions caught (missed %d)", path, s->nev, missed));
+    int as_full = 0, late = 0, early = 0, tried_early = 0;
+    for (int i = 0; i < s->nev; i++) {
+        const Event *e = &s->ev[i];
+        if (e->kind == EV_GATHER_PARTIAL) {
+            Schedule *c = copy_without(s, -1);
+            c->ev[i].kind = EV_ALL_GATHER;
+            as_full += schedule_verify(c, NULL) > 0;
+        }
+        if (e->kind != EV_KEEP_PARTIAL)
+            continue;
+        /* after its reshard (the next event) */
+        late += schedule_verify(copy_moved(s, i, i + 2), NULL) > 0;
+        /* before the forward wait that gathered the group */
+        int j = i - 1;
+        while (j >= 0 && !(s->ev[j].kind == EV_WAIT_GATHER && s->ev[j].group == e->group))
+            j--;
+        if (j >= 0) {
+            tried_early++;
+            early += schedule_verify(copy_moved(s, i, j), NULL) > 0;
+        }
+    }
+    check(as_full == partials,
+          arena_printf("%s: %d gather_partial made all-gathers from the shards caught of %d",
+                       path, as_full, partials));
+    check(late == keeps && tried_early > 0 && early == tried_early,
+          arena_printf("%s: %d keep_partial after their reshard caught of %d, %d before their "
+                       "gather's wait of %d", path, late, keeps, early, tried_early));
+    /* evaluation keeps none, and one put into it (a copy no backward
+     * reads, never freed) is refused */
+    Schedule *ev = schedule_build_eval(s->plan);
+    int eval_keeps = 0, put = -1;
+    for (int i = 0; i < ev->nev; i++) {
+        eval_keeps += ev->ev[i].kind == EV_KEEP_PARTIAL;
+        if (put < 0 && ev->ev[i].kind == EV_RESHARD &&
+            m->groups[ev->ev[i].group]->reshard_ranks >= 2)
+            put = i;
+    }
+    bool refused = false;
+    if (put >= 0) {
+        Schedule *c = arena_alloc(sizeof *c);   /* a keep_partial before the reshard */
+        *c = *ev;
+        c->ev = arena_alloc(sizeof(Event) * (size_t)(ev->nev + 1));
+        memcpy(c->ev, ev->ev, sizeof(Event) * (size_t)put);
+        memcpy(c->ev + put + 1, ev->ev + put, sizeof(Event) * (size_t)(ev->nev - put));
+        c->ev[put] = ev->ev[put];
+        c->ev[put].kind = EV_KEEP_PARTIAL;
+        c->nev = ev->nev + 1;
+        refused = schedule_verify(c, NULL) > 0;
+    }
+    check(eval_keeps == 0 && schedule_verify(ev, NULL) == 0 && put >= 0 && refused,
+          arena_printf("%s: evaluation keeps no partial copy and verifies; one put in is "
+                       "refused", path));
+}
+
 int main(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {
@@ -377,6 +462,8 @@ int main(int argc, char **argv)
         kept_gathered(argv[i]);
         recompute_mutations(argv[i]);
         eval_mutations(argv[i]);
+        partial_mutations(argv[i], true);
+        partial_mutations(argv[i], false);
         arena_reset();
     }
     return unit_report();
