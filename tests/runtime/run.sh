@@ -326,7 +326,7 @@ bug reshard_gathering "fsdrt_reshard(0) of a group that is not gathered (or stil
 bug alloc_twice "fsdrt_alloc_grads(1) of a group whose gradients are already allocated"
 bug reduce_no_grads "fsdrt_reduce_scatter(1) without gradients, or with one in flight"
 bug reduce_twice "fsdrt_reduce_scatter(1) without gradients, or with one in flight"
-bug wait_reduce "fsdrt_wait_reduce(1) without a reduce-scatter in flight"
+bug wait_reduce "fsdrt_wait_reduce(1) without a reduce-scatter (and, under replicate, its all-reduce) in flight"
 bug free_reducing "fsdrt_free_grads(1) of gradients not allocated, or still reducing"
 bug free_none "fsdrt_free_grads(1) of gradients not allocated, or still reducing"
 bug end_gathering "fsdrt_end_step: group tok still has an all-gather in flight"
