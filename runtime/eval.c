@@ -55,15 +55,16 @@ void eval_open(FsdRun *r)
                    "without one): regenerate it with this fsdpc");
         return;
     }
-    const TokenFile *f = &r->val;
-    if (!f->tokens)
+    const TokenData *f = &r->val;
+    if (!f->ready)
         return;   /* data_open failed: its error is the one reported */
     if (c->eval_sequences > f->nseq) {
-        rt_fail(r, "validation file %s holds %lld whole sequences of %lld tokens (%lld tokens), "
+        rt_fail(r, "validation %s %s holds %lld whole sequences of %lld tokens (%lld tokens), "
                    "fewer than the %lld that --eval-sequences (or the train section's "
-                   "eval(sequences = ...)) asks for: pass at most %lld, or a longer file",
-                f->path, (long long)f->nseq, (long long)r->m->seq + 1, (long long)f->ntok,
-                (long long)c->eval_sequences, (long long)f->nseq);
+                   "eval(sequences = ...)) asks for: pass at most %lld, or %s",
+                f->nfiles == 1 ? "file" : "data", f->pattern, (long long)f->nseq,
+                (long long)r->m->seq + 1, (long long)f->ntok, (long long)c->eval_sequences,
+                (long long)f->nseq, f->nfiles == 1 ? "a longer file" : "more shards");
         return;
     }
     r->eval_k = c->eval_sequences > 0 ? c->eval_sequences : f->nseq;
