@@ -463,12 +463,15 @@ static uint64_t permute(uint64_t i, uint64_t n, uint64_t key)
 
 /* The data's sequence read at position p (not wrapped): its file and the
  * sequence in it. */
+int64_t data_shuffled(int64_t p, int64_t n, uint64_t seed)
+{
+    return (int64_t)permute((uint64_t)(p % n), (uint64_t)n, shuffle_key(seed, p / n));
+}
+
 static const TokenFile *locate(const TokenData *d, int64_t p, bool shuffle, uint64_t seed,
                                int64_t *in_file)
 {
-    int64_t epoch = p / d->nseq, j = p % d->nseq;
-    if (shuffle)
-        j = (int64_t)permute((uint64_t)j, (uint64_t)d->nseq, shuffle_key(seed, epoch));
+    int64_t j = shuffle ? data_shuffled(p, d->nseq, seed) : p % d->nseq;
     /* the last file whose first sequence is at or below j */
     int lo = 0, hi = d->nfiles - 1;
     while (lo < hi) {

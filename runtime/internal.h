@@ -273,6 +273,10 @@ void data_close(TokenData *d);
  * whose first sequence is r->seq. A data file changed since it was mapped
  * ends the job with a message. */
 void data_load(FsdRun *r, int micro);
+/* --shuffle's order: the sequence (of n) read at position p (not wrapped)
+ * under `seed`; positions e·n … e·n + n − 1 (epoch e) read each sequence
+ * once. */
+int64_t data_shuffled(int64_t p, int64_t n, uint64_t seed);
 /* The same for evaluation: B sequences of the validation data from
  * sequence `first` on (wrapping around it, never shuffled). */
 void data_load_val(FsdRun *r, int64_t first);
