@@ -186,8 +186,10 @@ static int64_t mtime_ns(const struct stat *st)
     return (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
 }
 
-/* Maps and checks one token file. */
-static void file_open(FsdRun *r, TokenFile *f, const char *path)
+/* Maps and checks one token file. A shard of a pattern (`shard`) may hold
+ * less than one sequence: it then adds none (the last shard a tokenizer
+ * writes is as long as the corpus makes it); a file named alone may not. */
+static void file_open(FsdRun *r, TokenFile *f, const char *path, bool shard)
 {
     const int64_t T = r->m->seq, V = r->m->vocab;
     memset(f, 0, sizeof *f);
@@ -264,7 +266,7 @@ static void file_open(FsdRun *r, TokenFile *f, const char *path)
                 path, (long long)(size - HEADER_BYTES - ntok * width), ntok);
         return;
     }
-    if (ntok < T + 1) {
+    if (ntok < T + 1 && !shard) {
         rt_fail(r, "data file %s: %d tokens is too short for one sequence of %lld (it needs %lld "
                    "tokens: inputs and shifted targets)",
                 path, ntok, (long long)T, (long long)(T + 1));
@@ -272,7 +274,7 @@ static void file_open(FsdRun *r, TokenFile *f, const char *path)
     }
     f->version = version;
     f->ntok = ntok;
-    f->nseq = (ntok - 1) / T;
+    f->nseq = ntok > 0 ? (ntok - 1) / T : 0;
     f->tokens = h + HEADER_BYTES;
 
     /* this rank's share of the scan; the lowest rank to find a bad token
@@ -379,7 +381,11 @@ void data_open(FsdRun *r, TokenData *d, const char *flag, const char *pattern)
             rt_fail(r, "%s %s: out of memory", flag, pattern);
             break;
         }
-        file_open(r, &d->files[k], names[k]);
+        file_open(r, &d->files[k], names[k], globbed);
+        if (!r->err[0] && d->files[k].nseq == 0 && r->rank == 0)
+            fprintf(stderr, "train: note: %s %s: shard %s holds %lld tokens, less than one "
+                            "sequence of %lld + 1: it adds nothing\n",
+                    flag, pattern, names[k], (long long)d->files[k].ntok, (long long)r->m->seq);
         d->nfiles = (int)k + 1;
         d->first[k + 1] = d->first[k] + d->files[k].nseq;
         d->ntok += d->files[k].ntok;
@@ -388,6 +394,11 @@ void data_open(FsdRun *r, TokenData *d, const char *flag, const char *pattern)
     if (globbed)
         globfree(&g);
     d->nseq = d->first[d->nfiles];
+    if (!r->err[0] && d->nseq == 0)
+        rt_fail(r, "%s %s: its %d files hold no whole sequence of %lld tokens (%lld + 1 for the "
+                   "shifted targets): %lld tokens in all",
+                flag, pattern, d->nfiles, (long long)r->m->seq + 1, (long long)r->m->seq,
+                (long long)d->ntok);
     d->ready = !r->err[0] && d->nfiles == (int)npaths;
 }
 
