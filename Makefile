@@ -375,7 +375,7 @@ $(B)/fsdata: tools/fsdata.c
 
 # What tests/runtime/run.sh runs (it builds them itself).
 runtime-tests: runtime build/fsdata $(RT)/trainer $(RT)/trainer64 $(RT)/test_arena $(RT)/test_half \
-               $(RT)/test_gemm $(RT)/test_shuffle
+               $(RT)/test_gemm
 $(RT)/trainer: tests/runtime/trainer.c $(RT)/libfsdrt_cpu.a
 	$(MPICC) $(RT_CFLAGS) -Iruntime -o $@ $^ $(RT_LIBS)
 $(RT)/trainer64: tests/runtime/trainer.c $(RT)/libfsdrt_cpu64.a
@@ -385,7 +385,9 @@ $(RT)/test_arena: tests/runtime/test_arena.c runtime/arena.c runtime/fsdrt.h
 	$(CC) $(CFLAGS) $(WARN) -Iruntime -o $@ tests/runtime/test_arena.c runtime/arena.c
 $(RT)/test_gemm: tests/runtime/test_gemm.c $(RT)/libfsdrt_cpu.a
 	$(MPICC) $(RT_CFLAGS) -Iruntime -o $@ $^ $(RT_LIBS)
-$(RT)/test_shuffle: tests/data/test_shuffle.c $(RT)/libfsdrt_cpu.a
+# What tests/data/run.sh builds besides a trainer: --shuffle's order alone.
+build/data/test_shuffle: tests/data/test_shuffle.c $(RT)/libfsdrt_cpu.a
+	@mkdir -p $(@D)
 	$(MPICC) $(RT_CFLAGS) -Iruntime -o $@ $^ $(RT_LIBS)
 $(RT)/test_half: tests/runtime/test_half.c runtime/half.h
 	@mkdir -p $(@D)

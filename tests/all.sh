@@ -47,6 +47,11 @@
 #   eval      tests/eval/run.sh: evaluation (val_loss on any number of ranks,
 #             against PyTorch, at its steps, after a resume) and the
 #             learning-rate schedules against torch.optim.lr_scheduler;
+#   data      tests/data/run.sh: token shards read by pattern, --shuffle
+#             at any world size and resumed, tools/fstokens.py (with
+#             .venv: a BPE trained, text tokenized and decoded back) and the
+#             README's walk from a config.json and a corpus to a model
+#             from_pretrained loads;
 #   smoke     tests/smoke/run.sh: tiny's trainer on 1 and 2 ranks, resumed
 #             from a checkpoint (--quick only: runtime, ckpt and e2e hold
 #             all of it and more).
@@ -176,6 +181,7 @@ part_e2e()     { suite "e2e: " env MAKE="$MAKE" tests/e2e/run.sh; }
 part_recompute() { suite "recompute: " env MAKE="$MAKE" tests/recompute/run.sh; }
 part_oracle()  { suite "oracle: " env MAKE="$MAKE" tests/oracle/run.sh; }
 part_eval()    { suite "eval: " env MAKE="$MAKE" tests/eval/run.sh; }
+part_data()    { suite "data: " env MAKE="$MAKE" tests/data/run.sh; }
 part_rtsan()   { suite "rtsan: " env MAKE="$MAKE" tests/faults/sanitize.sh; }
 part_smoke()   { suite "" env MAKE="$MAKE" tests/smoke/run.sh; }
 
@@ -217,7 +223,7 @@ show() {
 # minutes, oracle 134 s.
 case $mode in
 quick)  lanes=("smoke" "docs compiler unit san") ;;
-*)      lanes=("cudasim recompute eval" "kernels cuda rtsan hf" "docs compiler unit san fuzz runtime ckpt faults install e2e oracle") ;;
+*)      lanes=("cudasim recompute eval data" "kernels cuda rtsan hf" "docs compiler unit san fuzz runtime ckpt faults install e2e oracle") ;;
 esac
 
 if [ $mode = serial ]; then

@@ -41,9 +41,9 @@ mp() { local w=$1; shift; timeout 120 "${MPIRUN[@]}" -np "$w" "$@"; }
 losses() { grep -o '"loss": [^,]*' "$1"; }
 TOK="python3 tests/data/tokens.py"
 
-$MAKE --no-print-directory -s build/fsdata build/runtime/test_shuffle >"$TMP/build" 2>&1 ||
-    { bad "make build/fsdata build/runtime/test_shuffle" "$TMP/build"; done_; }
-suite "shuffle: " build/runtime/test_shuffle
+$MAKE --no-print-directory -s build/fsdata build/data/test_shuffle >"$TMP/build" 2>&1 ||
+    { bad "make build/fsdata build/data/test_shuffle" "$TMP/build"; done_; }
+suite "shuffle: " build/data/test_shuffle
 build_trainer "tiny: make trainer" trainer FSD=examples/tiny.fsd TRAINER=$OUT/tiny || done_
 T=$OUT/tiny/train
 
@@ -57,7 +57,7 @@ for w in 1 2; do
         >"$TMP/out" 2>&1 || bad "tiny: --data FILE on $w rank(s)" "$TMP/out"
     mp $w $T --data "$D/sp_*.bin" --steps 10 --micro-batch $((4 / w)) --log "$TMP/pat$w.log" --quiet \
         >"$TMP/out" 2>&1 || bad "tiny: --data PATTERN on $w rank(s)" "$TMP/out"
-    check "tiny: --data '$D/sp_*.bin' (4 shards) on $w rank(s): the file's 10 losses, to the last bit, past the end of an epoch" \
+    check "tiny: --data '$D/sp_*.bin' (4 shards) on $w rank(s): the file's 10 losses, to the last bit, past the end of the data twice" \
         "[ \"\$(losses $TMP/file$w.log)\" = \"\$(losses $TMP/pat$w.log)\" ] && [ \$(losses $TMP/pat$w.log | wc -l) = 10 ]" \
         "$TMP/pat$w.log"
 done
@@ -77,7 +77,7 @@ print("largest difference %.3g" % d)
 sys.exit(0 if d <= float(sys.argv[3]) else 1)
 PY
 for w in 2 4; do
-    check "tiny: --shuffle, global batch 4: $w ranks' 10 losses are 1 rank's to 1e-5 ($(python3 "$TMP/close.py" "$TMP/sh1.log" "$TMP/sh$w.log" 1e-5))" \
+    check "tiny: --shuffle, 8 sequences a step: $w ranks' 10 losses are 1 rank's to 1e-5 ($(python3 "$TMP/close.py" "$TMP/sh1.log" "$TMP/sh$w.log" 1e-5))" \
         "python3 '$TMP/close.py' '$TMP/sh1.log' '$TMP/sh$w.log' 1e-5 >/dev/null" "$TMP/sh$w.log"
 done
 check "tiny: --shuffle reads another order than the file's: its losses differ from step 1 on" \
@@ -86,7 +86,7 @@ mp 1 $T --data "$D/sp_*.bin" --steps 10 --micro-batch 4 --shuffle --seed 7 --log
     --quiet >"$TMP/out" 2>&1 || bad "tiny: --shuffle --seed 7" "$TMP/out"
 check "tiny: --shuffle with another --seed reads another order" \
     "! python3 '$TMP/close.py' '$TMP/sh1.log' '$TMP/seed7.log' 1e-3 >/dev/null" "$TMP/seed7.log"
-# resumed at step 5 (of 10; the epoch of 31 sequences ends in step 7)
+# resumed at step 5 (of 10; 8 sequences a step, so the second pass over the 31 ends in step 7)
 head -n 5 "$TMP/sh2.log" >"$TMP/res.log"
 if mp 2 $T --data "$D/sp_*.bin" --steps 10 --micro-batch 2 --shuffle --ckpt-dir "$TMP/ck2" \
         --resume "$TMP/ck2/step_000005" --log "$TMP/res.log" --quiet >"$TMP/out" 2>&1; then
@@ -95,6 +95,12 @@ if mp 2 $T --data "$D/sp_*.bin" --steps 10 --micro-batch 2 --shuffle --ckpt-dir 
 else
     bad "tiny: --shuffle resumed from step 5" "$TMP/out"
 fi
+
+mp 1 $T --data "$D/sp_*.bin" --steps 6 --micro-batch 4 --ckpt-dir "$TMP/ck1" \
+    --resume "$TMP/ck1/step_000005" >"$TMP/out" 2>&1
+check "tiny: a --shuffle checkpoint (data.shuffle true) resumed without --shuffle: a note says the order changes" \
+    "grep -q '\"shuffle\": true' '$TMP/ck1/step_000005/meta.json' && grep -qF 'note: checkpoint $TMP/ck1/step_000005 was written by a run with --shuffle; this run reads in file order, so from sequence 40 on' '$TMP/out' && grep -q '^step *5/6' '$TMP/out'" \
+    "$TMP/out"
 
 # ── refusals and notes ──
 refuse() {   # refuse NAME TEXT CMD...: CMD exits 1 before step 0, printing TEXT
