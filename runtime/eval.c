@@ -41,6 +41,17 @@
 void eval_open(FsdRun *r)
 {
     const FsdTrainConfig *c = &r->cfg;
+    /* --eval-sequences alone would be ignored: the train section's
+     * eval(sequences = K) cannot come without `every`, so a K other than
+     * the section's is the flag's, asking for an evaluation nothing runs */
+    if (c->eval_every <= 0 && c->eval_sequences > 0 &&
+        c->eval_sequences != r->m->train.eval_sequences) {
+        rt_fail(r, "--eval-sequences %lld asks for an evaluation, but none runs: add "
+                   "--eval-every N (evaluate after every N-th step and the last) and --val-data, "
+                   "or leave --eval-sequences out",
+                (long long)c->eval_sequences);
+        return;
+    }
     if (c->eval_every <= 0 || c->steps == 0 || r->grad_check)
         return;   /* no step to evaluate after */
     if (!c->val_data) {
