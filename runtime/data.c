@@ -135,20 +135,17 @@ static void on_bus(int sig, siginfo_t *si, void *ctx)
 /* Enters f's mapping in the list (and installs the handler, once). */
 static void watch_bus(FsdRun *r, TokenFile *f)
 {
-    int n = snprintf(NULL, 0,
-                     "train: rank %d: data file %s changed under the run: part of its mapping is "
-                     "gone (SIGBUS reading it; truncated?). A token file must stay as it is until "
-                     "the run ends: write a new one under another name\n",
-                     r->rank, f->path);
+#define BUS_MSG                                                                            \
+    "train: rank %d: data file %s changed under the run: part of its mapping is gone (SIGBUS " \
+    "reading it; truncated?). A token file must stay as it is until the run ends: write a "   \
+    "new one under another name\n"
+    int n = snprintf(NULL, 0, BUS_MSG, r->rank, f->path);
     if (n < 0 || !(f->bus_msg = malloc((size_t)n + 1))) {
         rt_fail(r, "out of memory for data file %s's SIGBUS message", f->path);
         return;
     }
-    snprintf(f->bus_msg, (size_t)n + 1,
-             "train: rank %d: data file %s changed under the run: part of its mapping is "
-             "gone (SIGBUS reading it; truncated?). A token file must stay as it is until "
-             "the run ends: write a new one under another name\n",
-             r->rank, f->path);
+    snprintf(f->bus_msg, (size_t)n + 1, BUS_MSG, r->rank, f->path);
+#undef BUS_MSG
     f->bus_msg_bytes = (size_t)n;
     f->bus_next = bus_list;
     bus_list = f;

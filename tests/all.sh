@@ -220,7 +220,8 @@ show() {
 # minutes, recompute 133 s, eval about 70 s; kernels 6.9 minutes, cuda 5.7,
 # rtsan 113 s, hf 98 s; compiler 34 s, unit 12 s, san 42 s, fuzz 53 s,
 # runtime 92 s, ckpt 107 s, faults 4.3 minutes, install 6 s, e2e 3.9
-# minutes, oracle 134 s.
+# minutes, oracle 134 s; data, added later, about 55 s alone (on two cores
+# shared with other work).
 case $mode in
 quick)  lanes=("smoke" "docs compiler unit san") ;;
 *)      lanes=("cudasim recompute eval data" "kernels cuda rtsan hf" "docs compiler unit san fuzz runtime ckpt faults install e2e oracle") ;;
