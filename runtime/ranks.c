@@ -134,8 +134,9 @@ static void put_file(Text *t, const char *name, const char *path)
 }
 
 /* --data or --val-data as a pattern: the files it matched on this rank,
- * in order, as one identity (a rank that sees another set of shards, or
- * other bytes in one, differs). One file is put_file's. */
+ * in order, as one identity (a rank that sees another number of shards,
+ * or other bytes in one, differs; the same shards under another directory
+ * do not). One file is put_file's. */
 static void put_data(Text *t, const char *name, const TokenData *d, const char *pattern)
 {
     if (!pattern || !d->ready || d->nfiles == 1) {
@@ -152,9 +153,10 @@ static void put_data(Text *t, const char *name, const TokenData *d, const char *
             put(t, name, pattern, "%s: %s", d->files[k].path, why);
             return;
         }
-        const char *p = d->files[k].path;
-        h = fnv1a(h, (const unsigned char *)p, strlen(p) + 1);
+        /* contents, not names: the same shards under another path are
+         * the same data, as one file is */
         h = fnv1a(h, (const unsigned char *)&fh, sizeof fh);
+        h = fnv1a(h, (const unsigned char *)&bytes, sizeof bytes);
         total += bytes;
     }
     put(t, name, pattern, "%d files, %lld bytes, hash %016llx", d->nfiles, (long long)total,

@@ -11,7 +11,9 @@
 #     from a checkpoint, the run that did not stop to the last bit;
 #   - refusals naming the pattern or file: a pattern matching nothing, a
 #     shard with a bad header, shards all shorter than a sequence; a short
-#     shard among good ones adds nothing and says so;
+#     shard among good ones adds nothing and says so; ranks whose patterns
+#     match other shards, or with --shuffle on one alone, are refused, and
+#     the same shards in another directory accepted;
 #   - with .venv (tools/venv.sh; skipped, saying why, without it):
 #     fstokens.py trains a byte-level BPE on generated text, encodes it into
 #     train and val shards (decode == text, shard sizes, the split), a
@@ -130,6 +132,29 @@ mp 2 $T --data "$D/short/s_*.bin" --steps 1 >"$TMP/out" 2>&1
 check "a shard shorter than a sequence among good ones adds nothing, with a note naming it" \
     "grep -qF 'note: --data $D/short/s_*.bin: shard $D/short/s_001.bin holds 40 tokens, less than one sequence' '$TMP/out' && grep -q '^step *0/1' '$TMP/out'" \
     "$TMP/out"
+
+# ranks started with other shards: refused, naming --data; the same shards
+# under another directory (and --shuffle on one rank only) as for one file
+mkdir -p "$D/three" "$D/copy"
+cp "$D"/sp_00[012].bin "$D/three/"
+cp "$D"/sp_*.bin "$D/copy/"
+mpmd() {   # mpmd FLAGS0 -- FLAGS1: rank 0 and rank 1 with their own flags
+    local a=() b=()
+    while [ "$1" != -- ]; do a+=("$1"); shift; done
+    shift
+    timeout 60 "${MPIRUN[@]}" -np 1 $T --steps 1 "${a[@]}" : -np 1 $T --steps 1 "$@" >"$TMP/m.out" 2>&1
+}
+mpmd --data "$D/sp_*.bin" -- --data "$D/three/sp_*.bin"
+st=$?
+check "ranks whose --data patterns match other shards (4 and 3): refused by both, naming the pattern and its files" \
+    "[ $st != 0 ] && [ \$(grep -cF 'train: rank 1 runs with --data $D/three/sp_*.bin (3 files, ' '$TMP/m.out') = 2 ] && ! grep -q '^step' '$TMP/m.out'" \
+    "$TMP/m.out"
+mpmd --data "$D/sp_*.bin" -- --data "$D/copy/sp_*.bin"
+check "ranks whose patterns match the same shards in other directories: accepted" "[ $? = 0 ]" "$TMP/m.out"
+mpmd --data "$D/sp_*.bin" --shuffle -- --data "$D/sp_*.bin"
+st=$?
+check "--shuffle on one rank only: refused by both" \
+    "[ $st != 0 ] && [ \$(grep -cF 'train: rank 1 runs with --shuffle off, rank 0 with on' '$TMP/m.out') = 2 ]" "$TMP/m.out"
 
 # ── tools/fstokens.py and the README's walk (.venv) ──
 if ! tools/venv.sh --check; then
