@@ -48,11 +48,11 @@ endif
 SRCS    := util.c ast.c parse.c eval.c sema.c model.c ir.c lower.c autodiff.c recompute.c fuse.c \
            plan.c schedule.c memplan.c sim.c planner.c emit.c verify.c hfconfig.c
 OBJS    := $(addprefix $(B)/obj/,$(SRCS:.c=.o)) $(B)/obj/parser.o $(B)/obj/lexer.o \
-           $(B)/obj/templates.o $(B)/obj/jsonout.o $(B)/obj/json.o
+           $(B)/obj/templates.o $(B)/obj/calib.o $(B)/obj/jsonout.o $(B)/obj/json.o
 GEN     := $(B)/gen
 INC     := -Icompiler -I$(GEN)
 
-.PHONY: all setup check test demo fuzz golden clean
+.PHONY: all setup check test demo fuzz golden clean sim-check
 all: $(B)/fsdpc $(B)/fsdata
 
 $(B)/fsdpc: $(OBJS) $(B)/obj/main.o
@@ -91,6 +91,15 @@ $(B)/obj/templates.o: $(GEN)/templates.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -std=c11 -c -o $@ $<
 
+# The kernel calibrations --sim eff=measured uses (compiler/calib/*.calib),
+# carried the same way.
+%/gen/calib.c: $(wildcard compiler/calib/*.calib) tools/embed_templates.sh
+	@mkdir -p $(@D)
+	EMBED_FUNC=embedded_calib_text tools/embed_templates.sh $(sort $(wildcard compiler/calib/*.calib)) > $@
+$(B)/obj/calib.o: $(GEN)/calib.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -std=c11 -c -o $@ $<
+
 # Generated sources: warnings are the generators' business.
 $(B)/obj/parser.o: $(GEN)/parser.c $(GEN)/lexer.h compiler/fsdpc.h
 	@mkdir -p $(dir $@)
@@ -100,13 +109,20 @@ $(B)/obj/lexer.o: $(GEN)/lexer.c $(GEN)/parser.h compiler/fsdpc.h
 	$(CC) $(CFLAGS) -std=c11 -D_POSIX_C_SOURCE=200809L $(INC) -c -o $@ $<
 
 # Unit tests that link the compiler's passes directly.
-$(B)/test_schedule: tests/unit/test_schedule.c $(OBJS)
-	$(CC) $(CFLAGS) $(WARN) $(INC) $(LDFLAGS) -o $@ $^ -lm -ldl
-$(B)/test_pattern: tests/unit/test_pattern.c $(OBJS)
+$(B)/test_schedule: tests/unit/test_schedule.c tests/unit/unit.c tests/unit/unit.h $(OBJS)
+	$(CC) $(CFLAGS) $(WARN) $(INC) $(LDFLAGS) -o $@ $(filter-out %.h,$^) -lm -ldl
+$(B)/test_pattern: tests/unit/test_pattern.c tests/unit/unit.c tests/unit/unit.h $(OBJS)
+	$(CC) $(CFLAGS) $(WARN) $(INC) $(LDFLAGS) -o $@ $(filter-out %.h,$^) -lm -ldl
+$(B)/simcheck_collective: tests/simcheck/collective.c $(OBJS)
 	$(CC) $(CFLAGS) $(WARN) $(INC) $(LDFLAGS) -o $@ $^ -lm -ldl
 
 setup:
 	@tools/setup.sh
+
+# The simulator's predictions beside published measurements, each within
+# +-25% (tests/simcheck/run.sh; docs/simulator.md#the-calibration-table).
+sim-check: all $(B)/simcheck_collective
+	@tests/simcheck/run.sh
 
 check: setup
 	@$(MAKE) --no-print-directory all build/test_schedule build/test_pattern SANITIZE=
@@ -114,7 +130,7 @@ check: setup
 	@MAKE="$(MAKE)" tests/all.sh --quick
 
 test: setup
-	@$(MAKE) --no-print-directory all build/test_schedule build/test_pattern SANITIZE=
+	@$(MAKE) --no-print-directory all build/test_schedule build/test_pattern build/simcheck_collective SANITIZE=
 	@$(MAKE) --no-print-directory all SANITIZE=1
 	@MAKE="$(MAKE)" tests/all.sh
 
@@ -142,7 +158,7 @@ FUZZ_OPTS   := -timeout=5 -rss_limit_mb=2048 -max_len=8192 -dict=tests/fuzz/fsd.
 # The front end's objects again, instrumented (only what the harness calls,
 # so the build stays quick), plus the harness; generated sources come from
 # $(GEN), like the ordinary build's.
-FUZZ_SRCS   := $(SRCS) parser.c lexer.c templates.c jsonout.c json.c
+FUZZ_SRCS   := $(SRCS) parser.c lexer.c templates.c calib.c jsonout.c json.c
 FUZZ_OBJS   := $(addprefix $(FUZZ_B)/obj/,$(FUZZ_SRCS:.c=.o)) $(FUZZ_B)/obj/fuzz_frontend.o
 FUZZ_CC_O    = $(FUZZ_CC) $(FUZZ_CFLAGS) -std=c11 -D_POSIX_C_SOURCE=200809L $(INC) -c -o $@ $<
 

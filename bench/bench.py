@@ -334,8 +334,9 @@ def table(thr, torch_default, blas, comp, sims, load=None):
         "README: llm.c's GPT-2 (124M) replication needed 45 minutes on 8 x H100 and 10B "
         "tokens, i.e. about 3.7M tok/s, ~463,000 tok/s per GPU (derived from those two "
         "figures). No single-H100 figure was found.",
-        "Simulator: compiler/sim.c (docs/simulator.md): roofline compute, alpha-beta ring "
-        "collectives, each .fsd's own batch and precision (bf16 parameters).",
+        "Simulator: compiler/sim.c (docs/simulator.md): roofline compute at the ideal kernel "
+        "fractions, NCCL ring and tree collectives over a node/NIC topology, each .fsd's own "
+        "batch and precision (bf16 parameters).",
     ]
     return "\n".join(L + notes)
 

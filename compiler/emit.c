@@ -483,7 +483,7 @@ static void emit_event(Emit *e, const Event *ev)
         [EV_ALL_GATHER] = "fsdrt_all_gather",   [EV_WAIT_GATHER] = "fsdrt_wait_gather",
         [EV_RESHARD] = "fsdrt_reshard",         [EV_ALLOC_GRADS] = "fsdrt_alloc_grads",
         [EV_REDUCE_SCATTER] = "fsdrt_reduce_scatter", [EV_WAIT_REDUCE] = "fsdrt_wait_reduce",
-        [EV_FREE_GRADS] = "fsdrt_free_grads",
+        [EV_FREE_GRADS] = "fsdrt_free_grads",   [EV_ALL_REDUCE] = "fsdrt_all_reduce",
     };
     switch (ev->kind) {
     case EV_ALL_GATHER:
@@ -492,6 +492,7 @@ static void emit_event(Emit *e, const Event *ev)
     case EV_ALLOC_GRADS:
     case EV_REDUCE_SCATTER:
     case EV_WAIT_REDUCE:
+    case EV_ALL_REDUCE:
     case EV_FREE_GRADS: P("    %s(r, %s);\n", call[ev->kind], e->gvar[ev->group]); break;
     case EV_COMPUTE:
         /* a unit's recompute ops open with what they are for */
@@ -602,9 +603,14 @@ static void emit_tables(Emit *e)
           p->std, p->rank >= 2 ? "true" : "false");
     }
     P("};\n\n");
+    /* each group's all-gather and reduce-scatter dtypes: the shard section's
+     * unless its fully_shard line sets them (docs/design.md#per-target-mixed-precision) */
+    static const char *const gdts[] = {"FSD_FP32", "FSD_BF16", "FSD_FP16"};
     P("static const FsdGroupInfo groups[%d] = {\n", m->ngroups);
+    P("    /* name, flat_numel, param_dtype, reduce_dtype */\n");
     for (int i = 0; i < m->ngroups; i++)
-        P("    {\"%s\", %" PRId64 "},\n", m->groups[i]->name, m->groups[i]->flat_numel);
+        P("    {\"%s\", %" PRId64 ", %s, %s},\n", m->groups[i]->name, m->groups[i]->flat_numel,
+          gdts[m->groups[i]->param_dtype], gdts[m->groups[i]->reduce_dtype]);
     P("};\n\n");
 
     /* arena tensors: live range over this micro-batch's op order */
@@ -692,6 +698,11 @@ static void emit_model(Emit *e, uint64_t hash)
     P("    %" PRId64 ", %" PRId64 ", %" PRId64
       ",  /* plan_world, plan_peak_bytes, memory_budget_bytes */\n",
       e->plan->mem->world, e->plan->mem->peak, c->memory_budget_bytes);
+    /* the mesh: written only under HSDP (a field left out is 0, plain
+     * FSDP), so that other programs stay as they were */
+    if (c->replicate > 1)
+        P("    %" PRId64 ",  /* replicate: replicas of world / replicate ranks "
+          "(docs/design.md#hsdp) */\n", c->replicate);
     P("};\n\n");
 }
 
@@ -836,6 +847,19 @@ static uint64_t model_hash(Model *m)
         MIX(&p->offset, sizeof p->offset);
     }
     MIX(&m->shard.param_dtype, sizeof m->shard.param_dtype);
+    /* a group's own all-gather dtype, as the shard section's is, only where
+     * it differs from that one: a model without per-target mixed precision
+     * keeps the hash it had, and the same gathers written either way give
+     * one hash. The reduce dtype is left out, per group as shard-wide: it
+     * changes the communication, not what a checkpoint holds
+     * (docs/design.md#per-target-mixed-precision). */
+    for (int i = 0; i < m->ngroups; i++) {
+        ShardGroup *sg = m->groups[i];
+        if (sg->param_dtype == m->shard.param_dtype)
+            continue;
+        MIX(&i, sizeof i);
+        MIX(&sg->param_dtype, sizeof sg->param_dtype);
+    }
 #undef MIX
     return h;
 }

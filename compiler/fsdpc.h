@@ -288,6 +288,18 @@ typedef enum {
 
 typedef enum { ACT_GELU, ACT_RELU, ACT_SWIGLU } Activation;
 
+/* `mixed_precision(param, reduce, output)` as written on a fully_shard
+ * line: each dtype only where set[i] (MP_PARAM, MP_REDUCE, MP_OUTPUT), at
+ * loc[i]; the rest are the shard section's
+ * (docs/design.md#per-target-mixed-precision). */
+enum { MP_PARAM, MP_REDUCE, MP_OUTPUT, MP_NDTYPES };
+typedef struct MixedSpec {
+    bool set[MP_NDTYPES];
+    DType dtype[MP_NDTYPES];
+    Loc loc[MP_NDTYPES];
+    Loc at;                  /* the mixed_precision(...) call */
+} MixedSpec;
+
 /* `recompute = none | full | selective | every(k) | auto`, in the shard
  * section or on a fully_shard line (docs/design.md#activation-recomputation).
  * As a unit's mode (RecomputeUnit.mode) only RC_NONE, RC_FULL and
@@ -352,6 +364,9 @@ typedef struct Layer {
      * array): the setting that governs it, its fully_shard line's or the
      * shard section's; NULL when it is not a unit */
     const RecomputeSpec *recompute;
+    /* the mixed_precision(...) of the fully_shard line that targets this
+     * layer, as written; NULL when that line has none */
+    const struct MixedSpec *mixed;
 } Layer;
 
 /* A user `block` type (or the model itself) and its checked forward. */
@@ -386,6 +401,14 @@ typedef struct ShardGroup {
     int64_t flat_numel;      /* params laid end to end, each start aligned */
     int fwd_order;           /* position among groups in forward use order */
     bool reshard;            /* free the unsharded params after forward */
+    /* model.c: the group's all-gather and reduce-scatter dtypes, its
+     * fully_shard line's mixed_precision(...) over the shard section's
+     * (docs/design.md#per-target-mixed-precision); mixed is that line's
+     * setting as written, NULL when it has none */
+    DType param_dtype, reduce_dtype, output_dtype;
+    const struct MixedSpec *mixed;
+    int64_t replicate;       /* the shard section's replicate = R: the group is
+                                sharded over world / R ranks (plan_padded_numel) */
 } ShardGroup;
 
 /* lr_schedule's forms (docs/design.md#learning-rate-schedule) */
@@ -396,6 +419,7 @@ typedef struct ShardConfig {
     int reshard_after_forward;   /* -1: FSDP2 default (true but root) */
     Loc reshard_after_forward_loc;   /* where it was written, when it was */
     DType param_dtype, reduce_dtype, output_dtype;
+    Loc mixed_loc;               /* the mixed_precision(...) setting, when written */
     int prefetch_forward, prefetch_backward;
     /* prefetch's arguments as written: memory_budget's search varies only
      * those left out (and reshard_after_forward when it is -1) */
@@ -409,6 +433,8 @@ typedef struct ShardConfig {
     Loc memory_budget_loc;       /* the setting, for plan_choose's error */
     RecomputeSpec recompute;     /* the shard-wide setting: what a unit without
                                     one on its fully_shard line inherits */
+    int64_t replicate;           /* replicate = R (HSDP): R replicas of W/R ranks; 1: plain FSDP */
+    Loc replicate_loc;           /* its value, for main.c's check against --world */
 } ShardConfig;
 
 typedef struct TrainConfig {
@@ -563,6 +589,8 @@ Model *model_build(Model *m, Diag *d);
 void model_dump(FILE *out, Model *m);
 /* A recompute setting as written: "full", "every(2)". */
 const char *model_recompute_name(const RecomputeSpec *s);
+/* A fully_shard line's mixed precision as written: "mixed_precision(reduce = fp32)". */
+const char *model_mixed_name(const MixedSpec *s);
 
 /* ───────────────────────── ir.c: the op graph ───────────────────────── */
 
@@ -805,7 +833,11 @@ typedef struct Plan {
 /* Lays out the model's groups as they stand (offsets, padding, forward
  * order) with the shard section's policies; chooses nothing. */
 Plan *plan_build(Model *m, Graph *g);
-/* A group's padded flat size and per-rank shard for world size w. */
+/* The ranks one group is sharded over at world w: w / replicate. */
+int64_t plan_shard_world(const Model *m, int64_t world);
+/* A group's padded flat size and per-rank shard for world size w: padded
+ * to, and sharded over, the shard group of w / R ranks under replicate = R
+ * (docs/design.md#hsdp). */
 int64_t plan_padded_numel(const ShardGroup *sg, int64_t world);
 int64_t plan_shard_numel(const ShardGroup *sg, int64_t world);
 void plan_dump(FILE *out, Plan *p, int64_t world);
@@ -823,6 +855,7 @@ typedef enum { PH_FORWARD, PH_BACKWARD, PH_OPTIMIZER } Phase;
     EV(EV_RESHARD,        "reshard",        STREAM_COMPUTE) \
     EV(EV_ALLOC_GRADS,    "alloc_grads",    STREAM_COMPUTE) \
     EV(EV_REDUCE_SCATTER, "reduce_scatter", STREAM_REDUCE)  \
+    EV(EV_ALL_REDUCE,     "all_reduce",     STREAM_REDUCE)  \
     EV(EV_WAIT_REDUCE,    "wait_reduce",    STREAM_COMPUTE) \
     EV(EV_FREE_GRADS,     "free_grads",     STREAM_COMPUTE) \
     EV(EV_GRAD_NORM,      "grad_norm",      STREAM_COMPUTE) \
@@ -894,8 +927,13 @@ int schedule_verify(Schedule *s, FILE *err);
 struct MemPlan;
 void schedule_dump(FILE *out, Schedule *s, int64_t world, struct MemPlan *mp);
 void schedule_dump_json(FILE *out, Schedule *s, int64_t world, struct MemPlan *mp);
-/* Bytes one rank sends and receives for a collective event at world w. */
+/* Bytes one rank sends and receives for a collective event at world w:
+ * all-gathers and reduce-scatters within the shard group, the replica
+ * all-reduce across replicas (docs/design.md#hsdp). */
 int64_t event_comm_bytes(const Schedule *s, const Event *e, int64_t world);
+/* The mesh dimension a collective event runs over, for the dumps and the
+ * trace: "shard" or "replicate"; NULL for other events. */
+const char *event_mesh_dim(const Schedule *s, const Event *e);
 
 /* ───────────────────────── memplan.c: memory per rank ───────────────── */
 
@@ -960,28 +998,60 @@ typedef struct SimGpu {
     double bf16_flops;           /* dense tensor-core peak, FLOP/s (fp16 alike) */
     double tf32_flops;           /* dense TF32 tensor-core peak */
     double fp32_flops;           /* fp32 on the CUDA cores */
+    double attention_eff;        /* eff = ideal: FlashAttention-2's fraction of peak */
     double hbm_bytes_per_s;
     int64_t hbm_bytes;           /* capacity */
     double nvlink_bytes_per_s;   /* one direction */
     double nvlink_alpha_s;       /* latency of one ring step over NVLink */
-    double ib_bytes_per_s;       /* this GPU's NIC, one direction */
+    int nics;                    /* NICs per node of the generation's DGX system */
+    double nic_bytes_per_s;      /* each NIC, one direction */
     double ib_alpha_s;           /* latency of one ring step across nodes */
 } SimGpu;
+
+/* How compute ops are costed: `ideal`, fractions of peak (sim.c's named
+ * efficiencies), or `measured`, per op kind and shape class from a
+ * calibration file (docs/simulator.md#calibration-files). */
+typedef enum { SIM_EFF_IDEAL, SIM_EFF_MEASURED } SimEff;
+typedef struct SimCalib SimCalib;   /* a parsed calibration file (sim.c) */
 
 typedef struct SimCluster {
     const SimGpu *gpu;
     int64_t nodes, gpus_per_node;
     int64_t world;               /* ranks; at most nodes x gpus_per_node */
+    int64_t nics;                /* NICs per node (nics=), the preset's unless told */
+    double nic_bytes_per_s;      /* each NIC, one direction (nic_gbps=) */
+    SimEff eff;
+    const SimCalib *calib;       /* eff = measured: the figures (NULL otherwise) */
 } SimCluster;
 
-/* Parses a --sim spec: "h100", "h100:nodes=16", "a100:gpus=4,nodes=2"
- * (one node of 8 GPUs unless told). On error returns false with a message
- * for the user in msg. */
+/* Parses a --sim spec: "h100", "h100:nodes=16", "a100:gpus=4,nodes=2",
+ * "h100:nodes=8,nics=4,nic_gbps=200", "h200:gpus=1,eff=measured",
+ * "h200:calib=FILE" (one node of 8 GPUs unless told). On error returns
+ * false with a message for the user in msg naming the key and value. */
 bool sim_parse_cluster(const char *spec, SimCluster *c, char *msg, size_t msgsize);
 /* What --trace assumes without --sim: h100 nodes of 8, ceil(world/8) nodes. */
 SimCluster sim_default_cluster(int64_t world);
 const char *sim_preset_list(void);        /* "a100, h100, h200, b200" */
-/* Seconds a ring all-gather or reduce-scatter moving `bytes` per rank takes. */
+
+typedef enum { COLL_ALL_GATHER, COLL_REDUCE_SCATTER, COLL_ALL_REDUCE } CollKind;
+/* Seconds one collective takes when each of `ranks` ranks contributes `bytes`
+ * (all-gather: its shard; reduce-scatter and all-reduce: its whole buffer),
+ * the group's members `stride` ranks apart (consecutive ranks: stride 1; one
+ * rank per node in a replica group: stride = ranks per shard group). */
+double sim_group_collective_seconds(const SimCluster *c, CollKind kind, int64_t bytes,
+                                    int64_t ranks, int64_t stride);
+/* NCCL's algorithms as the simulator models them; SIM_ALGO_NONE for a
+ * group of one rank, which moves nothing. */
+typedef enum { SIM_ALGO_NONE, SIM_ALGO_RING, SIM_ALGO_TREE } SimAlgo;
+/* The same collective with the algorithm chosen (the faster by NCCL's
+ * model) and its bus bandwidth in nccl-tests' convention (bytes/s: algbw x
+ * (n-1)/n for all-gather and reduce-scatter, x 2(n-1)/n for all-reduce). */
+double sim_collective_detail(const SimCluster *c, CollKind kind, int64_t bytes, int64_t ranks,
+                             int64_t stride, SimAlgo *algo, double *busbw);
+const char *sim_algo_name(SimAlgo a);     /* "ring", "tree", "none" */
+const char *sim_coll_name(CollKind k);    /* "all-gather", ... */
+/* Seconds a ring all-gather or reduce-scatter over the whole world takes
+ * when each rank receives `bytes` (the bus bytes: (W-1)/W of the buffer). */
 double sim_collective_seconds(const SimCluster *c, int64_t bytes);
 
 /* One step replayed on the cluster; times in seconds from the step's start. */
@@ -1001,6 +1071,11 @@ typedef struct Sim {
     double exposed_s;            /* compute stream waiting on collectives */
     double exposed_gather_s, exposed_reduce_s;
     double busy_s[STREAM_COUNT]; /* each stream's busy time */
+    int64_t algo_runs[STREAM_COUNT][3]; /* collectives of each stream by SimAlgo */
+    int64_t calib_ops, ideal_ops; /* eff = measured: op events costed from the
+                                    calibration, and by the ideal fractions for
+                                    want of an entry */
+    const char *uncalibrated;    /* those ops' kinds, "a, b" ("" when none) */
     int64_t bytes[STREAM_COUNT]; /* per rank per step, by stream */
     double model_flops;          /* counted FLOPs per rank per step, recompute ops left out */
     double hw_flops;             /* the same with the recompute ops: what the GPU runs */

@@ -28,6 +28,8 @@
  */
 #include "fsdpc.h"
 
+#include <inttypes.h>
+
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -448,6 +450,28 @@ static int from_hf(const Options *o, Output *out)
     return finish(out, true);
 }
 
+/* replicate = R needs a world R divides (docs/design.md#hsdp): refused
+ * here when --world (or --sim) names the world, at the setting; else the
+ * plan's default world of 8 becomes the next multiple of R, and the
+ * trainer checks the world it runs at. */
+static bool check_mesh(Options *o, Model *m, Diag *d)
+{
+    int64_t R = m->shard.replicate;
+    if (R <= 1 || o->world % R == 0)
+        return true;
+    if (o->world_set || o->sim_spec) {
+        diag_error(d, m->shard.replicate_loc,
+                   "`replicate = %" PRId64 "` does not divide the world of %" PRId64
+                   " ranks (%s): HSDP needs R replicas of W/R ranks each; use a world that "
+                   "is a multiple of %" PRId64,
+                   R, o->world, o->sim_spec ? "--sim" : "--world", R);
+        return false;
+    }
+    o->world = (o->world + R - 1) / R * R;
+    o->cluster = sim_default_cluster(o->world);
+    return true;
+}
+
 int main(int argc, char **argv)
 {
     Options o = {.world = 8};
@@ -474,6 +498,8 @@ int main(int argc, char **argv)
     if (model)
         model = model_build(model, &diag);
     if (!model)
+        return finish(&out, false);
+    if (!check_mesh(&o, model, &diag))
         return finish(&out, false);
     if (o.dump_model && output(&out))
         model_dump(out.f, model);

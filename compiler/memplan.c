@@ -222,34 +222,42 @@ static void plan_activations(MemPlan *mp, Graph *g, int64_t B)
 
 /* ── the step, event by event ── */
 
+/* Each group in its own dtypes (ShardGroup.param_dtype, reduce_dtype):
+ * the shard section's unless its fully_shard line sets them. */
 static int64_t param_buffer_bytes(const MemPlan *mp, const ShardGroup *sg)
 {
-    Model *m = mp->sched->plan->m;
-    return plan_padded_numel(sg, mp->world) * dtype_bytes(m->shard.param_dtype);
+    return plan_padded_numel(sg, mp->world) * dtype_bytes(sg->param_dtype);
 }
 
-/* The dtype the backward writes unsharded gradients in: the compute dtype
- * when that is bf16 (FSDP2's param-dtype gradients), else the reduce
- * dtype (an fp32 backward's gradients are rounded to it in place). */
-static DType grad_dtype(const Model *m)
+/* The dtype the backward writes a group's unsharded gradients in: the
+ * compute dtype when that is bf16 (FSDP2's param-dtype gradients), else
+ * the group's reduce dtype (an fp32 backward's gradients are rounded to it
+ * in place). */
+static DType grad_dtype(const Model *m, DType reduce)
 {
-    return compute_dtype(m) == DTYPE_BF16 ? DTYPE_BF16 : m->shard.reduce_dtype;
+    return compute_dtype(m) == DTYPE_BF16 ? DTYPE_BF16 : reduce;
 }
 
 static int64_t grad_buffer_bytes(const MemPlan *mp, const ShardGroup *sg)
 {
     Model *m = mp->sched->plan->m;
-    return plan_padded_numel(sg, mp->world) * dtype_bytes(grad_dtype(m));
+    return plan_padded_numel(sg, mp->world) * dtype_bytes(grad_dtype(m, sg->reduce_dtype));
 }
 
-/* bf16 gradients reduced in a wider dtype are widened into a buffer of
- * that dtype first, which lives from the reduce_scatter to its wait. */
+/* Whether a group's bf16 gradients are reduced in a wider dtype: widened
+ * into a buffer of that dtype first, which lives from the reduce_scatter
+ * to its wait. */
+static bool widens(const Model *m, DType reduce)
+{
+    return dtype_bytes(reduce) > dtype_bytes(grad_dtype(m, reduce));
+}
+
 static int64_t reduce_buffer_bytes(const MemPlan *mp, const ShardGroup *sg)
 {
     Model *m = mp->sched->plan->m;
-    if (dtype_bytes(m->shard.reduce_dtype) <= dtype_bytes(grad_dtype(m)))
+    if (!widens(m, sg->reduce_dtype))
         return 0;
-    return plan_padded_numel(sg, mp->world) * dtype_bytes(m->shard.reduce_dtype);
+    return plan_padded_numel(sg, mp->world) * dtype_bytes(sg->reduce_dtype);
 }
 
 /* Replays the events: unsharded buffers come and go with their events;
@@ -482,8 +490,11 @@ typedef struct DumpCtx {
     Plan *p;
     Model *m;
     ShardConfig *c;
-    const char *pdt, *rdt, *adt, *gdt;   /* param, reduce, activation, gradient dtypes */
-    bool widen;                          /* gradients widened for the reduce-scatter */
+    const char *pdt, *rdt, *adt, *gdt;   /* param, reduce, activation, gradient dtypes
+                                            (the shard section's) */
+    bool widen;                          /* some group's gradients widened for the
+                                            reduce-scatter */
+    bool own;                            /* some group has dtypes of its own */
     int nstates;                         /* fp32 optimizer states per parameter */
 } DumpCtx;
 
@@ -502,6 +513,13 @@ static void dump_settings(const DumpCtx *x)
     fprintf(out, "  dtypes: master parameters, gradient shards and optimizer state fp32; "
                  "all-gather %s; reduce-scatter %s; activations %s%s\n",
             x->pdt, x->rdt, x->adt, compute_dtype(m) != DTYPE_FP32 ? " (statistics fp32)" : "");
+    /* listed only when some group differs, so other plans' dumps keep their form */
+    for (int i = 0; x->own && i < m->ngroups; i++) {
+        ShardGroup *sg = m->groups[i];
+        if (sg->param_dtype != c->param_dtype || sg->reduce_dtype != c->reduce_dtype)
+            fprintf(out, "  group %s: all-gather %s; reduce-scatter %s (its fully_shard line)\n",
+                    sg->name, dtype_name(sg->param_dtype), dtype_name(sg->reduce_dtype));
+    }
     fprintf(out, "  optimizer: %s\n",
             m->train.optimizer == OPT_ADAMW ? "adamw (2 fp32 states per parameter: m, v)"
             : x->nstates ? "sgd with momentum (1 fp32 state per parameter)"
@@ -540,7 +558,8 @@ static void dump_peak(const DumpCtx *x)
     row(out, arena_printf("optimizer state (%d x fp32)", x->nstates), mp->optim_state, host);
     row(out, arena_printf("unsharded parameters (%s)", x->pdt), mp->peak_unsharded_params, NULL);
     row(out,
-        x->widen ? arena_printf("unsharded gradients (%s+%s reduce)", x->gdt, x->rdt)
+        x->widen ? arena_printf("unsharded gradients (%s+%s reduce)", x->gdt,
+                                dtype_name(DTYPE_FP32))
                  : arena_printf("unsharded gradients (%s)", x->gdt),
         mp->peak_unsharded_grads, NULL);
     row(out, "activation arena", mp->act_arena, "allocated once, held whole");
@@ -643,12 +662,16 @@ static void dump_formulas(const DumpCtx *x)
             dtype_bytes(c->param_dtype), x->pdt);
     fprintf(out, "  unsharded gradients of a group  = padded x %d (%s), from its alloc_grads "
                  "to its free_grads\n",
-            dtype_bytes(grad_dtype(m)), x->gdt);
+            dtype_bytes(grad_dtype(m, c->reduce_dtype)), x->gdt);
     if (x->widen)
         fprintf(out, "    + padded x %d (%s), the %s gradients widened for the reduce-scatter, "
                      "from its\n"
                      "    reduce_scatter to its wait_reduce\n",
-                dtype_bytes(c->reduce_dtype), x->rdt, x->gdt);
+                dtype_bytes(DTYPE_FP32), dtype_name(DTYPE_FP32), x->gdt);
+    if (x->own)
+        fputs("    (a group with dtypes of its own, listed at the top, in those: the "
+              "all-gather\n    dtype for its parameters, its reduce dtype for its gradients)\n",
+              out);
     fputs("  activation arena = the placement's size: every activation and activation "
           "gradient\n    at its offset, allocated at start-up and held for the whole run\n",
           out);
@@ -670,10 +693,15 @@ void memplan_dump(FILE *out, MemPlan *mp)
     Plan *p = mp->sched->plan;
     Model *m = p->m;
     ShardConfig *c = &m->shard;
+    bool widen = false, own = false;
+    for (int i = 0; i < m->ngroups; i++) {
+        widen |= widens(m, m->groups[i]->reduce_dtype);
+        own |= m->groups[i]->param_dtype != c->param_dtype ||
+               m->groups[i]->reduce_dtype != c->reduce_dtype;
+    }
     DumpCtx x = {out, mp, p, m, c, dtype_name(c->param_dtype), dtype_name(c->reduce_dtype),
-                 dtype_name(compute_dtype(m)), dtype_name(grad_dtype(m)),
-                 dtype_bytes(c->reduce_dtype) > dtype_bytes(grad_dtype(m)),
-                 optim_states(&m->train)};
+                 dtype_name(compute_dtype(m)), dtype_name(grad_dtype(m, c->reduce_dtype)),
+                 widen, own, optim_states(&m->train)};
     dump_settings(&x);
     dump_peak(&x);
     dump_whole_step(&x);

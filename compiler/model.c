@@ -43,10 +43,12 @@ static const Signature sig_constant = {"constant", {{"warmup", A_INT}}};
 static const Signature sig_cosine = {"cosine", {{"warmup", A_INT}, {"min_lr", A_FLOAT}}};
 /* What a fully_shard line takes after its target, as FSDP2's fully_shard
  * takes per-module arguments: `fully_shard blocks[*] (recompute = full)`.
- * Only `recompute` so far; a per-target reshard_after_forward or
- * mixed_precision would be one more entry here and one more field beside
- * Layer.recompute. */
-static const Signature sig_target = {"fully_shard", {{"recompute", A_ENUM}}};
+ * A new one is one more entry here and one more field beside
+ * Layer.recompute. `mixed_precision(...)` is written as a call, as in the
+ * shard section (FSDP2's mp_policy = MixedPrecisionPolicy(...)):
+ * target_args binds it under its own name. */
+static const Signature sig_target = {"fully_shard", {{"recompute", A_ENUM},
+                                                    {"mixed_precision", A_ENUM}}};
 static const Signature sig_every = {"every", {{"k", A_INT, true}}};
 static const Signature sig_linear = {"linear", {{"warmup", A_INT}, {"min_lr", A_FLOAT}}};
 static const Signature sig_wsd = {"wsd", {{"warmup", A_INT}, {"decay", A_FLOAT, true},
@@ -463,25 +465,82 @@ static bool parse_recompute(Build *mb, Expr *e, RecomputeSpec *out)
     return false;
 }
 
-/* fully_shard PATH (name = value, ...): the per-target arguments, by name
- * only, so a new one never shifts another. NULL when there are none (or
- * they were wrong, reported). */
-static const RecomputeSpec *target_args(Build *mb, Expr *call)
+/* mixed_precision(param = DT, reduce = DT, output = DT), every argument
+ * optional: the dtypes written, each with where (MixedSpec). The shard
+ * section's and a fully_shard line's share it. */
+static bool parse_mixed(Build *mb, Loc at, Arg *args, MixedSpec *out)
 {
-    for (Arg *a = call->args; a; a = a->next)
+    Arg *b[MAX_ARGS];
+    *out = (MixedSpec){.at = at};
+    if (!eval_bind_args(mb->d, &sig_mixed, at, args, b))
+        return false;
+    bool ok = true;
+    for (int i = 0; i < MP_NDTYPES; i++) {
+        int v;
+        if (!b[i])
+            continue;
+        if (!eval_enum(mb->d, b[i]->value,
+                       arena_printf("`mixed_precision` argument `%s`", sig_mixed.args[i].name),
+                       dtype_choices, &v)) {
+            ok = false;
+            continue;
+        }
+        out->set[i] = true;
+        out->dtype[i] = (DType)v;
+        out->loc[i] = b[i]->value->loc;
+    }
+    return ok;
+}
+
+/* What a fully_shard line's arguments set; NULL where not written. */
+typedef struct TargetArgs {
+    const RecomputeSpec *recompute;
+    const MixedSpec *mixed;
+} TargetArgs;
+
+/* fully_shard PATH (name = value, ..., mixed_precision(...)): the
+ * per-target arguments, by name only, so a new one never shifts another;
+ * mixed_precision is a call named by its callee. Fields stay NULL when
+ * not written (or wrong, reported). */
+static TargetArgs target_args(Build *mb, Expr *call)
+{
+    TargetArgs ta = {0};
+    for (Arg *a = call->args; a; a = a->next) {
+        Expr *v = a->value;
+        if (!a->name && v->kind == EX_CALL && v->lhs->kind == EX_IDENT &&
+            strcmp(v->lhs->str, "mixed_precision") == 0) {
+            a->name = "mixed_precision";
+            a->name_loc = v->lhs->loc;
+        }
         if (!a->name) {
             diag_error(mb->d, a->loc, "`fully_shard` takes its per-target arguments by name: "
-                                      "`fully_shard blocks[*] (recompute = full)`");
-            return NULL;
+                                      "`fully_shard blocks[*] (recompute = full)`, or "
+                                      "`fully_shard blocks[*] (mixed_precision(reduce = fp32))`");
+            return ta;
         }
+    }
     Arg *b[MAX_ARGS];
-    if (!eval_bind_args(mb->d, &sig_target, call->loc, call->args, b) || !b[0])
-        return NULL;
-    RecomputeSpec *spec = arena_alloc(sizeof *spec);
-    if (!parse_recompute(mb, b[0]->value, spec))
-        return NULL;
-    spec->per_target = true;
-    return spec;
+    if (!eval_bind_args(mb->d, &sig_target, call->loc, call->args, b))
+        return ta;
+    if (b[0]) {
+        RecomputeSpec *spec = arena_alloc(sizeof *spec);
+        if (parse_recompute(mb, b[0]->value, spec)) {
+            spec->per_target = true;
+            ta.recompute = spec;
+        }
+    }
+    if (b[1]) {
+        Expr *v = b[1]->value;
+        MixedSpec *mp = arena_alloc(sizeof *mp);
+        if (v->kind != EX_CALL || v->lhs->kind != EX_IDENT ||
+            strcmp(v->lhs->str, "mixed_precision") != 0)
+            diag_error(mb->d, b[1]->loc, "a target's mixed precision is written as in the shard "
+                                         "section, without `=`: `fully_shard blocks[*] "
+                                         "(mixed_precision(reduce = fp32))`");
+        else if (parse_mixed(mb, v->loc, v->args, mp))
+            ta.mixed = mp;
+    }
+    return ta;
 }
 
 static void plan_groups(Build *mb, Setting *settings)
@@ -494,6 +553,7 @@ static void plan_groups(Build *mb, Setting *settings)
     int maxk = MAX_LAYER_INSTANCES + 1;
     Layer **found = arena_alloc(sizeof(Layer *) * (size_t)maxk);
     Setting *auto_line = NULL, *first_target = NULL;
+    const MixedSpec *root_mixed = NULL;
     for (Setting *st = settings; st; st = st->next) {
         if (st->kind != SET_FULLY_SHARD)
             continue;
@@ -511,17 +571,19 @@ static void plan_groups(Build *mb, Setting *settings)
             diag_error(D, v->args ? v->args->loc : v->loc,
                        "`fully_shard auto(...)` takes no per-target arguments: the planner "
                        "makes its groups; set `recompute` in the shard section, which then "
-                       "covers each element of the model's layer arrays");
+                       "covers each element of the model's layer arrays (and "
+                       "`mixed_precision`, which covers every group)");
             continue;
         }
         if (!first_target)
             first_target = st;
         /* fully_shard PATH (args): PATH's instances with the line's settings */
-        const RecomputeSpec *spec = NULL;
+        TargetArgs ta = {0};
         if (v->kind == EX_CALL) {
-            spec = target_args(mb, v);
+            ta = target_args(mb, v);
             v = v->lhs;
         }
+        const RecomputeSpec *spec = ta.recompute;
         int k = resolve_path(mb, v, found, maxk);
         for (int i = 0; i < k; i++) {
             if (!found[i]) {
@@ -534,9 +596,16 @@ static void plan_groups(Build *mb, Setting *settings)
                                              "the instances of the other `fully_shard` targets; "
                                              "set `recompute` on those (or in the shard "
                                              "section, for all of them)");
+                /* the root group is made below, from no layer of its own */
+                if (ta.mixed && root_mixed)
+                    diag_error(D, ta.mixed->at, "the root's `mixed_precision` is already set "
+                                                "at %s", diag_where(D, root_mixed->at));
+                else if (ta.mixed)
+                    root_mixed = ta.mixed;
                 continue;
             }
             found[i]->recompute = spec;
+            found[i]->mixed = ta.mixed;
             /* A target's group holds its index in targets until the groups
              * are made, so a second claim is found at once: searching the
              * list made `fully_shard blocks[*]` over 100,000 blocks take
@@ -574,6 +643,7 @@ static void plan_groups(Build *mb, Setting *settings)
         g->target = g->is_root ? NULL : targets[i].layer;
         g->name = g->is_root ? "root" : targets[i].layer->path;
         g->loc = g->is_root ? root_loc : targets[i].loc;
+        g->mixed = g->is_root ? root_mixed : targets[i].layer->mixed;
         claim(g->is_root ? m->root : g->target, g->index);
         m->groups[m->ngroups++] = g;
     }
@@ -614,6 +684,7 @@ static const SettingSpec shard_settings[] = {
     {"accumulate", SET_ASSIGN, "accumulate = sharded"},
     {"reshard_after_backward", SET_ASSIGN, "reshard_after_backward = true"},
     {"recompute", SET_ASSIGN, "recompute = full"},
+    {"replicate", SET_ASSIGN, "replicate = 2"},
     {NULL, 0, NULL},
 };
 
@@ -681,7 +752,7 @@ static void check_shard(Build *mb)
     Scope sc = {mb->model_sec->decls, NULL, mb->root_type};
     int64_t auto_bucket = c->auto_bucket_bytes;   /* set by plan_groups */
     *c = (ShardConfig){.reshard_after_forward = -1, .prefetch_forward = 1,
-                       .prefetch_backward = 1, .reshard_after_backward = true};
+                       .prefetch_backward = 1, .reshard_after_backward = true, .replicate = 1};
     c->auto_bucket_bytes = auto_bucket;
     Setting *by[16];
     collect_settings(mb, mb->shard_sec, shard_settings, by);
@@ -693,24 +764,20 @@ static void check_shard(Build *mb)
         }
     }
     if (by[1]) {
-        Arg *b[MAX_ARGS];
-        if (eval_bind_args(mb->d, &sig_mixed, by[1]->loc, by[1]->args, b)) {
-            int v;
-            DType *dst[3] = {&c->param_dtype, &c->reduce_dtype, &c->output_dtype};
-            for (int i = 0; i < 3; i++)
-                if (b[i] && eval_enum(mb->d, b[i]->value,
-                                      arena_printf("`mixed_precision` argument `%s`",
-                                                   sig_mixed.args[i].name),
-                                      dtype_choices, &v))
-                    *dst[i] = (DType)v;
-            /* bf16 parameters compute in bf16 and write bf16 gradients,
-             * which are reduced in bf16 or widened to fp32: fp16 would
-             * narrow them to a dtype with less range */
-            if (c->param_dtype == DTYPE_BF16 && c->reduce_dtype == DTYPE_FP16)
-                diag_error(mb->d, b[1]->value->loc,
-                           "`reduce = fp16` with `param = bf16`: bf16 gradients are reduced in "
-                           "bf16 or fp32");
-        }
+        MixedSpec ms;
+        parse_mixed(mb, by[1]->loc, by[1]->args, &ms);
+        DType *dst[MP_NDTYPES] = {&c->param_dtype, &c->reduce_dtype, &c->output_dtype};
+        for (int i = 0; i < MP_NDTYPES; i++)
+            if (ms.set[i])
+                *dst[i] = ms.dtype[i];
+        c->mixed_loc = by[1]->loc;
+        /* bf16 parameters compute in bf16 and write bf16 gradients,
+         * which are reduced in bf16 or widened to fp32: fp16 would
+         * narrow them to a dtype with less range */
+        if (c->param_dtype == DTYPE_BF16 && c->reduce_dtype == DTYPE_FP16)
+            diag_error(mb->d, ms.loc[MP_REDUCE],
+                       "`reduce = fp16` with `param = bf16`: bf16 gradients are reduced in "
+                       "bf16 or fp32");
     }
     if (by[2]) {
         Arg *b[MAX_ARGS];
@@ -774,6 +841,75 @@ static void check_shard(Build *mb)
     /* the default every unit without a per-target setting takes */
     if (by[7])
         parse_recompute(mb, by[7]->value, &c->recompute);
+    /* replicate = R: FSDP2's 2-D DeviceMesh (HSDP, docs/design.md#hsdp): R
+     * replicas of W/R consecutive ranks, each replica sharding every group
+     * over its own ranks. Whether R divides the world is known only with
+     * --world (main.c checks it) or when the trainer starts. */
+    if (by[8]) {
+        int64_t v;
+        if (eval_int(mb->d, &sc, by[8]->value, "`replicate`", 1, &v)) {
+            c->replicate = v;
+            c->replicate_loc = by[8]->value->loc;
+        }
+    }
+}
+
+/* Each group's dtypes: its fully_shard line's mixed_precision(...) over
+ * the shard section's (docs/design.md#per-target-mixed-precision). The
+ * compute dtype is the program's (compute_dtype: bf16 when the shard
+ * section gathers in bf16), and a group's unsharded parameters and
+ * gradients are stored in it; so a group may gather in a dtype other than
+ * the shard section's only where the program computes in fp32 (the gather
+ * is widened to fp32, as `param = fp16` is), and may reduce in any dtype
+ * the shard section could. */
+static void group_dtypes(Build *mb)
+{
+    Model *m = mb->m;
+    ShardConfig *c = &m->shard;
+    bool bf16_program = compute_dtype(m) == DTYPE_BF16;
+    /* the groups of one line (`blocks[*]`) share its spec: one error each */
+    const MixedSpec **seen = arena_alloc(sizeof *seen * (size_t)(m->ngroups + 1));
+    int nseen = 0;
+    for (int gi = 0; gi < m->ngroups; gi++) {
+        ShardGroup *g = m->groups[gi];
+        const MixedSpec *s = g->mixed;
+        g->param_dtype = s && s->set[MP_PARAM] ? s->dtype[MP_PARAM] : c->param_dtype;
+        g->reduce_dtype = s && s->set[MP_REDUCE] ? s->dtype[MP_REDUCE] : c->reduce_dtype;
+        g->output_dtype = s && s->set[MP_OUTPUT] ? s->dtype[MP_OUTPUT] : c->output_dtype;
+        if (!s || !bf16_program)
+            continue;
+        bool again = false;
+        for (int k = 0; k < nseen && !again; k++)
+            again = seen[k] == s;
+        if (again)
+            continue;
+        seen[nseen++] = s;
+        int others = -1;
+        for (int k = 0; k < m->ngroups; k++)
+            others += m->groups[k]->mixed == s;
+        const char *who = others ? arena_printf("`%s` (and the line's %d other target%s)",
+                                                g->name, others, others == 1 ? "" : "s")
+                                 : arena_printf("`%s`", g->name);
+        if (g->param_dtype != DTYPE_BF16)
+            diag_error(mb->d, s->loc[MP_PARAM],
+                       "`param = %s` on %s: the program computes in bf16 (the shard "
+                       "section's `param = bf16` at %s) and every group stores its unsharded "
+                       "parameters in the compute dtype, so what it gathers in %s would be "
+                       "rounded to bf16 after the gather (%s); leave `param` out on this line to gather in bf16, "
+                       "or make the program fp32 with `param = fp32` in the shard section and "
+                       "write `param = bf16` on the targets that should gather in bf16",
+                       dtype_name(g->param_dtype), who, diag_where(mb->d, c->mixed_loc),
+                       dtype_name(g->param_dtype),
+                       g->param_dtype == DTYPE_FP32
+                           ? "the same bits as a bf16 gather, at twice the bytes"
+                           : "rounded twice, to fp16 and then to bf16");
+        if (g->reduce_dtype == DTYPE_FP16)
+            diag_error(mb->d, s->loc[MP_REDUCE],
+                       "`reduce = fp16` on %s: the program computes in bf16 (the shard "
+                       "section's `param = bf16` at %s), and bf16 gradients are reduced in "
+                       "bf16 or fp32",
+                       who, diag_where(mb->d, c->mixed_loc));
+    }
 }
 
 /* Marks the elements of the layer arrays under L units, the outermost
@@ -1186,6 +1322,8 @@ void model_dump(FILE *out, Model *m)
             /* a per-target argument, when the line has one */
             if (g->target && g->target->recompute && g->target->recompute->per_target)
                 fprintf(out, "  (recompute = %s)", model_recompute_name(g->target->recompute));
+            if (g->mixed)
+                fprintf(out, "  (%s)", model_mixed_name(g->mixed));
             fputc('\n', out);
         }
     }
@@ -1208,6 +1346,8 @@ void model_dump(FILE *out, Model *m)
         fprintf(out, "  memory_budget = %" PRId64 " bytes\n", c->memory_budget_bytes);
     if (c->recompute.written)
         fprintf(out, "  recompute = %s\n", model_recompute_name(&c->recompute));
+    if (c->replicate > 1)
+        fprintf(out, "  replicate = %" PRId64 "\n", c->replicate);
     TrainConfig *t = &m->train;
     fputs("\ntrain\n", out);
     fprintf(out, "  micro_batch = %" PRId64 "\n  grad_accum = %" PRId64 "\n  steps = %" PRId64
@@ -1258,6 +1398,16 @@ void model_dump(FILE *out, Model *m)
         fprintf(out, "  eval(every = %" PRId64 ")\n", t->eval_every);
 }
 
+const char *model_mixed_name(const MixedSpec *s)
+{
+    const char *out = "";
+    for (int i = 0; i < MP_NDTYPES; i++)
+        if (s->set[i])
+            out = arena_printf("%s%s%s = %s", out, out[0] ? ", " : "", sig_mixed.args[i].name,
+                               dtype_name(s->dtype[i]));
+    return arena_printf("mixed_precision(%s)", out);
+}
+
 /* Builds the layer tree, its parameters and shard groups, and checks the
  * shard and train settings: everything after the forward bodies check. */
 Model *model_build(Model *m, Diag *d)
@@ -1283,6 +1433,7 @@ Model *model_build(Model *m, Diag *d)
 
     plan_groups(mb, mb->shard_sec ? mb->shard_sec->settings : NULL);
     check_shard(mb);
+    group_dtypes(mb);
     assign_recompute(mb);
     check_train(mb);
     return d->errors ? NULL : m;

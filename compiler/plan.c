@@ -21,14 +21,29 @@
 
 static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+/* Under replicate = R each replica's S = W / R ranks hold a whole copy, so
+ * padding and shards are per S; main.c and the trainer refuse a world R
+ * does not divide before anything is planned for it. */
+static int64_t shard_ranks(const ShardGroup *sg, int64_t world)
+{
+    int64_t R = sg->replicate > 1 ? sg->replicate : 1;
+    return world % R == 0 ? world / R : world;
+}
+
+int64_t plan_shard_world(const Model *m, int64_t world)
+{
+    int64_t R = m->shard.replicate > 1 ? m->shard.replicate : 1;
+    return world % R == 0 ? world / R : world;
+}
+
 int64_t plan_padded_numel(const ShardGroup *sg, int64_t world)
 {
-    return round_up(sg->flat_numel, world);
+    return round_up(sg->flat_numel, shard_ranks(sg, world));
 }
 
 int64_t plan_shard_numel(const ShardGroup *sg, int64_t world)
 {
-    return plan_padded_numel(sg, world) / world;
+    return plan_padded_numel(sg, world) / shard_ranks(sg, world);
 }
 
 Plan *plan_build(Model *m, Graph *g)
@@ -52,6 +67,7 @@ Plan *plan_build(Model *m, Graph *g)
         }
         sg->flat_numel = round_up(off, PARAM_ALIGN_ELEMS);
         sg->reshard = m->shard.reshard_after_forward != 0 && !sg->is_root;
+        sg->replicate = m->shard.replicate;
         sg->fwd_order = -1;
     }
 
@@ -91,6 +107,15 @@ void plan_dump(FILE *out, Plan *p, int64_t world)
     fprintf(out, "  mixed precision: all-gather %s, reduce-scatter %s, master weights fp32\n",
             dtype_name(c->param_dtype), dtype_name(c->reduce_dtype));
     fprintf(out, "  offload: %s\n", c->offload_cpu ? "cpu" : "none");
+    /* the mesh, only under HSDP, so that other plans' dumps keep their form */
+    if (c->replicate > 1) {
+        int64_t S = plan_shard_world(m, world);
+        fprintf(out, "  mesh: replicate %" PRId64 " x shard %" PRId64 " (HSDP): replica r is "
+                     "ranks r*%" PRId64 " .. r*%" PRId64 "+%" PRId64 "; each group is sharded "
+                     "over its replica's %" PRId64 " ranks, and its reduced gradient shard is "
+                     "all-reduced across the %" PRId64 " replicas (ranks %" PRId64 " apart)\n",
+                c->replicate, S, S, S, S - 1, S, c->replicate, S);
+    }
     /* shown only when off its default, so other plans' dumps keep their form */
     if (!c->reshard_after_backward)
         fputs("  reshard after backward: no (groups stay gathered from their first all-gather "
@@ -109,22 +134,29 @@ void plan_dump(FILE *out, Plan *p, int64_t world)
     for (int i = 0; i < m->ngroups; i++) {
         ShardGroup *sg = p->fwd_order[i];
         int64_t shard = plan_shard_numel(sg, world);
-        fprintf(out, "  %-5d %-24s %14s %14s %14s %12s  %s%s\n", sg->index, sg->name,
+        /* a group's own dtypes, where its fully_shard line sets them off
+         * the shard section's (docs/design.md#per-target-mixed-precision) */
+        bool own = sg->param_dtype != c->param_dtype || sg->reduce_dtype != c->reduce_dtype;
+        fprintf(out, "  %-5d %-24s %14s %14s %14s %12s  %s%s%s\n", sg->index, sg->name,
                 fmt_count(sg->numel), fmt_count(plan_padded_numel(sg, world)), fmt_count(shard),
-                fmt_size((plan_padded_numel(sg, world) - shard) * dtype_bytes(c->param_dtype)),
+                fmt_size((plan_padded_numel(sg, world) - shard) * dtype_bytes(sg->param_dtype)),
                 sg->reshard ? (c->reshard_after_backward ? "after forward"
                                                          : "after forward, the last backward")
                 : c->reshard_after_backward ? "after backward"
                                             : "after the last backward",
-                i >= p->nused ? " (unused in forward: never gathered)" : "");
+                i >= p->nused ? " (unused in forward: never gathered)" : "",
+                own ? arena_printf("; all-gather %s, reduce-scatter %s",
+                                   dtype_name(sg->param_dtype), dtype_name(sg->reduce_dtype))
+                    : "");
     }
     fputs("\nlayout (offsets in elements; the same for every world size)\n", out);
     for (int i = 0; i < m->ngroups; i++) {
         ShardGroup *sg = m->groups[i];
         int64_t padded = plan_padded_numel(sg, world), shard = plan_shard_numel(sg, world);
-        fprintf(out, "  group %d %s: %s elements, padded to %s; rank r owns [r*%" PRId64
+        fprintf(out, "  group %d %s: %s elements, padded to %s; %s owns [r*%" PRId64
                      ", (r+1)*%" PRId64 ")\n",
-                sg->index, sg->name, fmt_count(sg->flat_numel), fmt_count(padded), shard, shard);
+                sg->index, sg->name, fmt_count(sg->flat_numel), fmt_count(padded),
+                c->replicate > 1 ? "rank r of each replica" : "rank r", shard, shard);
         for (int j = 0; j < sg->nparams; j++) {
             Param *pa = sg->params[j];
             int64_t first = pa->offset / shard, last = (pa->offset + pa->numel - 1) / shard;

@@ -115,6 +115,10 @@ static ShardGroup *new_group(Model *m, int index, const char *name)
     sg->name = name;
     sg->loc = m->loc;
     sg->params = arena_alloc(sizeof(Param *) * (size_t)m->nparams);
+    /* no fully_shard line of its own: the shard section's dtypes */
+    sg->param_dtype = m->shard.param_dtype;
+    sg->reduce_dtype = m->shard.reduce_dtype;
+    sg->output_dtype = m->shard.output_dtype;
     return sg;
 }
 

@@ -20,7 +20,9 @@
  *             (every micro-batch when accumulating sharded, the last one when
  *             accumulating unsharded). One reduce-scatter stays in flight:
  *             issuing the next waits the previous and frees its buffer, as
- *             FSDP2 does in its next post-backward.
+ *             FSDP2 does in its next post-backward. Under replicate = R
+ *             each reduce-scatter is followed at once by the all-reduce
+ *             of its shard across the R replicas (docs/design.md#hsdp).
  *   with reshard_after_backward = false, nothing is resharded at the end of
  *             a micro-batch but the last: the next one finds its groups
  *             gathered (forward still reshards the groups that reshard
@@ -222,6 +224,11 @@ static void micro_batch(Builder *b, int micro)
         }
         if (u.write[gi] == i && reduce_now) {
             emit(b->s, EV_REDUCE_SCATTER, PH_BACKWARD, micro, gi, NULL);
+            /* HSDP (FSDP2's 2-D mesh): the shard the reduce-scatter leaves
+             * is all-reduced across the replicas, issued at once on the
+             * same stream, so its wait is the reduce-scatter's */
+            if (m->shard.replicate > 1)
+                emit(b->s, EV_ALL_REDUCE, PH_BACKWARD, micro, gi, NULL);
             int prev = b->pending_rs;
             b->pending_rs = gi;
             if (prev >= 0) {
@@ -329,6 +336,8 @@ Schedule *schedule_build_eval(Plan *p)
  *     accumulating sharded and once per step otherwise;
  *   - with reshard_after_backward = false, backward reshards nothing
  *     before the last micro-batch;
+ *   - under replicate = R > 1 each reduce-scatter is followed by its
+ *     replica all-reduce before it is waited for; without it there is none;
  *   - every collective is waited exactly once; every buffer is freed exactly
  *     once and only when it is live; nothing is in flight or live at the end;
  *   - the optimizer runs once per group, after the gradient norm, which runs
@@ -358,6 +367,7 @@ int schedule_verify(Schedule *s, FILE *err)
     int *pstate = arena_alloc(sizeof(int) * (size_t)G);
     bool *grads = arena_alloc((size_t)G), *rs_flight = arena_alloc((size_t)G);
     bool *rs_done = arena_alloc((size_t)G);   /* this micro-batch's reduce-scatter issued */
+    bool *ar_flight = arena_alloc((size_t)G); /* its replica all-reduce issued, not waited */
     int *writes_left = arena_alloc(sizeof(int) * (size_t)G), *writes_total = arena_alloc(sizeof(int) * (size_t)G);
     int *rs_count = arena_alloc(sizeof(int) * (size_t)G), *opt_count = arena_alloc(sizeof(int) * (size_t)G);
     bool *ran = arena_alloc((size_t)g->nops);
@@ -512,10 +522,22 @@ int schedule_verify(Schedule *s, FILE *err)
             rs_done[gi] = true;
             rs_count[gi] += (int)schedule_runs(s, e);
             break;
+        case EV_ALL_REDUCE:
+            if (m->shard.replicate <= 1)
+                BAD("a replica all-reduce without replicate");
+            if (!rs_flight[gi])
+                BAD("no reduce-scatter of this group is in flight to all-reduce");
+            if (ar_flight[gi])
+                BAD("issued twice");
+            ar_flight[gi] = true;
+            break;
         case EV_WAIT_REDUCE:
             if (!rs_flight[gi])
                 BAD("no reduce-scatter of this group is in flight");
+            if (m->shard.replicate > 1 && !ar_flight[gi])
+                BAD("waits before the replica all-reduce of this group is issued");
             rs_flight[gi] = false;
+            ar_flight[gi] = false;
             break;
         case EV_FREE_GRADS:
             if (!grads[gi])
@@ -577,14 +599,34 @@ int schedule_verify(Schedule *s, FILE *err)
 int64_t event_comm_bytes(const Schedule *s, const Event *e, int64_t world)
 {
     Model *m = s->plan->m;
-    if (e->kind != EV_ALL_GATHER && e->kind != EV_REDUCE_SCATTER)
+    if (e->kind != EV_ALL_GATHER && e->kind != EV_REDUCE_SCATTER && e->kind != EV_ALL_REDUCE)
         return 0;
-    /* a ring all-gather or reduce-scatter moves (W-1)/W of the padded
-     * buffer through every rank */
+    /* a ring all-gather or reduce-scatter moves (S-1)/S of the padded
+     * buffer through every rank of the shard group of S; a ring all-reduce
+     * across R replicas 2(R-1)/R of the shard (nccl-tests' busBw
+     * convention, docs/performance.md) */
     ShardGroup *sg = m->groups[e->group];
     int64_t padded = plan_padded_numel(sg, world), shard = plan_shard_numel(sg, world);
-    DType dt = e->kind == EV_ALL_GATHER ? m->shard.param_dtype : m->shard.reduce_dtype;
+    if (e->kind == EV_ALL_REDUCE) {
+        int64_t R = m->shard.replicate;
+        return 2 * (R - 1) * shard / R * dtype_bytes(sg->reduce_dtype);
+    }
+    DType dt = e->kind == EV_ALL_GATHER ? sg->param_dtype : sg->reduce_dtype;
     return (padded - shard) * dtype_bytes(dt);
+}
+
+const char *event_mesh_dim(const Schedule *s, const Event *e)
+{
+    (void)s;
+    switch (e->kind) {
+    case EV_ALL_GATHER:
+    case EV_REDUCE_SCATTER:
+        return "shard";
+    case EV_ALL_REDUCE:
+        return "replicate";
+    default:
+        return NULL;
+    }
 }
 
 static const char *const phase_names[] = {"forward", "backward", "optimizer"};
@@ -605,11 +647,11 @@ void schedule_dump(FILE *out, Schedule *s, int64_t world, MemPlan *mp)
 {
     Plan *p = s->plan;
     Model *m = p->m;
-    int64_t total[2] = {0, 0}, per_step = 0;
+    int64_t total[3] = {0, 0, 0}, per_step = 0;
     for (int i = 0; i < s->nev; i++) {
         Event *e = &s->ev[i];
-        if (e->kind == EV_ALL_GATHER || e->kind == EV_REDUCE_SCATTER)
-            total[e->kind == EV_REDUCE_SCATTER] +=
+        if (e->kind == EV_ALL_GATHER || e->kind == EV_REDUCE_SCATTER || e->kind == EV_ALL_REDUCE)
+            total[e->kind == EV_ALL_GATHER ? 0 : e->kind == EV_REDUCE_SCATTER ? 1 : 2] +=
                 event_comm_bytes(s, e, world) * schedule_runs(s, e);
         per_step += schedule_runs(s, e);
     }
@@ -627,6 +669,13 @@ void schedule_dump(FILE *out, Schedule *s, int64_t world, MemPlan *mp)
                 s->micro_batches - 2, s->repeat);
     fprintf(out, "  per rank per step: all-gather %s bytes, reduce-scatter %s bytes\n",
             fmt_count(total[0]), fmt_count(total[1]));
+    /* the mesh, only under HSDP, so that other schedules' dumps keep their form */
+    if (m->shard.replicate > 1)
+        fprintf(out, "  mesh: replicate %" PRId64 " x shard %" PRId64 " (replica r = ranks r*%"
+                     PRId64 " .. r*%" PRId64 "+%" PRId64 "); all-gathers and reduce-scatters "
+                     "over shard, replica all-reduce %s bytes over replicate\n",
+                m->shard.replicate, plan_shard_world(m, world), plan_shard_world(m, world),
+                plan_shard_world(m, world), plan_shard_world(m, world) - 1, fmt_count(total[2]));
     if (!m->shard.reshard_after_backward)
         fputs("  reshard_after_backward = false: groups stay gathered between micro-batches\n",
               out);
@@ -681,6 +730,8 @@ void schedule_dump_json(FILE *out, Schedule *s, int64_t world, MemPlan *mp)
                     e->op->recompute ? ", \"recompute\": true" : "");
         fprintf(out, ", \"bytes\": %" PRId64 ", \"runs\": %" PRId64,
                 event_comm_bytes(s, e, world), schedule_runs(s, e));
+        if (m->shard.replicate > 1 && event_mesh_dim(s, e))
+            fprintf(out, ", \"mesh\": \"%s\"", event_mesh_dim(s, e));
         if (mp)
             fprintf(out, ", \"live\": %" PRId64, mp->live_after[i]);
         fprintf(out, "}%s\n", i + 1 < s->nev ? "," : "");

@@ -20,6 +20,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
@@ -47,8 +48,24 @@
 #define NCCL_NVLINK_LAT_S 3.4e-6   /* NCCL tuning.cc hwLat[NVLINK], Ring/Simple */
 #define NCCL_NET_LAT_S    14.0e-6  /* NCCL tuning.cc hwLat[NET], Ring/Simple */
 
+/* Tree (Simple protocol) latencies from the same table: 4.0 us per hop
+ * over NVLink, 14 us per hop across the network, the same 8.4 us base. */
+#define NCCL_TREE_NVLINK_LAT_S 4.0e-6   /* NCCL tuning.cc hwLat[NVLINK][TREE][SIMPLE] */
+#define NCCL_TREE_NET_LAT_S    14.0e-6  /* NCCL tuning.cc hwLat[NET][TREE][SIMPLE] */
+
+/* FlashAttention-2, the kernel PyTorch's SDPA runs, reaches 50–73% of
+ * A100's peak forward and less in backward (Dao, "FlashAttention-2",
+ * 2023): half of peak on A100. On H100 it reaches only 35% (Shah et al.,
+ * "FlashAttention-3", 2024), and H200 is the same chip. B200: assumed as
+ * A100, unmeasured. Each preset carries its figure (attention_eff). */
+#define ATTENTION_EFFICIENCY_A100 0.50
+#define ATTENTION_EFFICIENCY_H100 0.35
+
 #define T 1e12
 #define G 1e9
+/* Every DGX generation has 8 single-port NICs, one per GPU on its PCIe
+ * switch (the datasheets below): `gbps` Gb/s each, in bytes/s. */
+#define DGX_NICS(gbps) .nics = 8, .nic_bytes_per_s = (gbps) * G / 8
 static const SimGpu presets[] = {
     {
         /* NVIDIA A100 Tensor Core GPU datasheet, "A100 80GB SXM" column:
@@ -58,9 +75,11 @@ static const SimGpu presets[] = {
          * ConnectX-6 VPI 200 Gb/s HDR InfiniBand = 25 GB/s per GPU. */
         .key = "a100", .name = "A100 SXM 80GB",
         .bf16_flops = 312 * T, .tf32_flops = 156 * T, .fp32_flops = 19.5 * T,
+        .attention_eff = ATTENTION_EFFICIENCY_A100,
         .hbm_bytes_per_s = 2039 * G, .hbm_bytes = (int64_t)80 << 30,
         .nvlink_bytes_per_s = 600 * G / 2, .nvlink_alpha_s = NCCL_NVLINK_LAT_S,
-        .ib_bytes_per_s = 200 * G / 8, .ib_alpha_s = NCCL_NET_LAT_S,
+        DGX_NICS(200),
+        .ib_alpha_s = NCCL_NET_LAT_S,
     },
     {
         /* NVIDIA H100 Tensor Core GPU datasheet, "H100 SXM" column: BF16
@@ -70,9 +89,11 @@ static const SimGpu presets[] = {
          * ConnectX-7 VPI, 400 Gb/s NDR InfiniBand = 50 GB/s per GPU. */
         .key = "h100", .name = "H100 SXM 80GB",
         .bf16_flops = 1979 * T / 2, .tf32_flops = 989 * T / 2, .fp32_flops = 67 * T,
+        .attention_eff = ATTENTION_EFFICIENCY_H100,
         .hbm_bytes_per_s = 3350 * G, .hbm_bytes = (int64_t)80 << 30,
         .nvlink_bytes_per_s = 900 * G / 2, .nvlink_alpha_s = NCCL_NVLINK_LAT_S,
-        .ib_bytes_per_s = 400 * G / 8, .ib_alpha_s = NCCL_NET_LAT_S,
+        DGX_NICS(400),
+        .ib_alpha_s = NCCL_NET_LAT_S,
     },
     {
         /* NVIDIA H200 Tensor Core GPU datasheet, "H200 SXM" column: the
@@ -81,9 +102,11 @@ static const SimGpu presets[] = {
          * H200: eight single-port ConnectX-7 VPI, 400 Gb/s InfiniBand. */
         .key = "h200", .name = "H200 SXM 141GB",
         .bf16_flops = 1979 * T / 2, .tf32_flops = 989 * T / 2, .fp32_flops = 67 * T,
+        .attention_eff = ATTENTION_EFFICIENCY_H100,
         .hbm_bytes_per_s = 4800 * G, .hbm_bytes = (int64_t)141 << 30,
         .nvlink_bytes_per_s = 900 * G / 2, .nvlink_alpha_s = NCCL_NVLINK_LAT_S,
-        .ib_bytes_per_s = 400 * G / 8, .ib_alpha_s = NCCL_NET_LAT_S,
+        DGX_NICS(400),
+        .ib_alpha_s = NCCL_NET_LAT_S,
     },
     {
         /* NVIDIA Blackwell datasheet, "HGX B200" column, per GPU: FP16/BF16
@@ -94,9 +117,11 @@ static const SimGpu presets[] = {
          * 400 Gb/s. */
         .key = "b200", .name = "B200 (HGX) 180GB",
         .bf16_flops = 4500 * T / 2, .tf32_flops = 2200 * T / 2, .fp32_flops = 75 * T,
+        .attention_eff = ATTENTION_EFFICIENCY_A100,
         .hbm_bytes_per_s = 7700 * G, .hbm_bytes = (int64_t)180 << 30,
         .nvlink_bytes_per_s = 1800 * G / 2, .nvlink_alpha_s = NCCL_NVLINK_LAT_S,
-        .ib_bytes_per_s = 400 * G / 8, .ib_alpha_s = NCCL_NET_LAT_S,
+        DGX_NICS(400),
+        .ib_alpha_s = NCCL_NET_LAT_S,
     },
 };
 #undef T
@@ -121,15 +146,13 @@ static int gpu_sms(const SimGpu *gpu) { return preset_sms[gpu - presets]; }
 
 /* ── modelling assumptions ── */
 
-/* Large bf16 GEMMs under cuBLAS reach roughly 70–80% of the dense tensor
- * peak on A100 and H100; the graph's GEMMs (thousands of rows, hundreds to
- * thousands wide) are in that regime. Small ones are slower; see limits. */
-#define MATMUL_EFFICIENCY 0.75
-/* FlashAttention-2 reaches 50–73% of A100's peak forward and less in
- * backward (Dao, "FlashAttention-2", 2023); FlashAttention-3 reaches 75% on
- * H100, FlashAttention-2 only 35% there (Shah et al., 2024). Half of peak
- * sits between the kernels the emitter might use. */
-#define ATTENTION_EFFICIENCY 0.50
+/* The fraction of the dense tensor peak a training step's products reach:
+ * the one constant fitted on the calibration table
+ * (docs/simulator.md#the-calibration-table): 0.65 puts the A100 rows (torchtitan's Llama 3 8B and
+ * 70B, llm.c's GPT-2) within 0.96-1.18 of their measurements. It was 0.75,
+ * "70-80% for large GEMMs", which is what one large GEMM alone reaches;
+ * a whole step also runs smaller and oddly shaped ones. */
+#define MATMUL_EFFICIENCY 0.65
 /* Elementwise arithmetic runs on the CUDA cores in fp32; tanh and exp take
  * several instructions each, so half the FMA peak. It rarely matters: these
  * ops are memory-bound by far. */
@@ -142,8 +165,16 @@ static int gpu_sms(const SimGpu *gpu) { return preset_sms[gpu - presets]; }
  * and reduce-scatter on every preset. (H100 all-reduce exceeds it through
  * NVLink SHARP, which ring all-gather and reduce-scatter do not use.) */
 #define NVLINK_EFFICIENCY 0.80
-/* Across nodes: assumed equal to NVLink's fraction; not calibrated. */
-#define IB_EFFICIENCY 0.80
+/* Across nodes, of each NIC's line rate: NCCL's maintainers quote ~24
+ * GB/s inter-node bus bandwidth for one 200 Gb/s HDR NIC (25 GB/s;
+ * NVIDIA/nccl#412) and 192 GB/s all-reduce bus bandwidth across DGX-A100s
+ * with 8 of them (200 GB/s; NVIDIA/nccl#812, quoted in #1576): 0.96. */
+#define IB_EFFICIENCY 0.96
+/* NCCL's tuning model charges its tree all-reduce 0.92 of the bus
+ * bandwidth it gives a ring over the same links (tuning.cc: `busBw *
+ * .92` for Tree/AllReduce), and converts a tree's bus bandwidth to
+ * algorithm bandwidth at 0.5 (each byte goes up and down the tree). */
+#define NCCL_TREE_BW_FACTOR 0.92
 /* No kernel takes less than this: the gap between back-to-back kernels on
  * one stream plus the launch tail is a microsecond or two, even when the
  * host keeps ahead. It only shows for tiny models. */
@@ -200,15 +231,246 @@ static const SimGpu *find_preset(const char *key, size_t n)
     return NULL;
 }
 
-SimCluster sim_default_cluster(int64_t world)
+/* ── calibration files: measured kernel rates ──
+ * docs/simulator.md#calibration-files. One line each, `#` to the end of a
+ * line is a comment (the sources):
+ *   fsdpc-calibration 1
+ *   gpu KEY                      the preset it was measured on
+ *   op KIND CLASS BY RATE        BY: flops or bytes; RATE per second;
+ *                                CLASS: any, or 1eN for ops whose work per
+ *                                call (FLOPs or bytes, as BY) is in
+ *                                [1eN, 1eN+1)
+ * tools/calibrate.py writes them from a trainer's --trace-out. */
+#define CALIB_ANY INT_MIN
+
+typedef struct {
+    OpKind kind;
+    int decade;          /* CALIB_ANY, or N of class 1eN */
+    bool by_flops;       /* the rate is FLOP/s; else bytes/s */
+    double rate;
+} CalibEntry;
+
+struct SimCalib {
+    const char *source;  /* the file, or "the built-in h200 calibration" */
+    const char *gpu_key;
+    CalibEntry *e;
+    int n;
+};
+
+const char *embedded_calib_text(const char *name);   /* gen/calib.c */
+
+static bool op_kind_named(const char *name, OpKind *k)
 {
-    SimCluster c = {&presets[1], (world + NODE_MAX_GPUS - 1) / NODE_MAX_GPUS,
-                    world < NODE_MAX_GPUS ? world : NODE_MAX_GPUS, world};
+    for (int i = 0; i < OP_COUNT; i++)
+        if (strcmp(op_name((OpKind)i), name) == 0) {
+            *k = (OpKind)i;
+            return true;
+        }
+    return false;
+}
+
+/* Parses calibration text; NULL with "SOURCE:LINE: what" in msg. */
+static SimCalib *calib_parse(const char *text, const char *source, char *msg, size_t msgsize)
+{
+    SimCalib *c = arena_alloc(sizeof *c);
+    c->source = source;
+    int cap = 0, line = 0;
+    bool header = false;
+    for (const char *p = text; *p;) {
+        const char *eol = strchr(p, '\n');
+        size_t len = eol ? (size_t)(eol - p) : strlen(p);
+        line++;
+        char *buf = arena_printf("%.*s", (int)len, p);
+        p = eol ? eol + 1 : p + len;
+        char *hash = strchr(buf, '#');
+        if (hash)
+            *hash = 0;
+        char *tok[8];
+        int nt = 0;
+        for (char *t = strtok(buf, " \t\r"); t && nt < 8; t = strtok(NULL, " \t\r"))
+            tok[nt++] = t;
+        if (nt == 0)
+            continue;
+#define BAD(...)                                                              \
+    do {                                                                      \
+        char what_[256];                                                      \
+        snprintf(what_, sizeof what_, __VA_ARGS__);                           \
+        snprintf(msg, msgsize, "%s:%d: %s", source, line, what_);             \
+        return NULL;                                                          \
+    } while (0)
+        if (!header) {
+            if (nt != 2 || strcmp(tok[0], "fsdpc-calibration") != 0 || strcmp(tok[1], "1") != 0)
+                BAD("not a calibration file: the first line must be `fsdpc-calibration 1` "
+                    "(docs/simulator.md#calibration-files)");
+            header = true;
+        } else if (strcmp(tok[0], "gpu") == 0) {
+            if (nt != 2 || c->gpu_key)
+                BAD("`gpu` takes one preset name, once (e.g. gpu h200)");
+            if (!find_preset(tok[1], strlen(tok[1])))
+                BAD("gpu `%s` is not a preset (%s)", tok[1], sim_preset_list());
+            c->gpu_key = tok[1];
+        } else if (strcmp(tok[0], "op") == 0) {
+            CalibEntry e;
+            char *end;
+            if (nt != 5)
+                BAD("`op` takes KIND CLASS BY RATE, e.g. op matmul_dw any flops 4.1e14");
+            if (!op_kind_named(tok[1], &e.kind))
+                BAD("`%s` is not an op kind of fsdpc's (ops.def)", tok[1]);
+            if (strcmp(tok[2], "any") == 0)
+                e.decade = CALIB_ANY;
+            else if (tok[2][0] == '1' && tok[2][1] == 'e' &&
+                     (e.decade = (int)strtol(tok[2] + 2, &end, 10), *end == 0) && tok[2][2] &&
+                     e.decade >= 0 && e.decade <= 30)
+                ;
+            else
+                BAD("class `%s` must be `any` or 1eN (work per call in [1eN, 1eN+1)), N 0 to 30",
+                    tok[2]);
+            if (strcmp(tok[3], "flops") == 0)
+                e.by_flops = true;
+            else if (strcmp(tok[3], "bytes") == 0)
+                e.by_flops = false;
+            else
+                BAD("`%s`: the rate is by `flops` or `bytes`", tok[3]);
+            errno = 0;
+            e.rate = strtod(tok[4], &end);
+            if (*end || errno || !(e.rate > 0) || !isfinite(e.rate))
+                BAD("rate `%s` must be a positive number (per second)", tok[4]);
+            for (int i = 0; i < c->n; i++)
+                if (c->e[i].kind == e.kind && c->e[i].decade == e.decade)
+                    BAD("a second entry for %s class %s", tok[1], tok[2]);
+            if (c->n == cap) {
+                cap = cap ? 2 * cap : 32;
+                CalibEntry *ne = arena_alloc(sizeof *ne * (size_t)cap);
+                if (c->n)
+                    memcpy(ne, c->e, sizeof *ne * (size_t)c->n);
+                c->e = ne;
+            }
+            c->e[c->n++] = e;
+        } else {
+            BAD("unknown line `%s`; a calibration has `gpu` and `op` lines", tok[0]);
+        }
+#undef BAD
+    }
+    if (!header || !c->gpu_key || c->n == 0) {
+        snprintf(msg, msgsize, "%s: %s", source,
+                 !header ? "empty: a calibration starts with `fsdpc-calibration 1`"
+                 : !c->gpu_key ? "no `gpu` line naming the preset it was measured on"
+                               : "no `op` lines");
+        return NULL;
+    }
     return c;
 }
 
+static SimCalib *calib_load(const char *path, char *msg, size_t msgsize)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(msg, msgsize, "cannot read calibration %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 4096, n = 0;
+    char *text = malloc(cap);
+    for (size_t r; text && (r = fread(text + n, 1, cap - n - 1, f)) > 0;) {
+        n += r;
+        if (n + 1 == cap) {
+            char *t = cap < ((size_t)1 << 24) ? realloc(text, cap *= 2) : NULL;
+            if (!t) {
+                free(text);
+                text = NULL;
+            } else {
+                text = t;
+            }
+        }
+    }
+    bool err = ferror(f);
+    fclose(f);
+    if (!text || err) {
+        snprintf(msg, msgsize, "cannot read calibration %s: %s", path,
+                 text ? "a read failed" : "larger than 16 MiB");
+        free(text);
+        return NULL;
+    }
+    text[n] = 0;
+    SimCalib *c = calib_parse(text, path, msg, msgsize);
+    free(text);
+    return c;
+}
+
+/* The calibration fsdpc carries for a preset (compiler/calib/KEY.calib). */
+static SimCalib *calib_builtin(const SimGpu *gpu, const char *spec, char *msg, size_t msgsize)
+{
+    const char *text = embedded_calib_text(arena_printf("%s.calib", gpu->key));
+    if (!text) {
+        snprintf(msg, msgsize, "--sim %s: eff=measured: fsdpc carries no calibration for %s "
+                               "(only h200's); build one from a trainer's --trace-out with "
+                               "tools/calibrate.py and pass it as calib=FILE",
+                 spec, gpu->key);
+        return NULL;
+    }
+    return calib_parse(text, arena_printf("the built-in %s calibration (compiler/calib/%s.calib)",
+                                          gpu->key, gpu->key),
+                       msg, msgsize);
+}
+
+/* The entry for an op of this kind doing `flops` and `bytes` a call: its
+ * class's, else the kind's `any`, else the kind's nearest class; NULL when
+ * the kind has none. */
+static const CalibEntry *calib_find(const SimCalib *c, OpKind kind, double flops, double bytes)
+{
+    const CalibEntry *any = NULL, *near = NULL;
+    double best = INFINITY;
+    for (int i = 0; i < c->n; i++) {
+        const CalibEntry *e = &c->e[i];
+        if (e->kind != kind)
+            continue;
+        if (e->decade == CALIB_ANY) {
+            any = e;
+            continue;
+        }
+        double w = e->by_flops ? flops : bytes;
+        double d = w > 0 ? log10(w) : 0;
+        if (floor(d) == e->decade)
+            return e;
+        double dist = fabs(d - (e->decade + 0.5));
+        if (dist < best)
+            best = dist, near = e;
+    }
+    return any ? any : near;
+}
+
+SimCluster sim_default_cluster(int64_t world)
+{
+    const SimGpu *gpu = &presets[1];
+    SimCluster c = {gpu, (world + NODE_MAX_GPUS - 1) / NODE_MAX_GPUS,
+                    world < NODE_MAX_GPUS ? world : NODE_MAX_GPUS, world,
+                    gpu->nics, gpu->nic_bytes_per_s, SIM_EFF_IDEAL, NULL};
+    return c;
+}
+
+/* A setting's value as a whole number from 1 to max, or a positive number
+ * (max < 0: a real, e.g. nic_gbps=200 or 12.5). */
+static bool setting_number(const char *v, size_t n, double max, double *out)
+{
+    char num[32] = "";
+    if (n == 0 || n >= sizeof num)
+        return false;
+    memcpy(num, v, n);
+    num[n] = 0;
+    char *e;
+    errno = 0;
+    double d = strtod(num, &e);
+    if (*e || errno || !isdigit((unsigned char)num[0]) || !(d > 0) || !isfinite(d))
+        return false;
+    if (max > 0 && (d != floor(d) || d < 1 || d > max))
+        return false;
+    *out = d;
+    return true;
+}
+
 /*   spec := preset [ ':' setting { ',' setting } ]
- *   setting := ( 'nodes' | 'gpus' ) '=' integer */
+ *   setting := 'nodes' '=' integer | 'gpus' '=' integer | 'nics' '=' integer
+ *            | 'nic_gbps' '=' number | 'eff' '=' ( 'ideal' | 'measured' )
+ *            | 'calib' '=' path */
 bool sim_parse_cluster(const char *spec, SimCluster *c, char *msg, size_t msgsize)
 {
     const char *colon = strchr(spec, ':');
@@ -220,47 +482,98 @@ bool sim_parse_cluster(const char *spec, SimCluster *c, char *msg, size_t msgsiz
                  spec, (int)n, spec, sim_preset_list());
         return false;
     }
-    int64_t nodes = 1, gpus = NODE_MAX_GPUS;
+    double nodes = 1, gpus = NODE_MAX_GPUS, nics = gpu->nics, gbps = gpu->nic_bytes_per_s * 8 / 1e9;
+    SimEff eff = SIM_EFF_IDEAL;
+    bool eff_set = false;
+    const char *calib_path = NULL;
     const char *p = colon ? colon + 1 : NULL;
     while (p) {
         const char *end = strchr(p, ',');
         size_t len = end ? (size_t)(end - p) : strlen(p);
         const char *eq = memchr(p, '=', len);
-        int64_t *dst = NULL, max = 0;
-        if (eq && eq - p == 5 && strncmp(p, "nodes", 5) == 0)
-            dst = &nodes, max = (int64_t)1 << 24;
-        else if (eq && eq - p == 4 && strncmp(p, "gpus", 4) == 0)
-            dst = &gpus, max = NODE_MAX_GPUS;
-        if (!dst) {
-            snprintf(msg, msgsize, "--sim %s: unknown setting `%.*s`; use nodes=N and gpus=N "
-                                   "(GPUs per node), e.g. --sim %s:nodes=16",
+        size_t klen = eq ? (size_t)(eq - p) : len;
+        const char *v = eq ? eq + 1 : p + len;
+        size_t vlen = len - (size_t)(v - p);
+#define KEY(s) (klen == sizeof(s) - 1 && strncmp(p, s, klen) == 0)
+        double *dst = NULL, max = 0;
+        const char *what = "";
+        if (eq && KEY("nodes"))
+            dst = &nodes, max = (double)((int64_t)1 << 24), what = "";
+        else if (eq && KEY("gpus"))
+            dst = &gpus, max = NODE_MAX_GPUS,
+            what = " (a node has 8 GPUs on one NVLink switch)";
+        else if (eq && KEY("nics"))
+            dst = &nics, max = 64, what = " (NICs per node)";
+        else if (eq && KEY("nic_gbps"))
+            dst = &gbps, max = -1, what = " (each NIC's line rate in Gb/s, e.g. 400)";
+        if (dst) {
+            if (!setting_number(v, vlen, max, dst)) {
+                if (max > 0)
+                    snprintf(msg, msgsize, "--sim %s: %.*s=%.*s: `%.*s` must be a whole number "
+                                           "from 1 to %.0f%s",
+                             spec, (int)klen, p, (int)vlen, v, (int)klen, p, max, what);
+                else
+                    snprintf(msg, msgsize, "--sim %s: %.*s=%.*s: `%.*s` must be a positive "
+                                           "number%s",
+                             spec, (int)klen, p, (int)vlen, v, (int)klen, p, what);
+                return false;
+            }
+        } else if (eq && KEY("eff")) {
+            if (vlen == 5 && strncmp(v, "ideal", 5) == 0)
+                eff = SIM_EFF_IDEAL;
+            else if (vlen == 8 && strncmp(v, "measured", 8) == 0)
+                eff = SIM_EFF_MEASURED;
+            else {
+                snprintf(msg, msgsize, "--sim %s: eff=%.*s: `eff` is `ideal` (fractions of peak) "
+                                       "or `measured` (a calibration's figures)",
+                         spec, (int)vlen, v);
+                return false;
+            }
+            eff_set = true;
+        } else if (eq && KEY("calib")) {
+            if (vlen == 0) {
+                snprintf(msg, msgsize, "--sim %s: calib=: `calib` needs a calibration file",
+                         spec);
+                return false;
+            }
+            calib_path = arena_printf("%.*s", (int)vlen, v);
+        } else {
+            snprintf(msg, msgsize, "--sim %s: unknown setting `%.*s`; the settings are nodes=N, "
+                                   "gpus=N (per node), nics=N (per node), nic_gbps=G (per NIC), "
+                                   "eff=ideal|measured and calib=FILE, e.g. --sim %s:nodes=16",
                      spec, (int)len, p, gpu->key);
             return false;
         }
-        char num[32] = "";
-        size_t nl = len - (size_t)(eq + 1 - p);
-        if (nl < sizeof num)
-            memcpy(num, eq + 1, nl), num[nl] = 0;
-        char *e;
-        errno = 0;
-        long long v = strtoll(num, &e, 10);
-        if (nl == 0 || nl >= sizeof num || *e || errno || !isdigit((unsigned char)num[0]) ||
-            v < 1 || v > max) {
-            snprintf(msg, msgsize, "--sim %s: `%.*s` must be a whole number from 1 to %" PRId64
-                                   "%s",
-                     spec, (int)(eq - p), p, max,
-                     dst == &gpus ? " (a node has 8 GPUs on one NVLink switch)" : "");
-            return false;
-        }
-        *dst = v;
+#undef KEY
         p = end ? end + 1 : NULL;
     }
-    if (nodes * gpus > (int64_t)1 << 24) {
-        snprintf(msg, msgsize, "--sim %s: %" PRId64 " ranks is more than fsdpc sizes (%d)", spec,
+    if (nodes * gpus > (double)((int64_t)1 << 24)) {
+        snprintf(msg, msgsize, "--sim %s: %.0f ranks is more than fsdpc sizes (%d)", spec,
                  nodes * gpus, 1 << 24);
         return false;
     }
-    *c = (SimCluster){gpu, nodes, gpus, nodes * gpus};
+    if (eff_set && eff == SIM_EFF_IDEAL && calib_path) {
+        snprintf(msg, msgsize, "--sim %s: calib=%s asks for measured efficiencies and eff=ideal "
+                               "for none; drop one",
+                 spec, calib_path);
+        return false;
+    }
+    const SimCalib *calib = NULL;
+    if (calib_path || eff == SIM_EFF_MEASURED) {
+        calib = calib_path ? calib_load(calib_path, msg, msgsize)
+                           : calib_builtin(gpu, spec, msg, msgsize);
+        if (!calib)
+            return false;
+        if (strcasecmp(calib->gpu_key, gpu->key) != 0) {
+            snprintf(msg, msgsize, "--sim %s: calibration %s was measured on `%s`, not `%s`; "
+                                   "a calibration holds for the GPU it was measured on",
+                     spec, calib->source, calib->gpu_key, gpu->key);
+            return false;
+        }
+        eff = SIM_EFF_MEASURED;
+    }
+    *c = (SimCluster){gpu, (int64_t)nodes, (int64_t)gpus, (int64_t)nodes * (int64_t)gpus,
+                      (int64_t)nics, gbps * 1e9 / 8, eff, calib};
     return true;
 }
 
@@ -302,6 +615,18 @@ static double work_seconds(Work w, double sm_share, double hbm_share)
     return t > KERNEL_MIN_S ? t : KERNEL_MIN_S;
 }
 
+/* An op's calibration entry under eff = measured; NULL otherwise, or for
+ * a kind the calibration has no entry for (costed ideal: counted and
+ * named in the summary). */
+static const CalibEntry *calibration_of(const Sim *sim, const OpNode *op)
+{
+    const SimCluster *c = &sim->cluster;
+    if (c->eff != SIM_EFF_MEASURED || !c->calib)
+        return NULL;
+    int64_t B = sim->sched->plan->micro_batch;
+    return calib_find(c->calib, op->kind, op_flops(op, B), op_bytes(op, B));
+}
+
 static Work op_work(const Sim *sim, const OpNode *op, CostCat *cat)
 {
     int64_t B = sim->sched->plan->micro_batch;
@@ -318,14 +643,24 @@ static Work op_work(const Sim *sim, const OpNode *op, CostCat *cat)
     case OP_ATTENTION:
     case OP_ATTENTION_BWD:
         *cat = CAT_ATTENTION;
-        rate = matmul_peak(sim) * ATTENTION_EFFICIENCY;
+        rate = matmul_peak(sim) * sim->cluster.gpu->attention_eff;
         break;
     default:
         *cat = CAT_MEMORY;
         rate = sim->cluster.gpu->fp32_flops * VECTOR_EFFICIENCY;
         break;
     }
-    return (Work){op_flops(op, B) / rate, op_bytes(op, B) / hbm_rate(sim)};
+    Work w = {op_flops(op, B) / rate, op_bytes(op, B) / hbm_rate(sim)};
+    /* measured: the calibration's rate sets the side it was measured by;
+     * the other keeps its ideal cost, which a kernel cannot beat */
+    const CalibEntry *e = calibration_of(sim, op);
+    if (e) {
+        if (e->by_flops)
+            w.compute_s = op_flops(op, B) / e->rate;
+        else
+            w.memory_s = op_bytes(op, B) / e->rate;
+    }
+    return w;
 }
 
 /* Elements of every group's shard on one rank. */
@@ -349,41 +684,163 @@ static double optimizer_bytes_per_elem(const TrainConfig *t)
     return t->momentum > 0 ? 5 * 4 : 3 * 4;
 }
 
-/* The bus bandwidth that bounds a ring over the whole world: NVLink within
- * one node; across nodes the ring's inter-node hops go through each GPU's
- * own NIC, so InfiniBand bounds the whole ring. */
-static double ring_bytes_per_s(const SimCluster *c)
+/* ── collectives, as NCCL runs them ──
+ * A group of n ranks whose members are `stride` ranks apart sits on
+ * `nnodes` nodes with `ppn` members each (ranks fill nodes in order). NCCL
+ * builds several channels, each a ring (or a pair of trees) through every
+ * member, and across nodes each channel leaves a node through a NIC of its
+ * own ("one rail per channel"): the rings of all channels together use
+ * every NIC the group's GPUs have. So what bounds a ring's bus bandwidth is
+ * the slower of NVLink (each GPU's one direction) and the node's NICs
+ * that serve this group: all of a node's NICs when the group holds all its
+ * GPUs, its share of them when the node's other GPUs run groups of their
+ * own at the same time (HSDP's replica groups: one rank per node, one NIC
+ * each). DGX-A100s with 8 x 200 Gb/s NICs measure 192 GB/s all-reduce bus
+ * bandwidth across nodes (NVIDIA/nccl#812, #1576), eight NICs' worth; one
+ * NIC's 25 GB/s would be an eighth of it. */
+typedef struct {
+    int64_t n, ppn, nnodes;
+} GroupShape;
+
+static GroupShape group_shape(const SimCluster *c, int64_t ranks, int64_t stride)
 {
-    return c->world > c->gpus_per_node ? c->gpu->ib_bytes_per_s * IB_EFFICIENCY
-                                       : c->gpu->nvlink_bytes_per_s * NVLINK_EFFICIENCY;
+    int64_t g = c->gpus_per_node < 1 ? 1 : c->gpus_per_node;
+    if (stride < 1)
+        stride = 1;
+    int64_t ppn = stride >= g ? 1 : g / stride;
+    if (ppn > ranks)
+        ppn = ranks;
+    if (ppn < 1)
+        ppn = 1;
+    return (GroupShape){ranks, ppn, (ranks + ppn - 1) / ppn};
 }
 
-/* A ring all-gather or reduce-scatter over the whole world, NCCL's model
- * (src/graph/tuning.cc): a fixed launch latency, one latency per ring step
- * (W-1 steps, N-1 of which cross nodes), and the bytes each rank receives
- * at the ring's bus bandwidth. A hierarchical model (reduce-scatter within
- * nodes over NVLink, then across nodes over all 8 rails) is a possible
- * refinement; NCCL's ring is what FSDP runs today. */
+static double nvlink_bw(const SimCluster *c)
+{
+    return c->gpu->nvlink_bytes_per_s * NVLINK_EFFICIENCY;
+}
+
+/* The node's network bandwidth that serves one group: its share of the
+ * node's NICs (all of them when the group holds every GPU of the node). */
+static double net_bw(const SimCluster *c, GroupShape gs)
+{
+    double share = (double)gs.ppn / (double)(c->gpus_per_node < 1 ? 1 : c->gpus_per_node);
+    return (double)c->nics * share * c->nic_bytes_per_s * IB_EFFICIENCY;
+}
+
+/* The bus bandwidth of a ring through the group (nccl-tests' convention:
+ * each rank's link rate), every channel on its own rail. */
+static double ring_bw(const SimCluster *c, GroupShape gs)
+{
+    return gs.nnodes == 1 ? nvlink_bw(c) : fmin(nvlink_bw(c), net_bw(c, gs));
+}
+
+/* NCCL's ring (tuning.cc, Simple protocol): a base latency, one hop
+ * latency per step, nsteps = n - 1 (all-gather, reduce-scatter) or 2(n - 1)
+ * (all-reduce), of which nnodes - 1 (twice that for all-reduce) cross the
+ * network; then the bus bytes at the ring's bus bandwidth. */
+static double ring_seconds(const SimCluster *c, CollKind k, double bus_bytes, GroupShape gs)
+{
+    int64_t steps = gs.n - 1, inter = gs.nnodes - 1;
+    if (k == COLL_ALL_REDUCE)
+        steps *= 2, inter *= 2;
+    double lat = NCCL_BASE_LAT_S + (double)(steps - inter) * c->gpu->nvlink_alpha_s +
+                 (double)inter * c->gpu->ib_alpha_s;
+    return lat + bus_bytes / ring_bw(c, gs);
+}
+
+/* NCCL's tree all-reduce (tuning.cc, Simple): a chain within each node and
+ * a double binary tree across nodes, latency 2 x ((ppn - 1) intra-node hops
+ * + log2(nnodes) network hops); its algorithm bandwidth is half of 0.92 of
+ * the links' (each byte goes up and down), the links being NVLink on one or
+ * two nodes (NCCL takes the intra-node bandwidth there, which is why a
+ * two-node tree's bus bandwidth can exceed the NICs': nccl-tests#196,
+ * NVIDIA/nccl#812) and the network beyond. Returns seconds for a buffer of
+ * `buffer` bytes. */
+static double tree_seconds(const SimCluster *c, double buffer, GroupShape gs)
+{
+    double links = gs.nnodes <= 2 ? nvlink_bw(c) : fmin(nvlink_bw(c), net_bw(c, gs));
+    double lat = NCCL_BASE_LAT_S + 2 * ((double)(gs.ppn - 1) * NCCL_TREE_NVLINK_LAT_S +
+                                        ceil(log2((double)gs.nnodes)) * NCCL_TREE_NET_LAT_S);
+    return lat + buffer / (0.5 * NCCL_TREE_BW_FACTOR * links);
+}
+
+const char *sim_algo_name(SimAlgo a)
+{
+    static const char *const names[] = {"none", "ring", "tree"};
+    return names[a];
+}
+
+const char *sim_coll_name(CollKind k)
+{
+    static const char *const names[] = {"all-gather", "reduce-scatter", "all-reduce"};
+    return names[k];
+}
+
+/* The bus bytes of a collective (nccl-tests' convention): what crosses
+ * each rank's link, from each rank's contribution. */
+static double bus_bytes(CollKind kind, double bytes, int64_t n)
+{
+    double f = (double)(n - 1) / (double)n;
+    switch (kind) {
+    case COLL_ALL_GATHER:
+        return bytes * (double)(n - 1);   /* its shard from every other rank */
+    case COLL_REDUCE_SCATTER:
+        return bytes * f;
+    case COLL_ALL_REDUCE:
+        return bytes * 2 * f;
+    }
+    fsd_unreachable();
+}
+
+/* Chooses as NCCL does (tuning.cc: the predicted time of every algorithm
+ * and protocol, the least wins), with the Simple protocol only (LL and
+ * LL128 win below a few hundred KiB, which FSDP's buckets are not) and no
+ * NVLink SHARP, CollNet or PAT: ring for all-gather and reduce-scatter
+ * (NCCL has no tree for them), ring or tree for all-reduce. */
+double sim_collective_detail(const SimCluster *c, CollKind kind, int64_t bytes, int64_t ranks,
+                             int64_t stride, SimAlgo *algo, double *busbw)
+{
+    *algo = SIM_ALGO_NONE;
+    *busbw = 0;
+    if (ranks <= 1 || bytes <= 0)
+        return 0;
+    GroupShape gs = group_shape(c, ranks, stride);
+    double bus = bus_bytes(kind, (double)bytes, ranks);
+    double t = ring_seconds(c, kind, bus, gs);
+    *algo = SIM_ALGO_RING;
+    if (kind == COLL_ALL_REDUCE) {
+        double tt = tree_seconds(c, (double)bytes, gs);
+        if (tt < t)
+            t = tt, *algo = SIM_ALGO_TREE;
+    }
+    *busbw = bus / t;
+    return t;
+}
+
+double sim_group_collective_seconds(const SimCluster *c, CollKind kind, int64_t bytes,
+                                    int64_t ranks, int64_t stride)
+{
+    SimAlgo a;
+    double bw;
+    return sim_collective_detail(c, kind, bytes, ranks, stride, &a, &bw);
+}
+
+/* The step's all-gathers and reduce-scatters span the whole world, and
+ * the schedule gives each one's bus bytes (event_comm_bytes: (W-1)/W of
+ * the padded buffer); a ring's time depends on those alone. */
 double sim_collective_seconds(const SimCluster *c, int64_t bytes)
 {
     if (c->world <= 1)
         return 0;
-    int64_t nodes = c->world > c->gpus_per_node ? c->nodes : 1;
-    int64_t steps = c->world - 1, inter = nodes - 1;
-    double alpha = NCCL_BASE_LAT_S + (double)(steps - inter) * c->gpu->nvlink_alpha_s +
-                   (double)inter * c->gpu->ib_alpha_s;
-    return alpha + (double)bytes / ring_bytes_per_s(c);
+    return ring_seconds(c, COLL_REDUCE_SCATTER, (double)bytes, group_shape(c, c->world, 1));
 }
 
-/* A latency-bound all-reduce of one float (the global gradient norm): a
- * tree's way up and down, one NCCL launch each way. */
+/* A latency-bound all-reduce of one float (the global gradient norm) over
+ * the whole world, the algorithm NCCL's model picks (a tree across nodes). */
 static double scalar_allreduce_seconds(const SimCluster *c)
 {
-    if (c->world <= 1)
-        return 0;
-    double hops = ceil(log2((double)c->world));
-    double hop = c->world > c->gpus_per_node ? c->gpu->ib_alpha_s : c->gpu->nvlink_alpha_s;
-    return 2 * (NCCL_BASE_LAT_S + hops * hop);
+    return sim_group_collective_seconds(c, COLL_ALL_REDUCE, 4, c->world, 1);
 }
 
 /* The work event e does on the compute stream and its cost category;
@@ -412,6 +869,44 @@ static CostCat event_work(const Sim *sim, const Event *e, Work *w, double *laten
         break;
     }
     return cat;
+}
+
+/* A collective event's time on its sub-group of the mesh: plain FSDP's
+ * collectives span the world (sim_collective_seconds, as before); under
+ * replicate = R (docs/design.md#hsdp) all-gathers and reduce-scatters run
+ * over the S = W/R consecutive ranks of a replica, the all-reduce over the
+ * R ranks S apart. `moved` is what event_comm_bytes counts; the group
+ * model takes what each rank contributes. */
+static double mesh_collective_seconds(const Sim *sim, const Event *e, int64_t moved,
+                                      SimAlgo *algo)
+{
+    const Model *m = sim->sched->plan->m;
+    const SimCluster *c = &sim->cluster;
+    int64_t R = m->shard.replicate;
+    double busbw;
+    *algo = SIM_ALGO_NONE;
+    if (moved == 0)
+        return 0;
+    if (R <= 1 && e->kind != EV_ALL_REDUCE) {
+        *algo = SIM_ALGO_RING;   /* NCCL has no tree for these */
+        return sim_collective_seconds(c, moved);
+    }
+    int64_t S = plan_shard_world(m, c->world);
+    const ShardGroup *sg = m->groups[e->group];
+    int64_t shard = plan_shard_numel(sg, c->world), padded = plan_padded_numel(sg, c->world);
+    switch (e->kind) {
+    case EV_ALL_GATHER:
+        return sim_collective_detail(c, COLL_ALL_GATHER, shard * dtype_bytes(sg->param_dtype), S,
+                                     1, algo, &busbw);
+    case EV_REDUCE_SCATTER:
+        return sim_collective_detail(c, COLL_REDUCE_SCATTER,
+                                     padded * dtype_bytes(sg->reduce_dtype), S, 1, algo, &busbw);
+    case EV_ALL_REDUCE:
+        return sim_collective_detail(c, COLL_ALL_REDUCE, shard * dtype_bytes(sg->reduce_dtype), R,
+                                     S, algo, &busbw);
+    default:
+        fsd_unreachable();
+    }
 }
 
 /* ── contention ──
@@ -448,6 +943,7 @@ static void push_flight(Flights *q, Flight f)
 /* The channels, so the SMs, NCCL gives a ring over the whole world. */
 static int nccl_channels(const SimCluster *c)
 {
+    /* a whole-world group spans nodes when the world does */
     return c->world > c->gpus_per_node ? NCCL_NET_CHANNELS : NCCL_NVLINK_CHANNELS;
 }
 
@@ -468,7 +964,9 @@ static Flight flight(const Sim *sim, double start_s, double dur_s, int64_t bytes
  * nothing in flight, it is exactly the plain roofline. */
 static double contended_seconds(const Sim *sim, Flights flights[STREAM_COUNT], double start, Work w)
 {
-    double hbm_max = NCCL_HBM_BYTES_PER_LINK_BYTE * ring_bytes_per_s(&sim->cluster) / hbm_rate(sim);
+    const SimCluster *c = &sim->cluster;
+    double hbm_max = NCCL_HBM_BYTES_PER_LINK_BYTE * ring_bw(c, group_shape(c, c->world, 1)) /
+                     hbm_rate(sim);
     double t = start, spent = 0, left = 1;   /* left: the fraction of w still to do */
     for (;;) {
         double sm = 0, hbm = 0, next = INFINITY;   /* next: when what runs beside changes */
@@ -537,15 +1035,20 @@ static void replay_event(Sim *sim, Replay *r, int i, bool record)
         break;
     }
     case EV_ALL_GATHER:
-    case EV_REDUCE_SCATTER: {
+    case EV_REDUCE_SCATTER:
+    case EV_ALL_REDUCE: {
         StreamId st = event_stream(e->kind);
         int64_t bytes = event_comm_bytes(s, e, sim->cluster.world);
         if (r->now[st] > start)
             start = r->now[st];
-        dur = sim_collective_seconds(&sim->cluster, bytes);
+        SimAlgo algo;
+        dur = mesh_collective_seconds(sim, e, bytes, &algo);
+        sim->algo_runs[st][algo]++;
         if (dur > 0)
             push_flight(&r->flights[st], flight(sim, start, dur, bytes));
         r->now[st] = start + dur;
+        /* a replica all-reduce follows its reduce-scatter on the reduce
+         * stream: the wait is for both */
         (e->kind == EV_ALL_GATHER ? r->gather_done : r->reduce_done)[e->group] = r->now[st];
         sim->busy_s[st] += dur;
         sim->bytes[st] += bytes;
@@ -685,6 +1188,8 @@ static void add_runs(Sim *sim, const Sim *before, const Sim *after, int64_t k)
     for (int st = 0; st < STREAM_COUNT; st++) {
         sim->busy_s[st] += kd * (after->busy_s[st] - before->busy_s[st]);
         sim->bytes[st] += k * (after->bytes[st] - before->bytes[st]);
+        for (int a = 0; a < 3; a++)
+            sim->algo_runs[st][a] += k * (after->algo_runs[st][a] - before->algo_runs[st][a]);
     }
 }
 
@@ -754,6 +1259,27 @@ Sim *sim_run(Schedule *s, const SimCluster *c)
         sim->elided_to_s = r.now[STREAM_COMPUTE];
         i = end;
     }
+    /* which ops the calibration costed, and the kinds it could not */
+    sim->uncalibrated = "";
+    int seen[OP_COUNT] = {0};
+    if (c->eff == SIM_EFF_MEASURED)
+        for (int i = 0; i < s->nev; i++) {
+            const Event *e = &s->ev[i];
+            if (e->kind != EV_COMPUTE)
+                continue;
+            int64_t runs = schedule_runs(s, e);
+            if (calibration_of(sim, e->op)) {
+                sim->calib_ops += runs;
+                continue;
+            }
+            sim->ideal_ops += runs;
+            if (seen[e->op->kind]++)
+                continue;
+            const char *k = op_name(e->op->kind);
+            sim->uncalibrated = sim->uncalibrated[0]
+                                    ? arena_printf("%s, %s", sim->uncalibrated, k)
+                                    : k;
+        }
     double end = 0;
     for (int st = 0; st < STREAM_COUNT; st++)
         end = r.now[st] > end ? r.now[st] : end;
@@ -809,6 +1335,21 @@ static double contention_seconds(const Sim *sim)
     return fmax(0, sim->compute_s - alone);   /* never below 0 by rounding */
 }
 
+static const char *const track_names[STREAM_COUNT] = {"compute", "all-gather", "reduce-scatter"};
+
+/* "ring" or "ring 3, tree 1": the algorithms a stream's collectives ran */
+static const char *algo_summary(const int64_t runs[3])
+{
+    const char *s = "";
+    int kinds = (runs[SIM_ALGO_RING] > 0) + (runs[SIM_ALGO_TREE] > 0);
+    for (int a = SIM_ALGO_RING; a <= SIM_ALGO_TREE; a++)
+        if (runs[a])
+            s = kinds == 1 ? sim_algo_name((SimAlgo)a)
+                           : arena_printf("%s%s%s %" PRId64, s, s[0] ? ", " : "",
+                                          sim_algo_name((SimAlgo)a), runs[a]);
+    return s;
+}
+
 void sim_dump(FILE *out, const Sim *sim, const MemPlan *mp)
 {
     const SimCluster *c = &sim->cluster;
@@ -818,15 +1359,25 @@ void sim_dump(FILE *out, const Sim *sim, const MemPlan *mp)
     bool multi = c->world > c->gpus_per_node;
     fprintf(out, "simulation %s on %" PRId64 " node%s x %" PRId64 " %s (world %" PRId64 ")\n",
             m->name, c->nodes, c->nodes == 1 ? "" : "s", c->gpus_per_node, gpu->name, c->world);
-    fprintf(out, "  per GPU: matmul peak %s (%s), HBM %s; %s %s per direction\n",
+    fprintf(out, "  per GPU: matmul peak %s (%s), HBM %s; NVLink %s per direction\n",
             human_rate(sim->peak_flops, "FLOP/s"),
             compute_dtype(m) == DTYPE_BF16 ? "bf16" : FP32_MATMUL_USES_TF32 ? "tf32" : "fp32",
-            human_rate(gpu->hbm_bytes_per_s, "B/s"), multi ? "InfiniBand" : "NVLink",
-            human_rate(multi ? gpu->ib_bytes_per_s : gpu->nvlink_bytes_per_s, "B/s"));
-    fprintf(out, "  assumed: matmul %.0f%%, attention %.0f%% of peak; HBM %.0f%%, %s %.0f%% of "
-                 "link bandwidth\n",
-            MATMUL_EFFICIENCY * 100, ATTENTION_EFFICIENCY * 100, HBM_EFFICIENCY * 100,
-            multi ? "InfiniBand" : "NVLink", (multi ? IB_EFFICIENCY : NVLINK_EFFICIENCY) * 100);
+            human_rate(gpu->hbm_bytes_per_s, "B/s"), human_rate(gpu->nvlink_bytes_per_s, "B/s"));
+    if (multi)
+        fprintf(out, "  per node: %" PRId64 " NIC%s of %s (%.0f Gb/s) each, one rail per ring "
+                     "channel\n",
+                c->nics, c->nics == 1 ? "" : "s", human_rate(c->nic_bytes_per_s, "B/s"),
+                c->nic_bytes_per_s * 8 / 1e9);
+    if (c->eff == SIM_EFF_MEASURED)
+        fprintf(out, "  kernels: measured, from %s: %" PRId64 " of %" PRId64 " op runs%s%s%s\n",
+                c->calib->source, sim->calib_ops, sim->calib_ops + sim->ideal_ops,
+                sim->ideal_ops ? "; the others (" : "", sim->uncalibrated,
+                sim->ideal_ops ? ") at the ideal fractions" : "");
+    else
+        fprintf(out, "  kernels: ideal: matmul %.0f%%, attention %.0f%% of peak; HBM %.0f%%\n",
+                MATMUL_EFFICIENCY * 100, gpu->attention_eff * 100, HBM_EFFICIENCY * 100);
+    fprintf(out, "  links: NVLink %.0f%%%s of line rate\n", NVLINK_EFFICIENCY * 100,
+            multi ? arena_printf(", InfiniBand %.0f%%", IB_EFFICIENCY * 100) : "");
     fprintf(out, "  %-16s %s  (%d micro-batch%s of %" PRId64 " x %" PRId64 " tokens)\n", "step",
             ms(sim->step_s), sim->sched->micro_batches, sim->sched->micro_batches == 1 ? "" : "es",
             p->micro_batch,
@@ -845,10 +1396,29 @@ void sim_dump(FILE *out, const Sim *sim, const MemPlan *mp)
             "exposed comm", ms(sim->exposed_s), sim->exposed_gather_s * 1e3,
             sim->exposed_reduce_s * 1e3,
             sim->step_s > 0 ? 100 * sim->exposed_s / sim->step_s : 0.0);
-    fprintf(out, "  %-16s %s busy  %s bytes per rank\n", "all-gather",
-            ms(sim->busy_s[STREAM_GATHER]), fmt_count(sim->bytes[STREAM_GATHER]));
-    fprintf(out, "  %-16s %s busy  %s bytes per rank\n", "reduce-scatter",
-            ms(sim->busy_s[STREAM_REDUCE]), fmt_count(sim->bytes[STREAM_REDUCE]));
+    for (int st = STREAM_GATHER; st < STREAM_COUNT; st++) {
+        fprintf(out, "  %-16s %s busy  %s bytes per rank\n", track_names[st], ms(sim->busy_s[st]),
+                fmt_count(sim->bytes[st]));
+        if (sim->busy_s[st] > 0)
+            fprintf(out, "  %-16s %s, bus bandwidth %s (its bytes over its busy time: latency "
+                         "included)\n",
+                    "", algo_summary(sim->algo_runs[st]),
+                    human_rate((double)sim->bytes[st] / sim->busy_s[st], "B/s"));
+    }
+    /* HSDP: the reduce stream's bytes include the replica all-reduces;
+     * the mesh line splits them out, only then, so other dumps keep
+     * their form */
+    if (m->shard.replicate > 1) {
+        int64_t R = m->shard.replicate, S = plan_shard_world(m, c->world), ar = 0;
+        const Schedule *s = sim->sched;
+        for (int i = 0; i < s->nev; i++)
+            if (s->ev[i].kind == EV_ALL_REDUCE)
+                ar += event_comm_bytes(s, &s->ev[i], c->world) * schedule_runs(s, &s->ev[i]);
+        fprintf(out, "  %-16s replicate %" PRId64 " x shard %" PRId64 ": shard groups %s, "
+                     "replica all-reduce %s bytes per rank (of the reduce stream's) %s\n",
+                "mesh", R, S, S <= c->gpus_per_node ? "within a node" : "across nodes",
+                fmt_count(ar), S >= c->gpus_per_node ? "across nodes" : "within a node");
+    }
     double n6 = 6.0 * (double)m->numel * sim->tokens_per_step;
     fprintf(out, "  %-16s %9.1f%%  (%s counted FLOPs per rank per step; by 6*N*tokens: %.1f%%)\n",
             "MFU", sim->mfu * 100, human_rate(sim->model_flops, "FLOP"),
@@ -876,7 +1446,6 @@ static void json_str(FILE *out, const char *s)
     fputc('"', out);
 }
 
-static const char *const track_names[STREAM_COUNT] = {"compute", "all-gather", "reduce-scatter"};
 static const char *const phase_names[] = {"forward", "backward", "optimizer"};
 
 void sim_trace(FILE *out, const Sim *sim, const MemPlan *mp)
@@ -890,10 +1459,24 @@ void sim_trace(FILE *out, const Sim *sim, const MemPlan *mp)
     json_str(out, arena_printf("fsdpc plan: %s on %" PRId64 " x %" PRId64 " %s (world %" PRId64 ")",
                                m->name, c->nodes, c->gpus_per_node, c->gpu->name, c->world));
     fputs("}}", out);
-    for (int t = 0; t < STREAM_COUNT; t++) {
+    /* under HSDP the mesh's two dimensions get tracks of their own: the
+     * shard group's collectives (intra-node when a replica fits in a node)
+     * and the replica all-reduce (inter-node), drawn on a fourth track
+     * though it runs on the reduce stream */
+    int64_t R = m->shard.replicate, S = plan_shard_world(m, c->world);
+    bool hsdp = R > 1;
+    const char *names[STREAM_COUNT + 1] = {track_names[0], track_names[1], track_names[2], NULL};
+    if (hsdp) {
+        const char *span = S <= c->gpus_per_node ? "intra-node" : "inter-node";
+        names[1] = arena_printf("all-gather (shard: %" PRId64 " ranks, %s)", S, span);
+        names[2] = arena_printf("reduce-scatter (shard: %" PRId64 " ranks, %s)", S, span);
+        names[3] = arena_printf("all-reduce (replicate: %" PRId64 " ranks %" PRId64 " apart, %s)",
+                                R, S, S >= c->gpus_per_node ? "inter-node" : "intra-node");
+    }
+    for (int t = 0; t < STREAM_COUNT + hsdp; t++) {
         fprintf(out, ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, "
                      "\"args\": {\"name\": \"%s\"}}",
-                t, track_names[t]);
+                t, names[t]);
         fprintf(out, ",\n{\"name\": \"thread_sort_index\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, "
                      "\"args\": {\"sort_index\": %d}}",
                 t, t);
@@ -913,6 +1496,7 @@ void sim_trace(FILE *out, const Sim *sim, const MemPlan *mp)
             break;
         case EV_ALL_GATHER:
         case EV_REDUCE_SCATTER:
+        case EV_ALL_REDUCE:
         case EV_OPTIMIZER:
             name = arena_printf("%s %s", event_name(e->kind), m->groups[e->group]->name);
             break;
@@ -935,13 +1519,16 @@ void sim_trace(FILE *out, const Sim *sim, const MemPlan *mp)
                      "\"dur\": %.3f, \"args\": {\"event\": %d, \"micro\": %d",
                 e->kind == EV_WAIT_GATHER || e->kind == EV_WAIT_REDUCE ? "wait"
                                                                         : phase_names[e->phase],
-                (int)event_stream(e->kind), sim->start_s[i] * 1e6, dur * 1e6, i, e->micro);
+                e->kind == EV_ALL_REDUCE ? STREAM_COUNT : (int)event_stream(e->kind),
+                sim->start_s[i] * 1e6, dur * 1e6, i, e->micro);
         if (e->group >= 0) {
             fputs(", \"group\": ", out);
             json_str(out, m->groups[e->group]->name);
         }
-        if (e->kind == EV_ALL_GATHER || e->kind == EV_REDUCE_SCATTER)
+        if (e->kind == EV_ALL_GATHER || e->kind == EV_REDUCE_SCATTER || e->kind == EV_ALL_REDUCE)
             fprintf(out, ", \"bytes\": %" PRId64, event_comm_bytes(s, e, c->world));
+        if (hsdp && event_mesh_dim(s, e))
+            fprintf(out, ", \"mesh\": \"%s\"", event_mesh_dim(s, e));
         if (e->op)
             fprintf(out, ", \"op\": %d, \"flops\": %.0f, \"bytes\": %.0f, \"bound\": \"%s\"",
                     e->op->index, op_flops(e->op, B), op_bytes(e->op, B),

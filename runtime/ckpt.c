@@ -529,7 +529,9 @@ static bool write_meta(FsdRun *r, const char *path, const unsigned char *records
     json_text(f, m->source ? m->source : "");
     fprintf(f, ",\n  \"model_hash\": \"%016llx\",\n", (unsigned long long)m->hash);
     fprintf(f, "  \"lineage\": \"%s\",\n", r->ckpt->lineage);
-    fprintf(f, "  \"step\": %lld,\n  \"world\": %d,\n", (long long)r->ckpt->step, r->world);
+    /* under HSDP replica 0's shard group writes: the checkpoint is that of
+     * a world of S ranks, which loads on any world like every other */
+    fprintf(f, "  \"step\": %lld,\n  \"world\": %d,\n", (long long)r->ckpt->step, r->shard_world);
     fprintf(f, "  \"dtype\": \"%s\",\n  \"header_bytes\": %d,\n  \"sections\": [",
             elem == 8 ? "F64" : "F32", HEADER_BYTES);
     for (int s = 0; s < nsections(r); s++)
@@ -553,7 +555,7 @@ static bool write_meta(FsdRun *r, const char *path, const unsigned char *records
         fprintf(f, ", \"flat\": %lld, \"padded\": %lld, \"shard\": %lld, \"offset\": %lld, \"ranges\": [",
                 (long long)G->flat, (long long)G->padded, (long long)G->shard,
                 (long long)group_offset(r, g, elem));
-        for (int q = 0; q < r->world; q++)
+        for (int q = 0; q < r->shard_world; q++)
             fprintf(f, "%s[%lld, %lld]", q ? ", " : "", (long long)(q * G->shard),
                     (long long)((q + 1) * G->shard));
         fprintf(f, "]}%s\n", g + 1 < m->ngroups ? "," : "");
@@ -571,10 +573,10 @@ static bool write_meta(FsdRun *r, const char *path, const unsigned char *records
                 p + 1 < m->nparams ? "," : "");
     }
     fprintf(f, "  ],\n  \"files\": [\n");
-    for (int q = 0; q < r->world; q++)
+    for (int q = 0; q < r->shard_world; q++)
         fprintf(f, "    {\"rank\": %d, \"name\": \"rank_%05d.bin\", \"bytes\": %lld, \"crc32c\": \"%08x\"}%s\n",
                 q, q, (long long)get_u64(records + 16 * q), get_u32(records + 16 * q + 8),
-                q + 1 < r->world ? "," : "");
+                q + 1 < r->shard_world ? "," : "");
     fprintf(f, "  ],\n");
     bool ok = !ferror(f);
     if ((fclose(f) != 0) | !ok) {
@@ -836,10 +838,10 @@ static void publish(FsdRun *r, Ckpt *c, const unsigned char *records)
         prune(r, root, c->step);
     if (!r->quiet) {
         int64_t bytes = 0;
-        for (int q = 0; q < r->world; q++)
+        for (int q = 0; q < r->shard_world; q++)
             bytes += (int64_t)get_u64(records + 16 * q);
         printf("checkpoint %s: step %lld, %d ranks, %.2f MiB\n", c->dir, (long long)c->step,
-               r->world, (double)bytes / (1 << 20));
+               r->shard_world, (double)bytes / (1 << 20));
         fflush(stdout);
     }
 }
@@ -986,7 +988,7 @@ static void save(FsdRun *r, int64_t step, int64_t seq)
     memcpy(h, MAGIC, 8);
     put_u32(h + 8, CKPT_VERSION);
     put_u32(h + 12, (uint32_t)r->rank);
-    put_u32(h + 16, (uint32_t)r->world);
+    put_u32(h + 16, (uint32_t)r->shard_world);
     put_u32(h + 20, (uint32_t)m->ngroups);
     put_u32(h + 24, (uint32_t)ns);
     put_u32(h + 28, (uint32_t)sizeof(real));
@@ -1002,11 +1004,22 @@ static void save(FsdRun *r, int64_t step, int64_t seq)
     j->stage_bytes = STAGE;
     const char *sl = getenv("FSD_CKPT_TEST_SLEEP_MS");
     j->sleep_ms = sl ? atoi(sl) : 0;
-    j->test_fail = r->rank == r->world - 1 && test_fails(step);
+    j->test_fail = r->rank == r->shard_world - 1 && test_fails(step);
     atomic_store(&j->done, 0);
     c->pending = true;
     c->step = step;
     c->seq = seq;
+    /* HSDP: the other replicas hold the same shards and write nothing; they
+     * take part in the completion (records after replica 0's are unread) */
+    if (r->replica > 0) {
+        j->ok = true;
+        j->total = 0;
+        j->crc = 0;
+        atomic_store(&j->done, 1);
+        if (!r->cfg.ckpt_async)
+            complete(r);
+        return;
+    }
     if (r->cfg.ckpt_async) {
         /* completed at a later step boundary, on every rank alike; a rank
          * that could not snapshot or start a thread writes its file now */

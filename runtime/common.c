@@ -285,10 +285,38 @@ static bool parse_flags(FsdRun *r, int argc, char **argv)
 
 /* What the emitted tables and the settings promise, checked against this
  * world before anything is allocated. */
+/* The mesh of replicate = R (docs/design.md#hsdp): R replicas of S = W/R
+ * consecutive ranks (replica r: ranks r*S .. r*S+S-1, a node when S is the
+ * GPUs of one); a world R does not divide is refused with the numbers. */
+static void set_mesh(FsdRun *r)
+{
+    const int64_t R = r->m->replicate > 1 ? r->m->replicate : 1;
+    r->replicas = 1;
+    r->shard_world = r->world;
+    r->shard_rank = r->rank;
+    r->replica = 0;
+    if (r->world % R != 0) {
+        rt_fail(r, "model %s has replicate = %lld (HSDP: %lld replicas of world / %lld ranks), "
+                   "but this run has %d ranks, not a multiple of %lld: run on %lld or %lld ranks, "
+                   "or recompile with a replicate that divides %d",
+                r->m->name, (long long)R, (long long)R, (long long)R, r->world, (long long)R,
+                (long long)(r->world / R * R > 0 ? r->world / R * R : R),
+                (long long)((r->world / R + 1) * R), r->world);
+        return;
+    }
+    r->replicas = (int)R;
+    r->shard_world = (int)(r->world / R);
+    r->shard_rank = r->rank % r->shard_world;
+    r->replica = r->rank / r->shard_world;
+}
+
 static void check_model(FsdRun *r)
 {
     const FsdModel *m = r->m;
     const FsdTrainConfig *c = &r->cfg;
+    set_mesh(r);
+    if (r->err[0])
+        return;
     if (c->micro_batch < 1 || c->grad_accum < 1 || c->grad_accum > (1 << 20) || c->steps < 0 ||
         c->seed < 0) {
         rt_fail(r, "the train section has micro_batch %lld, grad_accum %lld, steps %lld, seed %lld; "
@@ -330,6 +358,23 @@ static void check_model(FsdRun *r)
                 m->name);
         return;
     }
+    /* the same for each group's own dtypes (fsdpc refuses these per target
+     * too: docs/design.md#per-target-mixed-precision) */
+    for (int g = 0; g < m->ngroups; g++) {
+        const FsdGroupInfo *gi = &m->groups[g];
+        const bool dts_known = gi->param_dtype <= FSD_FP16 && gi->reduce_dtype <= FSD_FP16 &&
+                               (int)gi->param_dtype >= 0 && (int)gi->reduce_dtype >= 0;
+        if (!dts_known ||
+            (m->act_dtype == FSD_BF16 &&
+             (gi->param_dtype != FSD_BF16 || gi->reduce_dtype == FSD_FP16))) {
+            rt_fail(r, "model %s: group %s gathers in dtype %d and reduces in dtype %d, which a "
+                       "program that computes in %s cannot (the tables are inconsistent: "
+                       "regenerate the trainer with fsdpc)",
+                    m->name, gi->name, (int)gi->param_dtype, (int)gi->reduce_dtype,
+                    dtype_name(m->act_dtype));
+            return;
+        }
+    }
     /* flat_numel counts the group's parameters with their alignment gaps,
      * so "elements": a group of 2 parameters aligned to 16 has 16 */
     int64_t fits = INT64_MAX;
@@ -337,11 +382,11 @@ static void check_model(FsdRun *r)
         if (m->groups[g].flat_numel < fits)
             fits = m->groups[g].flat_numel;
     for (int g = 0; g < m->ngroups; g++)
-        if (m->groups[g].flat_numel < r->world) {
+        if (m->groups[g].flat_numel < r->shard_world) {
             rt_fail(r, "world size %d is larger than shard group %s's %lld elements (its "
                        "parameters, aligned): run on at most %lld ranks, or merge the group "
                        "into a larger one",
-                    r->world, m->groups[g].name, (long long)m->groups[g].flat_numel,
+                    r->shard_world, m->groups[g].name, (long long)m->groups[g].flat_numel,
                     (long long)fits);
             return;
         }
@@ -404,7 +449,7 @@ static bool build_segments(FsdRun *r, int g)
 static void allocate(FsdRun *r)
 {
     const FsdModel *m = r->m;
-    const int64_t W = r->world, B = r->cfg.micro_batch, T = m->seq;
+    const int64_t W = r->shard_world, B = r->cfg.micro_batch, T = m->seq;
     r->groups = calloc((size_t)m->ngroups + 1, sizeof *r->groups);
     if (!r->groups) {
         rt_fail(r, "out of memory");
@@ -416,7 +461,7 @@ static void allocate(FsdRun *r)
         G->flat = m->groups[g].flat_numel;
         G->padded = round_up(G->flat, W);
         G->shard = G->padded / W;
-        G->lo = r->rank * G->shard;
+        G->lo = r->shard_rank * G->shard;
         int64_t bytes = G->shard * (int64_t)sizeof(real);
         G->master = bk_alloc_shard(r, bytes);
         G->grad = bk_alloc_shard(r, bytes);
@@ -596,6 +641,9 @@ FsdRun *fsdrt_init(int argc, char **argv, const FsdModel *m)
         finish(r, 0);
     }
     check_model(r);
+    /* the mesh's sub-communicators, once (HSDP), on every rank alike */
+    if (!r->err[0])
+        bk_mesh(r);
     /* --hf-names is held against the model now, not when --export runs */
     WLayout hf;
     if (!r->err[0] && r->hf_names && hf_layout(r, r->hf_names, &hf))
@@ -742,10 +790,13 @@ static void write_trace(FsdRun *r)
     int64_t alln = 0;
     FILE *mem = open_memstream(&mine, &n);
     if (mem) {
-        static const char *const threads[] = {"compute", "all-gather", "reduce-scatter"};
+        /* under HSDP a fourth track: the replica all-reduce (the mesh's
+         * replicate dimension, across nodes when a replica is one) */
+        static const char *const threads[] = {"compute", "all-gather", "reduce-scatter",
+                                              "all-reduce (replicate)"};
         fprintf(mem, ",\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}",
                 r->rank, r->rank);
-        for (int t = 0; t < 3; t++)
+        for (int t = 0; t < (r->replicas > 1 ? 4 : 3); t++)
             fprintf(mem, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,"
                          "\"args\":{\"name\":\"%s\"}}",
                     r->rank, t, threads[t]);
@@ -885,7 +936,7 @@ void fsdrt_all_gather(FsdRun *r, int g)
     if (g < 0 || g >= r->m->ngroups)
         RT_BUG(r, "fsdrt_all_gather: no group %d", g);
     Group *G = &r->groups[g];
-    const FsdDtype dt = r->m->param_dtype;
+    const FsdDtype dt = group_param_dtype(r, g);
     if (G->gathering)
         RT_BUG(r, "all-gather of group %s issued again before its wait", r->m->groups[g].name);
     /* a group gathered again without a reshard reuses its buffer */
@@ -909,7 +960,7 @@ void fsdrt_wait_gather(FsdRun *r, int g)
     int mark[2];
     bk_trace_collective(r, g, 1, mark);
     rt_trace(r, r->m->groups[g].name, "all_gather", 1, G->gather_t0, rt_now(), mark,
-             (G->padded - G->shard) * dtype_bytes(r->m->param_dtype));
+             (G->padded - G->shard) * dtype_bytes(group_param_dtype(r, g)));
 }
 
 void fsdrt_reshard(FsdRun *r, int g)
@@ -917,7 +968,7 @@ void fsdrt_reshard(FsdRun *r, int g)
     if (g < 0 || g >= r->m->ngroups || !r->groups[g].params || r->groups[g].gathering)
         RT_BUG(r, "fsdrt_reshard(%d) of a group that is not gathered (or still gathering)", g);
     Group *G = &r->groups[g];
-    bk_pool_put(r, G->params, bk_unsharded_count(r, G->padded, r->m->param_dtype));
+    bk_pool_put(r, G->params, bk_unsharded_count(r, G->padded, group_param_dtype(r, g)));
     G->params = NULL;
 }
 
@@ -927,7 +978,7 @@ void fsdrt_alloc_grads(FsdRun *r, int g)
         RT_BUG(r, "fsdrt_alloc_grads(%d) of a group whose gradients are already allocated", g);
     Group *G = &r->groups[g];
     G->grads = bk_pool_get(r, unsharded_bytes(r, G),
-                           bk_unsharded_count(r, G->padded, grads_dtype(r)));
+                           bk_unsharded_count(r, G->padded, grads_dtype(r, g)));
     bk_alloc_grads(r, g);
 }
 
@@ -936,25 +987,45 @@ void fsdrt_reduce_scatter(FsdRun *r, int g)
     if (g < 0 || g >= r->m->ngroups || !r->groups[g].grads || r->groups[g].reducing)
         RT_BUG(r, "fsdrt_reduce_scatter(%d) without gradients, or with one in flight", g);
     Group *G = &r->groups[g];
-    rt_count(r, reduce_buffer_bytes(r, G->padded));
+    rt_count(r, reduce_buffer_bytes(r, g, G->padded));
     bk_reduce_scatter(r, g);
     G->reducing = true;
     G->reduce_t0 = rt_now();
-    r->counters.reduce_bytes += (G->padded - G->shard) * dtype_bytes(r->m->reduce_dtype);
+    r->counters.reduce_bytes += (G->padded - G->shard) * dtype_bytes(group_reduce_dtype(r, g));
+}
+
+void fsdrt_all_reduce(FsdRun *r, int g)
+{
+    if (g < 0 || g >= r->m->ngroups || !r->groups[g].reducing || r->groups[g].all_reducing ||
+        r->replicas <= 1)
+        RT_BUG(r, "fsdrt_all_reduce(%d) without a reduce-scatter in flight, again, or without "
+                  "replicate",
+               g);
+    Group *G = &r->groups[g];
+    bk_all_reduce(r, g);
+    G->all_reducing = true;
+    r->counters.replicate_bytes += replicate_bytes(r, g, G->shard);
 }
 
 void fsdrt_wait_reduce(FsdRun *r, int g)
 {
-    if (g < 0 || g >= r->m->ngroups || !r->groups[g].reducing)
-        RT_BUG(r, "fsdrt_wait_reduce(%d) without a reduce-scatter in flight", g);
+    if (g < 0 || g >= r->m->ngroups || !r->groups[g].reducing ||
+        (r->replicas > 1 && !r->groups[g].all_reducing))
+        RT_BUG(r, "fsdrt_wait_reduce(%d) without a reduce-scatter (and, under replicate, its "
+                  "all-reduce) in flight",
+               g);
     Group *G = &r->groups[g];
     bk_wait_reduce(r, g);
-    rt_count(r, -reduce_buffer_bytes(r, G->padded));
+    rt_count(r, -reduce_buffer_bytes(r, g, G->padded));
     G->reducing = false;
     int mark[2];
     bk_trace_collective(r, g, 2, mark);
     rt_trace(r, r->m->groups[g].name, "reduce_scatter", 2, G->reduce_t0, rt_now(), mark,
-             (G->padded - G->shard) * dtype_bytes(r->m->reduce_dtype));
+             (G->padded - G->shard) * dtype_bytes(group_reduce_dtype(r, g)));
+    if (G->all_reducing)   /* one slice for both: they share the reduce stream and its wait */
+        rt_trace(r, r->m->groups[g].name, "all_reduce", 3, G->reduce_t0, rt_now(), mark,
+                 replicate_bytes(r, g, G->shard));
+    G->all_reducing = false;
 }
 
 void fsdrt_free_grads(FsdRun *r, int g)
@@ -962,7 +1033,7 @@ void fsdrt_free_grads(FsdRun *r, int g)
     if (g < 0 || g >= r->m->ngroups || !r->groups[g].grads || r->groups[g].reducing)
         RT_BUG(r, "fsdrt_free_grads(%d) of gradients not allocated, or still reducing", g);
     Group *G = &r->groups[g];
-    bk_pool_put(r, G->grads, bk_unsharded_count(r, G->padded, grads_dtype(r)));
+    bk_pool_put(r, G->grads, bk_unsharded_count(r, G->padded, grads_dtype(r, g)));
     G->grads = NULL;
 }
 
@@ -1065,6 +1136,8 @@ static void grad_check(FsdRun *r, FsdStepFn step)
             for (int g = 0; g < ng; g++)
                 for (int64_t i = 0; i < r->groups[g].shard; i++)
                     dot += (double)grad[g][i] * (double)dir[g][i];
+            if (r->replica > 0)   /* HSDP: the replicas hold the same shards; count one */
+                dot = 0;
             bk_allreduce_sum(r, &dot, 1);
             check_set(r, saved, eps, dir);
             double plus = check_step(r, step);
@@ -1104,6 +1177,7 @@ static void grad_check(FsdRun *r, FsdStepFn step)
     free(saved), free(grad), free(dir);
     r->counters.gather_bytes = counters.gather_bytes;
     r->counters.reduce_bytes = counters.reduce_bytes;
+    r->counters.replicate_bytes = counters.replicate_bytes;
 }
 
 /* ── the step ── */
@@ -1149,6 +1223,7 @@ bool fsdrt_begin_step(FsdRun *r)
     r->step_t0 = rt_now();
     r->gather_at_step = r->counters.gather_bytes;
     r->reduce_at_step = r->counters.reduce_bytes;
+    r->replicate_at_step = r->counters.replicate_bytes;
     stop_test_pause(r);
     return true;
 }
@@ -1238,6 +1313,7 @@ void fsdrt_end_step(FsdRun *r)
     double tok_s = secs > 0 ? (double)tokens / secs : 0;
     int64_t gathered = r->counters.gather_bytes - r->gather_at_step;
     int64_t reduced = r->counters.reduce_bytes - r->reduce_at_step;
+    int64_t replicated = r->counters.replicate_bytes - r->replicate_at_step;
     /* evaluation after this update, when due: outside the step's time and
      * bytes, so step_ms, tokens/s and the step's gather_bytes are
      * training's alone; not after a step that stopped the run, whose
@@ -1273,6 +1349,11 @@ void fsdrt_end_step(FsdRun *r)
                 snprintf(ck + strlen(ck), sizeof ck - strlen(ck), ", \"skipped\": true");
             if (evaluated)
                 eval_describe(ck + strlen(ck), sizeof ck - strlen(ck), true, val_loss, eval_ms);
+            /* HSDP: the replicate dimension's bytes (in comm_bytes too);
+             * other runs' lines are as before */
+            if (r->replicas > 1)
+                snprintf(ck + strlen(ck), sizeof ck - strlen(ck), ", \"replicate_bytes\": %lld",
+                         (long long)replicated);
             /* JSON has no NaN: a diverged run logs null */
             json_number(ls, sizeof ls, loss);
             json_number(ns, sizeof ns, norm);
@@ -1284,7 +1365,7 @@ void fsdrt_end_step(FsdRun *r)
                     "\"first_seq\": %lld%s}\n",
                     (long long)r->step, ls, lr, ns, tok_s, secs * 1e3,
                     (long long)r->counters.peak_alloc_bytes, (long long)r->mem.peak,
-                    (long long)(gathered + reduced),
+                    (long long)(gathered + reduced + replicated),
                     (long long)gathered, (long long)reduced, (long long)r->seq, ck);
             fflush(r->log);
         }

@@ -54,6 +54,7 @@ typedef struct GroupComm {
     MPI_Request gather, reduce;
     uint16_t *wire;          /* fp32 act: 2-byte all-gather buffer while gathering */
     real *wide;              /* bf16 act: the gradients widened, while reducing */
+    bool all_reduced;        /* HSDP: `reduce` is now the replica all-reduce */
 } GroupComm;
 
 /* bf16 products: float copies of the operands for OpenBLAS (fsdrt_gemm),
@@ -68,6 +69,11 @@ typedef struct GemmScratch {
 struct Backend {
     MPI_Comm comm;           /* the runtime's own copy of the world */
     bool have_comm;
+    /* HSDP's mesh (bk_mesh): the shard group (this replica's ranks) and the
+     * replica group (every replica's rank at this shard_rank); without
+     * replicate, shard is comm and there is no replica group */
+    MPI_Comm shard, replica;
+    bool have_mesh;
     bool started_mpi;        /* MPI_Init was ours, so MPI_Finalize is too */
     Pooled *pool;
     int npool, pool_cap;
@@ -366,6 +372,11 @@ void bk_stop(FsdRun *r)
     if (up && !down) {
         /* shutting down: a failure is reported, but there is nothing to undo */
         int e = bk->have_comm ? MPI_Comm_free(&bk->comm) : MPI_SUCCESS;
+        if (e == MPI_SUCCESS && bk->have_mesh) {
+            e = MPI_Comm_free(&bk->shard);
+            if (e == MPI_SUCCESS)
+                e = MPI_Comm_free(&bk->replica);
+        }
         if (e == MPI_SUCCESS && bk->started_mpi)
             e = MPI_Finalize();
         if (e != MPI_SUCCESS)
@@ -377,6 +388,21 @@ void bk_stop(FsdRun *r)
 }
 
 /* ── small collectives ── */
+
+void bk_mesh(FsdRun *r)
+{
+    Backend *bk = r->bk;
+    bk->shard = bk->comm;
+    if (r->replicas <= 1)
+        return;
+    /* colour: which replica (consecutive ranks) or which shard position;
+     * key: the world rank, so ranks keep their order in each */
+    MPI_CHECK(r, MPI_Comm_split(bk->comm, r->replica, r->rank, &bk->shard));
+    MPI_CHECK(r, MPI_Comm_split(bk->comm, r->shard_rank, r->rank, &bk->replica));
+    bk->have_mesh = true;
+    MPI_CHECK(r, MPI_Comm_set_errhandler(bk->shard, MPI_ERRORS_RETURN));
+    MPI_CHECK(r, MPI_Comm_set_errhandler(bk->replica, MPI_ERRORS_RETURN));
+}
 
 bool bk_agree(FsdRun *r)
 {
@@ -404,9 +430,11 @@ void bk_allreduce_sum(FsdRun *r, double *v, int n)
 void bk_gather_shards(FsdRun *r, int g, real *dst)
 {
     Group *G = &r->groups[g];
+    if (r->replica > 0)   /* replica 0 holds the same shards */
+        return;
     int n = count_of(r, G->shard, "a shard");
     MPI_Request q;
-    MPI_CHECK(r, MPI_Igather(G->master, n, MPI_REAL_T, dst, n, MPI_REAL_T, 0, r->bk->comm, &q));
+    MPI_CHECK(r, MPI_Igather(G->master, n, MPI_REAL_T, dst, n, MPI_REAL_T, 0, r->bk->shard, &q));
     wait_for(r, &q, "gather of the shards on rank 0", g);
 }
 
@@ -600,12 +628,12 @@ void bk_all_gather(FsdRun *r, int g)
 {
     Group *G = &r->groups[g];
     GroupComm *c = &r->bk->gc[g];
-    FsdDtype dt = r->m->param_dtype;
+    FsdDtype dt = group_param_dtype(r, g);
     int n = count_of(r, G->shard, "a shard");
     if (dt == FSD_FP32) {
         memcpy((real *)G->params + G->lo, G->master, (size_t)G->shard * sizeof(real));
         MPI_CHECK(r, MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, G->params, n, MPI_REAL_T,
-                                    r->bk->comm, &c->gather));
+                                    r->bk->shard, &c->gather));
         return;
     }
     /* 2-byte values gathered in place: into the bf16 unsharded buffer
@@ -617,7 +645,7 @@ void bk_all_gather(FsdRun *r, int g)
     for (int64_t i = 0; i < G->shard; i++)
         own[i] = narrow(dt, G->master[i]);
     MPI_CHECK(r, MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, all, n, MPI_UINT16_T,
-                                r->bk->comm, &c->gather));
+                                r->bk->shard, &c->gather));
 }
 
 void bk_wait_gather(FsdRun *r, int g)
@@ -626,7 +654,7 @@ void bk_wait_gather(FsdRun *r, int g)
     GroupComm *c = &r->bk->gc[g];
     wait_for(r, &c->gather, "all-gather", g);
     if (c->wire) {
-        FsdDtype dt = r->m->param_dtype;
+        FsdDtype dt = group_param_dtype(r, g);
         real *params = G->params;
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < G->padded; i++)
@@ -664,9 +692,9 @@ void bk_reduce_scatter(FsdRun *r, int g)
         for (int64_t i = 0; i < G->padded; i++)
             sum[i] = float_from_bf16(grads[i]);
     } else
-        round_to(r->m->reduce_dtype, sum, G->padded);
+        round_to(group_reduce_dtype(r, g), sum, G->padded);
     MPI_CHECK(r, MPI_Ireduce_scatter_block(MPI_IN_PLACE, sum, count_of(r, G->shard, "a shard"),
-                                           MPI_REAL_T, MPI_SUM, r->bk->comm, &c->reduce));
+                                           MPI_REAL_T, MPI_SUM, r->bk->shard, &c->reduce));
 }
 
 /* shard += sum / world: averaged over ranks, accumulated over
@@ -690,14 +718,32 @@ static void accumulate_shard(real *shard, const real *sum, int64_t n, int world)
         shard[i] += sum[i] / w;
 }
 
+/* HSDP: the shard group's sum, at the start of the buffer reduced, summed
+ * again across the replicas in place. MPI moves a nonblocking collective
+ * only inside MPI calls, so the reduce-scatter is completed here and the
+ * all-reduce started; bk_wait_reduce waits for it. The sum is rounded to
+ * the reduce dtype first, as the GPU's reduce-scatter leaves it. */
+void bk_all_reduce(FsdRun *r, int g)
+{
+    Group *G = &r->groups[g];
+    GroupComm *c = &r->bk->gc[g];
+    wait_for(r, &c->reduce, "reduce-scatter", g);
+    real *sum = c->wide ? c->wide : G->grads;
+    round_to(group_reduce_dtype(r, g), sum, G->shard);
+    MPI_CHECK(r, MPI_Iallreduce(MPI_IN_PLACE, sum, count_of(r, G->shard, "a shard"), MPI_REAL_T,
+                                MPI_SUM, r->bk->replica, &c->reduce));
+    c->all_reduced = true;
+}
+
 /* The summed slice is at the start of the buffer reduced (MPI_IN_PLACE). */
 void bk_wait_reduce(FsdRun *r, int g)
 {
     Group *G = &r->groups[g];
     GroupComm *c = &r->bk->gc[g];
-    wait_for(r, &c->reduce, "reduce-scatter", g);
+    wait_for(r, &c->reduce, c->all_reduced ? "replica all-reduce" : "reduce-scatter", g);
+    c->all_reduced = false;
     real *sum = c->wide ? c->wide : G->grads, *shard = G->grad;
-    round_to(r->m->reduce_dtype, sum, G->shard);
+    round_to(group_reduce_dtype(r, g), sum, G->shard);
     accumulate_shard(shard, sum, G->shard, r->world);
     if (c->wide) {
         bk_pool_put(r, c->wide, 0);

@@ -323,6 +323,21 @@ static void *watchdog(void *arg)
     return NULL;
 }
 
+/* HSDP's sub-communicators, split once from the world's (ncclCommSplit,
+ * NCCL 2.18): colour the replica (consecutive ranks) for the shard group,
+ * the shard position for the replica group; the world rank as key keeps
+ * the order. Collective over every rank. */
+void bk_mesh(FsdRun *r)
+{
+    Backend *bk = r->bk;
+    bk->shard = bk->comm;
+    if (r->replicas <= 1)
+        return;
+    NCCL_CHECK(r, ncclCommSplit(bk->comm, r->replica, r->rank, &bk->shard, NULL));
+    NCCL_CHECK(r, ncclCommSplit(bk->comm, r->shard_rank, r->rank, &bk->replica, NULL));
+    bk->have_mesh = true;
+}
+
 static void start_nccl(FsdRun *r, const ncclUniqueId *id)
 {
     Backend *bk = r->bk;
@@ -462,6 +477,20 @@ void bk_stop(FsdRun *r)
     if (bk->have_lt) {
         bk->have_lt = false;
         BLAS_NOTE(r, cublasLtDestroy(bk->lt));
+    }
+    if (bk->have_mesh) {   /* the split communicators before their parent */
+        bk->have_mesh = false;
+        ncclComm_t split[2] = {bk->shard, bk->replica};
+        for (int i = 0; i < 2; i++) {
+            ncclResult_t e = ncclCommFinalize(split[i]);
+            if (e == ncclSuccess)
+                e = ncclCommDestroy(split[i]);
+            else
+                ncclCommAbort(split[i]);
+            if (e != ncclSuccess)
+                fprintf(stderr, "train: rank %d: %s:%d: shutting down NCCL failed: %s\n", r->rank,
+                        __FILE__, __LINE__, ncclGetErrorString(e));
+        }
     }
     if (bk->have_comm) {
         bk->have_comm = false;

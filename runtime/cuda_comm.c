@@ -111,6 +111,8 @@ void bk_gather_shards(FsdRun *r, int g, real *dst)
 {
     Backend *bk = r->bk;
     Group *G = &r->groups[g];
+    if (r->replica > 0)   /* replica 0's shard group holds the same shards */
+        return;
     const int64_t bytes = G->padded * (int64_t)sizeof(real);
     /* its own allocation, not the pool's: outside the step, and with bf16
      * act twice the size of the pool's parameter buffers, which it would
@@ -124,7 +126,7 @@ void bk_gather_shards(FsdRun *r, int g, real *dst)
                                       cudaMemcpyHostToDevice, bk->compute));
         mine = all + G->lo;
     }
-    NCCL_CHECK(r, ncclAllGather(mine, all, (size_t)G->shard, ncclFloat32, bk->comm,
+    NCCL_CHECK(r, ncclAllGather(mine, all, (size_t)G->shard, ncclFloat32, bk->shard,
                                 bk->compute));
     if (r->rank == 0)
         CUDA_CHECK(r, cudaMemcpyAsync(dst, all, (size_t)bytes, cudaMemcpyDeviceToHost, bk->compute));
@@ -222,7 +224,7 @@ void bk_all_gather(FsdRun *r, int g)
     Backend *bk = r->bk;
     Group *G = &r->groups[g];
     GroupComm *c = &bk->gc[g];
-    const FsdDtype dt = r->m->param_dtype;
+    const FsdDtype dt = group_param_dtype(r, g);
     const bool bf16_act = act_bf16(r);
     /* this rank's slice of the unsharded buffer: its shard goes there, and
      * the gather fills the rest around it */
@@ -255,12 +257,12 @@ void bk_all_gather(FsdRun *r, int g)
     }
     if (bf16_act || dt == FSD_FP32) {   /* in place: the buffer holds what is gathered */
         NCCL_CHECK(r, ncclAllGather(own, G->params, (size_t)G->shard,
-                                    bf16_act ? ncclBfloat16 : ncclFloat32, bk->comm, bk->gather));
+                                    bf16_act ? ncclBfloat16 : ncclFloat32, bk->shard, bk->gather));
     } else {
         const int bf16 = dt == FSD_BF16;
         CUDA_CHECK(r, cu_narrow(bk->wire_ag + G->lo, shard32, G->shard, bf16, bk->gather));
         NCCL_CHECK(r, ncclAllGather(bk->wire_ag + G->lo, bk->wire_ag, (size_t)G->shard,
-                                    wire_type(dt), bk->comm, bk->gather));
+                                    wire_type(dt), bk->shard, bk->gather));
         CUDA_CHECK(r, cu_widen(G->params, bk->wire_ag, G->padded, bf16, bk->gather));
     }
     CUDA_CHECK(r, cudaEventRecord(c->gathered, bk->gather));
@@ -282,12 +284,28 @@ void bk_alloc_grads(FsdRun *r, int g)
     CUDA_CHECK(r, cudaMemsetAsync(G->grads, 0, (size_t)unsharded_bytes(r, G), r->bk->compute));
 }
 
+/* HSDP: the reduce-scatter's averaged slice averaged again across the
+ * replicas, in place, on the reduce stream behind it: the mean over all W
+ * ranks, before anything adds it into a shard. */
+static void replica_avg(FsdRun *r, void *slice, int64_t n, ncclDataType_t type)
+{
+    Backend *bk = r->bk;
+    if (r->replicas > 1)
+        NCCL_CHECK(r, ncclAllReduce(slice, slice, (size_t)n, type, ncclAvg, bk->replica,
+                                    bk->reduce));
+}
+
+/* The replica all-reduce was queued by bk_reduce_scatter on the reduce
+ * stream, between the reduce-scatter and the accumulation that must see
+ * it; the wait on `reduced` covers it. Nothing is left to do here. */
+void bk_all_reduce(FsdRun *r, int g) { (void)r, (void)g; }
+
 void bk_reduce_scatter(FsdRun *r, int g)
 {
     Backend *bk = r->bk;
     Group *G = &r->groups[g];
     GroupComm *c = &bk->gc[g];
-    const FsdDtype dt = r->m->reduce_dtype;
+    const FsdDtype dt = group_reduce_dtype(r, g);
     /* where the averaged slice is added: the grad shard, or with offload the
      * device accumulator (NULL with grad_accum 1 and fp32 act: the slice is
      * copied out as it is, from the unsharded gradient buffer) */
@@ -300,17 +318,20 @@ void bk_reduce_scatter(FsdRun *r, int g)
         if (dt == FSD_FP32) {   /* widened into the fp32 reduce buffer, reduced there */
             CUDA_CHECK(r, cu_widen(bk->reduce32, grads, G->padded, 1, bk->reduce));
             NCCL_CHECK(r, ncclReduceScatter(bk->reduce32, bk->reduce32 + G->lo, (size_t)G->shard,
-                                            ncclFloat32, ncclAvg, bk->comm, bk->reduce));
+                                            ncclFloat32, ncclAvg, bk->shard, bk->reduce));
+            replica_avg(r, bk->reduce32 + G->lo, G->shard, ncclFloat32);
             CUDA_CHECK(r, cu_accum(sum, bk->reduce32 + G->lo, G->shard, bk->reduce));
         } else {
             NCCL_CHECK(r, ncclReduceScatter(grads, grads + G->lo, (size_t)G->shard, ncclBfloat16,
-                                            ncclAvg, bk->comm, bk->reduce));
+                                            ncclAvg, bk->shard, bk->reduce));
+            replica_avg(r, grads + G->lo, G->shard, ncclBfloat16);
             CUDA_CHECK(r, cu_accum_widen(sum, grads + G->lo, G->shard, 1, bk->reduce));
         }
     } else if (dt == FSD_FP32) {
         float *grads = G->grads;
         NCCL_CHECK(r, ncclReduceScatter(grads, grads + G->lo, (size_t)G->shard, ncclFloat32,
-                                        ncclAvg, bk->comm, bk->reduce));
+                                        ncclAvg, bk->shard, bk->reduce));
+        replica_avg(r, grads + G->lo, G->shard, ncclFloat32);
         if (sum)
             CUDA_CHECK(r, cu_accum(sum, grads + G->lo, G->shard, bk->reduce));
     } else {
@@ -318,7 +339,8 @@ void bk_reduce_scatter(FsdRun *r, int g)
         const int bf16 = dt == FSD_BF16;
         CUDA_CHECK(r, cu_narrow(bk->wire_rs, grads, G->padded, bf16, bk->reduce));
         NCCL_CHECK(r, ncclReduceScatter(bk->wire_rs, bk->wire_rs + G->lo, (size_t)G->shard,
-                                        wire_type(dt), ncclAvg, bk->comm, bk->reduce));
+                                        wire_type(dt), ncclAvg, bk->shard, bk->reduce));
+        replica_avg(r, bk->wire_rs + G->lo, G->shard, wire_type(dt));
         if (sum)
             CUDA_CHECK(r, cu_accum_widen(sum, bk->wire_rs + G->lo, G->shard, bf16, bk->reduce));
         else   /* fp32 for the host, in the slice the 16-bit values came from */

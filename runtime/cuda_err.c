@@ -22,6 +22,11 @@ _Noreturn void bk_abort(FsdRun *r)
     fflush(stdout);
     fflush(stderr);
     Backend *bk = r->bk;
+    if (bk && bk->have_mesh) {   /* HSDP's split communicators, the same way */
+        bk->have_mesh = false;
+        ncclCommAbort(bk->shard);
+        ncclCommAbort(bk->replica);
+    }
     if (bk && bk->have_comm) {
         /* NCCL kernels waiting for peers end; other ranks' NCCL sees them gone */
         bk->have_comm = false;
@@ -84,6 +89,11 @@ void cuda_host_wait(FsdRun *r, cudaEvent_t ev, const char *what)
         if (bk->have_comm) {
             ncclResult_t async = ncclSuccess;
             NCCL_CHECK(r, ncclCommGetAsyncError(bk->comm, &async));
+            /* HSDP: the step's collectives run on the split communicators */
+            if (bk->have_mesh && (async == ncclSuccess || async == ncclInProgress))
+                NCCL_CHECK(r, ncclCommGetAsyncError(bk->shard, &async));
+            if (bk->have_mesh && (async == ncclSuccess || async == ncclInProgress))
+                NCCL_CHECK(r, ncclCommGetAsyncError(bk->replica, &async));
             if (async != ncclSuccess && async != ncclInProgress)
                 cuda_nccl_failed(r, __FILE__, __LINE__, what, async);
         }

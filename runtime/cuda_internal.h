@@ -107,6 +107,11 @@ struct Backend {
     cudaEvent_t fence, host_ev, stats_ev;
     ncclComm_t comm;
     bool have_comm;
+    /* HSDP's mesh (bk_mesh, ncclCommSplit of comm): the shard group, this
+     * replica's ranks (comm itself without replicate), and the replica
+     * group, the ranks at this shard_rank of every replica */
+    ncclComm_t shard, replica;
+    bool have_mesh;
     cublasLtHandle_t lt;
     bool have_lt, tf32;
     void *blas_ws;

@@ -219,15 +219,20 @@ static void *device(FsdRun *r, int64_t bytes, bool counted)
     return p;
 }
 
-/* The largest group's padded elements at world W (the wire and reduce
- * buffers' size), from the model's flat sizes: bk_counted_extra needs it
- * before the groups are sized. */
-static int64_t largest_padded(const FsdRun *r, int64_t W)
+/* The largest padded size at world W among the groups that gather
+ * (by_reduce false) or reduce (true) in a 16-bit dtype (fp32 false) or in
+ * fp32 (true), from the model's flat sizes (bk_counted_extra needs it
+ * before the groups are sized): the wire and reduce buffers one direction
+ * shares are sized for the groups that use them, as each group has its own
+ * dtypes (FsdGroupInfo); 0 when no group does. */
+static int64_t largest_padded_in(const FsdRun *r, int64_t W, bool by_reduce, bool fp32)
 {
     int64_t most = 0;
+    W = shard_world_of(r, W);   /* HSDP: padded per shard group */
     for (int g = 0; g < r->m->ngroups; g++) {
+        const FsdDtype dt = by_reduce ? group_reduce_dtype(r, g) : group_param_dtype(r, g);
         const int64_t padded = (r->m->groups[g].flat_numel + W - 1) / W * W;
-        if (padded > most)
+        if ((dt == FSD_FP32) == fp32 && padded > most)
             most = padded;
     }
     return most;
@@ -242,12 +247,11 @@ static bool offload_accumulates(const FsdRun *r)
 int64_t bk_counted_extra(FsdRun *r, int64_t world)
 {
     const FsdModel *m = r->m;
-    const int64_t most = largest_padded(r, world);
     int64_t extra = 0;
-    if (!act_bf16(r) && m->param_dtype != FSD_FP32)
-        extra += 2 * most;   /* wire_ag */
-    if (!act_bf16(r) && m->reduce_dtype != FSD_FP32)
-        extra += 2 * most;   /* wire_rs */
+    if (!act_bf16(r)) {
+        extra += 2 * largest_padded_in(r, world, false, false);   /* wire_ag */
+        extra += 2 * largest_padded_in(r, world, true, false);    /* wire_rs */
+    }
     if (offload_accumulates(r))
         for (int g = 0; g < m->ngroups; g++)
             extra += (m->groups[g].flat_numel + world - 1) / world * (int64_t)sizeof(real);
@@ -257,7 +261,6 @@ int64_t bk_counted_extra(FsdRun *r, int64_t world)
 bool bk_memory(FsdRun *r, BkMemory *d)
 {
     Backend *bk = r->bk;
-    const FsdModel *m = r->m;
     size_t free_now = 0, total = 0;
     if (cudaMemGetInfo(&free_now, &total) != cudaSuccess) {
         cudaGetLastError();
@@ -279,10 +282,10 @@ bool bk_memory(FsdRun *r, BkMemory *d)
     if (bk->acc_bytes && k < n)
         k += (size_t)snprintf(d->extra_what + k, n - k, "%soffload's device accumulators %lld",
                               k ? ", " : "", (long long)bk->acc_bytes);
-    if (!act_bf16(r) && m->param_dtype != FSD_FP32 && k < n)
+    if (!act_bf16(r) && largest_padded_in(r, r->world, false, false) && k < n)
         k += (size_t)snprintf(d->extra_what + k, n - k,
                               "%sunsharded parameters in fp32, gathered in 16 bits", k ? ", " : "");
-    if (!act_bf16(r) && m->reduce_dtype != FSD_FP32 && k < n)
+    if (!act_bf16(r) && largest_padded_in(r, r->world, true, false) && k < n)
         k += (size_t)snprintf(d->extra_what + k, n - k,
                               "%sunsharded gradients in fp32, reduced in 16 bits", k ? ", " : "");
     if (!k)
@@ -437,16 +440,18 @@ void bk_ready(FsdRun *r)
      * place, but an fp32 reduce widens the gradients into one fp32 buffer
      * used the same way; it is not counted here: common.c counts a padded ×
      * 4 buffer for each reduce-scatter while it runs, as the plan does */
-    const int64_t most = largest_padded(r, r->world);
+    const int64_t gather16 = largest_padded_in(r, r->world, false, false),
+                  reduce16 = largest_padded_in(r, r->world, true, false),
+                  reduce32 = largest_padded_in(r, r->world, true, true);
     if (act_bf16(r)) {
-        if (m->reduce_dtype == FSD_FP32)
-            bk->reduce32 = device(r, 4 * most, false);
-    } else if (m->param_dtype != FSD_FP32) {
-        bk->wire_ag_bytes = 2 * most;
+        if (reduce32)
+            bk->reduce32 = device(r, 4 * reduce32, false);
+    } else if (gather16) {
+        bk->wire_ag_bytes = 2 * gather16;
         bk->wire_ag = device(r, bk->wire_ag_bytes, true);
     }
-    if (!act_bf16(r) && m->reduce_dtype != FSD_FP32) {
-        bk->wire_rs_bytes = 2 * most;
+    if (!act_bf16(r) && reduce16) {
+        bk->wire_rs_bytes = 2 * reduce16;
         bk->wire_rs = device(r, bk->wire_rs_bytes, true);
     }
     if (r->err[0]) {

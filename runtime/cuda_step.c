@@ -158,7 +158,9 @@ void bk_update(FsdRun *r, double lr, int64_t t, double v[2])
         CUDA_CHECK(r, cu_sumsq_partial(G->grad, G->shard, bk->d_partials + at, s));
         at += cu_sumsq_blocks(G->shard);
     }
-    CUDA_CHECK(r, cu_sumsq_finish(bk->d_stats, bk->d_partials, at, bk->d_stats + 3, r->loss_sum, s));
+    /* HSDP: only replica 0's Σ g² counts (optim.c's optim_grad_sumsq) */
+    CUDA_CHECK(r, cu_sumsq_finish(bk->d_stats, bk->d_partials, r->replica > 0 ? 0 : at,
+                                  bk->d_stats + 3, r->loss_sum, s));
     NCCL_CHECK(r, ncclAllReduce(bk->d_stats, bk->d_stats, 2, ncclFloat64, ncclSum, bk->comm, s));
     CUDA_CHECK(r, cu_clip(bk->d_stats, c->grad_clip, s));
     const double *coef = bk->d_stats + 2;

@@ -83,6 +83,10 @@ typedef struct FsdParamInfo {
 typedef struct FsdGroupInfo {
     const char *name;
     int64_t flat_numel;      /* aligned parameters end to end, before padding */
+    /* this group's all-gather and reduce-scatter dtypes: the shard
+     * section's unless its fully_shard line sets its own
+     * (docs/design.md#per-target-mixed-precision) */
+    FsdDtype param_dtype, reduce_dtype;
 } FsdGroupInfo;
 
 /* A tensor of the activation arena: numel = per_sample * B + fixed, live
@@ -143,6 +147,8 @@ typedef struct FsdModel {
     const FsdParamInfo *params;
     const FsdGroupInfo *groups;
     const FsdActInfo *acts;
+    /* the shard section's mixed_precision: every group's but where its
+     * FsdGroupInfo says otherwise, which is what the collectives use */
     FsdDtype param_dtype;    /* all-gather dtype */
     FsdDtype act_dtype;      /* FSD_ACT_DTYPE: FSD_BF16, or FSD_FP32 for `real` */
     FsdDtype reduce_dtype;   /* reduce-scatter dtype */
@@ -168,6 +174,11 @@ typedef struct FsdModel {
      * section's memory_budget (0: none), which the runtime holds the peak
      * at its own world to before it starts. */
     int64_t plan_world, plan_peak_bytes, memory_budget_bytes;
+    /* replicate = R (docs/design.md#hsdp): the world is R replicas of W/R
+     * consecutive ranks, each sharding every group over its own ranks, the
+     * reduced gradient shards all-reduced across replicas; 0 or 1: plain
+     * FSDP. Last, so a program written without it reads 0. */
+    int64_t replicate;
 } FsdModel;
 
 /* ── lifecycle ── */
@@ -244,6 +255,7 @@ void fsdrt_wait_gather(FsdRun *r, int group);
 void fsdrt_reshard(FsdRun *r, int group);      /* unsharded params back to the pool */
 void fsdrt_alloc_grads(FsdRun *r, int group);  /* a zeroed unsharded grad buffer */
 void fsdrt_reduce_scatter(FsdRun *r, int group);  /* async: average over ranks */
+void fsdrt_all_reduce(FsdRun *r, int group);   /* HSDP: the shard across replicas, after it */
 void fsdrt_wait_reduce(FsdRun *r, int group);  /* and accumulate into the grad shard */
 void fsdrt_free_grads(FsdRun *r, int group);
 
@@ -282,11 +294,15 @@ bool fsdrt_gemm_bias_gelu(FsdRun *r, bool transA, bool transB, int64_t M, int64_
 void fsdrt_trace_begin(FsdRun *r, const char *name);
 void fsdrt_trace_end(FsdRun *r);
 
-/* Collective bytes count what a rank receives in a ring: (W-1)/W of the
- * padded buffer in the collective's dtype, the planner's figure exactly. */
+/* Collective bytes count what a rank receives in a ring: (S-1)/S of the
+ * padded buffer in the collective's dtype over the S ranks of the shard
+ * group (S = W, or W/R under replicate = R), and 2(R-1)/R of the shard for
+ * the replica all-reduce: the planner's figures exactly, per mesh
+ * dimension. */
 typedef struct FsdCounters {
-    int64_t gather_bytes;        /* all-gathers */
-    int64_t reduce_bytes;        /* reduce-scatters */
+    int64_t gather_bytes;        /* all-gathers (shard dimension) */
+    int64_t reduce_bytes;        /* reduce-scatters (shard dimension) */
+    int64_t replicate_bytes;     /* replica all-reduces (replicate dimension) */
     int64_t alloc_bytes;         /* runtime-owned memory now */
     int64_t peak_alloc_bytes;    /* its maximum */
 } FsdCounters;

@@ -53,6 +53,7 @@ typedef struct Group {
     /* a collective issued and not yet waited for, and when it was issued
      * (the trace's slice); common.c keeps them, the backend its handles */
     bool gathering, reducing;
+    bool all_reducing;       /* HSDP: the replica all-reduce issued after the reduce-scatter */
     double gather_t0, reduce_t0;
 } Group;
 
@@ -119,6 +120,10 @@ struct FsdRun {
     const FsdModel *m;
     FsdTrainConfig cfg;      /* the train section after flags */
     int rank, world, local_rank, local_world;
+    /* the mesh (docs/design.md#hsdp): R replicas of S = world / R
+     * consecutive ranks; this rank is shard_rank of replica `replica`.
+     * Plain FSDP: R = 1, S = world. Groups are padded and sharded over S. */
+    int replicas, shard_world, shard_rank, replica;
     Backend *bk;
 
     /* flags that are not train settings */
@@ -168,7 +173,7 @@ struct FsdRun {
     int64_t skipped;         /* non-finite steps skipped in a row, up to the last step */
     bool saves_failed;       /* end the run after this step: ckpt.c's saves keep failing */
     double step_t0, loss_sum;
-    int64_t gather_at_step, reduce_at_step;   /* the counters when the step began */
+    int64_t gather_at_step, reduce_at_step, replicate_at_step;   /* the counters when the step began */
 
     FsdCounters counters;
 
@@ -216,6 +221,15 @@ void rt_trace(FsdRun *r, const char *name, const char *what, int tid, double beg
 
 static inline int dtype_bytes(FsdDtype t) { return t == FSD_FP32 ? (int)sizeof(real) : 2; }
 
+/* The ranks a group is sharded over at world W: W / replicate (HSDP), or
+ * W itself when replicate does not divide it (the trainer refuses that
+ * world at start-up; memory.c's searches only skip it). */
+static inline int64_t shard_world_of(const FsdRun *r, int64_t W)
+{
+    const int64_t R = r->m->replicate > 1 ? r->m->replicate : 1;
+    return W % R == 0 ? W / R : W;
+}
+
 /* The model's act dtype (fsdrt.h): what arena tensors other than
  * statistics, and the unsharded parameters and gradients, are stored as.
  * check_model accepts FSD_FP32 (act is real) and FSD_BF16 only. */
@@ -226,19 +240,29 @@ static inline int64_t unsharded_bytes(const FsdRun *r, const Group *G)
 {
     return G->padded * (int64_t)act_bytes(r);
 }
-/* What the plan holds unsharded gradients in: act when it is bf16 (FSDP2's
- * gradients in the param dtype), else the reduce dtype. */
-static inline FsdDtype grads_dtype(const FsdRun *r)
+/* Group g's all-gather and reduce-scatter dtypes (FsdGroupInfo). */
+static inline FsdDtype group_param_dtype(const FsdRun *r, int g) { return r->m->groups[g].param_dtype; }
+static inline FsdDtype group_reduce_dtype(const FsdRun *r, int g) { return r->m->groups[g].reduce_dtype; }
+/* Bytes one rank receives in group g's replica all-reduce: 2(R-1)/R of its
+ * shard in the group's reduce dtype (0 without HSDP). */
+static inline int64_t replicate_bytes(const FsdRun *r, int g, int64_t shard)
 {
-    return act_bf16(r) ? FSD_BF16 : r->m->reduce_dtype;
+    const int64_t R = r->replicas;
+    return R > 1 ? 2 * (R - 1) * shard / R * dtype_bytes(group_reduce_dtype(r, g)) : 0;
 }
-/* bf16 gradients reduced in fp32 are widened into an fp32 buffer of the
- * group's padded size, which lives from fsdrt_reduce_scatter to
+/* What the plan holds group g's unsharded gradients in: act when it is bf16
+ * (FSDP2's gradients in the param dtype), else the group's reduce dtype. */
+static inline FsdDtype grads_dtype(const FsdRun *r, int g)
+{
+    return act_bf16(r) ? FSD_BF16 : group_reduce_dtype(r, g);
+}
+/* bf16 gradients reduced in fp32 are widened into an fp32 buffer of group
+ * g's padded size, which lives from fsdrt_reduce_scatter to
  * fsdrt_wait_reduce and is counted for that time, as the plan counts it:
  * its bytes for a group of `padded` elements (0 when there is none). */
-static inline int64_t reduce_buffer_bytes(const FsdRun *r, int64_t padded)
+static inline int64_t reduce_buffer_bytes(const FsdRun *r, int g, int64_t padded)
 {
-    return act_bf16(r) && r->m->reduce_dtype == FSD_FP32 ? padded * 4 : 0;
+    return act_bf16(r) && group_reduce_dtype(r, g) == FSD_FP32 ? padded * 4 : 0;
 }
 /* Arena tensor i at micro-batch B: numel × bytes of act, or of real for a
  * statistic (fsdrt.h), as the plan sizes it. */
@@ -506,8 +530,15 @@ _Noreturn void bk_abort(FsdRun *r);
  * message of the lowest such rank in r->err. */
 bool bk_agree(FsdRun *r);
 void bk_barrier(FsdRun *r);
+/* Collective, once at start-up after r's mesh is set (common.c's
+ * set_mesh): the sub-communicators of replicate = R, the shard group
+ * (ranks of this replica) and the replica group (ranks with this
+ * shard_rank); nothing without HSDP. Errors go to rt_fail. */
+void bk_mesh(FsdRun *r);
 void bk_allreduce_sum(FsdRun *r, double *v, int n);
-/* Collective: group g's full flat buffer (padded elements) on rank 0. */
+/* Collective over replica 0's shard group (every rank calls it; the
+ * other replicas return at once): group g's full flat buffer (padded
+ * elements) on rank 0. */
 void bk_gather_shards(FsdRun *r, int g, real *dst);
 /* Collective: every rank's n bytes, concatenated in rank order, on rank 0
  * (*out malloc'ed there, NULL elsewhere). */
@@ -546,7 +577,12 @@ void bk_alloc_grads(FsdRun *r, int g);
  * counts that buffer (padded × 4 bytes, as the plan does) from this call
  * to bk_wait_reduce, so the backend's own allocation of it is not. */
 void bk_reduce_scatter(FsdRun *r, int g);
-/* After it, the result is averaged over ranks and added into the grad shard
+/* HSDP: after bk_reduce_scatter, start the all-reduce of its shard across
+ * the replicas (the ranks with this one's shard_rank), ordered after the
+ * reduce-scatter; bk_wait_reduce then waits for both. */
+void bk_all_reduce(FsdRun *r, int g);
+/* After it, the result is averaged over all ranks (the reduce-scatter's
+ * shard group and, under HSDP, the replicas) and added into the grad shard
  * (on CUDA: for what the compute stream runs next), and G->grads may go
  * back to the pool. */
 void bk_wait_reduce(FsdRun *r, int g);

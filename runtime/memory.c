@@ -16,8 +16,8 @@
  *              model's buffer events (buf_one, or buf_three's first, middle
  *              and last micro-batches as grad_accum arranges them) replayed
  *              with padded_g(W) = W × shard_g(W) elements a buffer, at the
- *              sizes common.c counts (parameters in the param dtype,
- *              gradients in grads_dtype, the fp32 reduce buffer from a
+ *              sizes common.c counts (parameters in the group's param
+ *              dtype, gradients in grads_dtype, the fp32 reduce buffer from a
  *              reduce-scatter to its wait);
  *   arena      the activation arena placed for this micro-batch
  *              (fsdrt_place_arena, as allocate places it).
@@ -78,14 +78,14 @@ typedef struct Held {
 static void replay_micro(FsdRun *r, const FsdBufEvent *ev, int n, int which,
                          const int64_t *padded, bool counted, Held *h)
 {
-    const FsdDtype pdt = r->m->param_dtype, gdt = grads_dtype(r);
     for (int i = 0; i < n; i++) {
         if (ev[i].micro != which || ev[i].group < 0 || ev[i].group >= r->m->ngroups)
             continue;
         const int g = ev[i].group;
+        const FsdDtype pdt = group_param_dtype(r, g), gdt = grads_dtype(r, g);
         const int64_t pb = counted ? bk_unsharded_count(r, padded[g], pdt) : padded[g] * dtype_bytes(pdt);
         const int64_t gb = counted ? bk_unsharded_count(r, padded[g], gdt) : padded[g] * dtype_bytes(gdt);
-        const int64_t rb = reduce_buffer_bytes(r, padded[g]);
+        const int64_t rb = reduce_buffer_bytes(r, g, padded[g]);
         bool *flag = NULL;
         int64_t bytes = 0;
         bool on = false;
@@ -120,6 +120,7 @@ static int64_t most_unsharded(FsdRun *r, int64_t W, bool counted)
         free(padded), free(flags), free(before);
         return -1;
     }
+    W = shard_world_of(r, W);   /* HSDP: padded per shard group */
     for (int g = 0; g < G; g++)
         padded[g] = ceil_div(m->groups[g].flat_numel, W) * W;
     Held h = {flags, flags + G + 1, flags + 2 * G + 2, 0, 0};
@@ -145,6 +146,7 @@ static int64_t resident_bytes(const FsdRun *r, int64_t W)
     if (r->m->offload_cpu)
         return 0;
     int64_t shards = 0;
+    W = shard_world_of(r, W);   /* HSDP: shards of the shard group */
     for (int g = 0; g < r->m->ngroups; g++)
         shards += ceil_div(r->m->groups[g].flat_numel, W);
     return shards * (int64_t)sizeof(real) * (2 + optim_states(r));

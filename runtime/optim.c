@@ -46,6 +46,11 @@ static double sumsq(const real *x, int64_t n)
 
 double optim_grad_sumsq(FsdRun *r)
 {
+    /* HSDP: after the replica all-reduce every replica holds the same
+     * shards, so only replica 0's count: the sum over all ranks is then the
+     * norm over one shard group, counted once (docs/design.md#hsdp) */
+    if (r->replica > 0)
+        return 0;
     double s = 0;
     for (int g = 0; g < r->m->ngroups; g++)
         s += sumsq(r->groups[g].grad, r->groups[g].shard);

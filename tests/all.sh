@@ -40,13 +40,21 @@
 #   cudasim   tests/cudasim/run.sh: the CUDA backend's host code on a
 #             simulated device, against the CPU build;
 #   e2e       tests/e2e/run.sh: emitted trainers end to end;
+#   mixed     tests/mixed/run.sh: per-target mixed precision, trainers
+#             against the shard-wide setting and the plan's bytes and memory;
 #   recompute tests/recompute/run.sh: trainers with activation
 #             recomputation against the same models without it, bit for bit,
 #             and their memory peaks against the plan;
 #   oracle    tests/oracle/run.sh: PyTorch as the reference;
+#   mesh      tests/mesh/run.sh: HSDP (replicate = R) on 4 and 6 ranks
+#             against plain FSDP, its bytes per mesh dimension against the
+#             plan, checkpoints across R;
 #   eval      tests/eval/run.sh: evaluation (val_loss on any number of ranks,
 #             against PyTorch, at its steps, after a resume) and the
 #             learning-rate schedules against torch.optim.lr_scheduler;
+#   simcheck  tests/simcheck/run.sh (make sim-check): the simulator's
+#             predictions against published runs, each within +-25%, and
+#             tools/calibrate.py on a CPU trainer's trace;
 #   data      tests/data/run.sh: token shards read by pattern, --shuffle
 #             at any world size and resumed, tools/fstokens.py (with
 #             .venv: a BPE trained, text tokenized and decoded back) and the
@@ -69,8 +77,8 @@
 # build/errors/; ...). Parts in different lanes share nothing they write:
 # the shared builds (build/fsdata, build/runtime's libraries) are made
 # before the lanes start, and each suite builds its trainers in a folder of
-# its own (build/ckpt, build/hf, build/faults*, build/oracle, build/e2e, build/smoke,
-# build/kernels, build/recompute, build/eval; build/<model>/cpu and cudasim are cudasim's,
+# its own (build/ckpt, build/hf, build/faults*, build/oracle, build/e2e, build/mesh, build/smoke,
+# build/kernels, build/recompute, build/mixed, build/eval; build/<model>/cpu and cudasim are cudasim's,
 # build/<model>/cuda cuda's).
 # Each part writes to its own log and scratch folder; its lines are printed
 # as one block, under a header with its time, when it finishes.
@@ -102,7 +110,7 @@ part_docs() { suite "docs: " tools/check_doc_refs.sh; }
 part_compiler() { suite "" env FSDPC=build/fsdpc tests/run.sh; }
 
 part_unit() {
-    suite "unit: " build/test_schedule examples/*.fsd tests/plan/*.fsd
+    suite "unit: " build/test_schedule examples/*.fsd tests/plan/*.fsd tests/mesh/tiny_hsdp.fsd
     suite "unit: " build/test_pattern examples/tiny.fsd examples/gpt2.fsd examples/mlp.fsd \
         examples/tiny_llama.fsd tests/plan/*.fsd
 }
@@ -179,11 +187,14 @@ part_cuda()    { suite "" env MAKE="$MAKE" tests/cuda/run.sh; }
 part_cudasim() { suite "" env MAKE="$MAKE" tests/cudasim/run.sh; }
 part_e2e()     { suite "e2e: " env MAKE="$MAKE" tests/e2e/run.sh; }
 part_recompute() { suite "recompute: " env MAKE="$MAKE" tests/recompute/run.sh; }
+part_mixed()   { suite "mixed: " env MAKE="$MAKE" tests/mixed/run.sh; }
 part_oracle()  { suite "oracle: " env MAKE="$MAKE" tests/oracle/run.sh; }
+part_mesh()    { suite "mesh: " env MAKE="$MAKE" tests/mesh/run.sh; }
 part_eval()    { suite "eval: " env MAKE="$MAKE" tests/eval/run.sh; }
 part_data()    { suite "data: " env MAKE="$MAKE" tests/data/run.sh; }
 part_rtsan()   { suite "rtsan: " env MAKE="$MAKE" tests/faults/sanitize.sh; }
 part_smoke()   { suite "" env MAKE="$MAKE" tests/smoke/run.sh; }
+part_simcheck() { suite "" env MAKE="$MAKE" tests/simcheck/run.sh; }
 
 # ── running them ──
 # run_part NAME: part_NAME in a subshell, its lines to $TOP/NAME.out; then
@@ -220,11 +231,11 @@ show() {
 # minutes, recompute 133 s, eval about 70 s; kernels 6.9 minutes, cuda 5.7,
 # rtsan 113 s, hf 98 s; compiler 34 s, unit 12 s, san 42 s, fuzz 53 s,
 # runtime 92 s, ckpt 107 s, faults 4.3 minutes, install 6 s, e2e 3.9
-# minutes, oracle 134 s; data, added later, about 55 s alone (on two cores
-# shared with other work).
+# minutes, oracle 134 s; mesh about 130 s (measured alone); data about 55 s
+# alone (on two cores shared with other work).
 case $mode in
 quick)  lanes=("smoke" "docs compiler unit san") ;;
-*)      lanes=("cudasim recompute eval data" "kernels cuda rtsan hf" "docs compiler unit san fuzz runtime ckpt faults install e2e oracle") ;;
+*)      lanes=("cudasim recompute eval simcheck" "kernels cuda rtsan hf mixed data" "docs compiler unit san fuzz runtime ckpt faults install e2e oracle mesh") ;;
 esac
 
 if [ $mode = serial ]; then

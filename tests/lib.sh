@@ -55,6 +55,21 @@ need_tools() {
     done
 }
 
+# need_torch WHAT: sets PY to the first Python that imports torch and numpy
+# ($PYTHON, python3, /usr/bin/python3: the first python3 on PATH may be a
+# venv or pyenv without them); ends the suite, skipped with a line that says
+# why, when none does.
+need_torch() {
+    local py
+    PY=""
+    for py in ${PYTHON:-} python3 /usr/bin/python3; do
+        if "$py" -c 'import torch, numpy' >/dev/null 2>&1; then PY=$py; return; fi
+    done
+    echo "skip $1: no Python with torch and numpy (tried ${PYTHON:+$PYTHON, }python3, /usr/bin/python3);" \
+         "install Debian's python3-torch python3-numpy (tools/setup.sh does, as root)"
+    done_
+}
+
 # build_trainer LABEL TARGET...: runs `$MAKE -s TARGET...` (a trainer: `trainer
 # FSD=... TRAINER=build/SUITE/...`, this suite's own folder), which must
 # succeed without a compiler warning; otherwise bad "LABEL (errors or

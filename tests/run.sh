@@ -98,6 +98,26 @@ for f in examples/*.fsd tests/plan/*.fsd; do
     done
 done
 
+# ── the mesh: tiny under HSDP (replicate = 2) planned at worlds 4 and 8,
+# and simulated on two nodes of 8 H100s (a replica a node: all-gathers and
+# reduce-scatters over NVLink, the replica all-reduce across the nodes),
+# its trace's tracks per mesh dimension among the simulator's golden JSON ──
+mkdir -p tests/golden/mesh
+for w in 4 8; do
+    if "$FSDPC" tests/mesh/tiny_hsdp.fsd --world $w --dump-plan --dump-schedule --dump-memory >"$TMP/out" 2>"$TMP/err"; then
+        compare "golden mesh/tiny_hsdp.w$w" "tests/golden/mesh/tiny_hsdp.w$w" "$TMP/out"
+    else
+        bad "golden mesh/tiny_hsdp.w$w: fsdpc failed" "$TMP/err"
+    fi
+done
+if "$FSDPC" tests/mesh/tiny_hsdp.fsd --sim h100:nodes=2 --trace "$TMP/mesh_trace.json" >"$TMP/out" 2>"$TMP/err" &&
+        python3 -c "import json,sys; print(*[e['args']['name'] for e in json.load(open(sys.argv[1]))['traceEvents'] if e.get('name') == 'thread_name'], sep='\n')" \
+            "$TMP/mesh_trace.json" >>"$TMP/out"; then
+    compare "golden mesh/tiny_hsdp.sim" "tests/golden/mesh/tiny_hsdp.sim" "$TMP/out"
+else
+    bad "golden mesh/tiny_hsdp.sim: fsdpc failed" "$TMP/err"
+fi
+
 # ── recomputation: the training graph of a plan that recomputes (the
 # recompute ops, marked, and the tensors they write, each naming the value
 # it computes again) and its model dump (the settings as written); its
@@ -109,6 +129,14 @@ for dump in ir model; do
         bad "golden tiny_recompute.$dump: fsdpc failed" "$TMP/err"
     fi
 done
+
+# ── per-target mixed precision: the model dump shows each line's setting as
+# written (its plans, with each group's dtypes, are among the golden plans) ──
+if "$FSDPC" tests/plan/tiny_mixed.fsd --dump-model >"$TMP/out" 2>"$TMP/err"; then
+    compare "golden tiny_mixed.model" "tests/golden/tiny_mixed.model" "$TMP/out"
+else
+    bad "golden tiny_mixed.model: fsdpc failed" "$TMP/err"
+fi
 
 # ── fully_shard auto: the chosen bucket size is the fastest the simulator
 # found, and no larger than the target ──

@@ -278,9 +278,9 @@ S_MAX = max(2 * 24 / 132, 3 * 0.8 * 450e9 / (0.8 * 3.35e12))
 HBM = 0.8 * 3.35e12
 def rate(kind):   # FLOP/s
     if kind.startswith("matmul"):
-        return 0.75 * 989.5e12
+        return 0.65 * 989.5e12   # MATMUL_EFFICIENCY
     if kind.startswith("attention"):
-        return 0.50 * 989.5e12
+        return 0.35 * 989.5e12   # ATTENTION_EFFICIENCY_H100
     return 0.50 * 67e12
 spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in ev if e["tid"] != 0)
 merged = []

@@ -7,7 +7,9 @@
  * FSD_NCCL_ID_FILE bootstrap never does; it is then finalized at exit, if
  * every communicator was destroyed and none aborted: a run that failed
  * leaves the job to mpirun), and gives the communicator its own duplicate
- * of MPI_COMM_WORLD.
+ * of MPI_COMM_WORLD. ncclCommSplit (HSDP's shard and replica groups) is
+ * MPI_Comm_split of the parent's: the new communicator's rank and size are
+ * its own, so the in-place rules below hold for its ranks.
  *
  * Collectives are queued with sim_enqueue on the caller's stream and do
  * their MPI work when the stream runs them, reading their operands then.
@@ -592,6 +594,39 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int
         tag_ub = *(int *)ub;
     live.insert(m);
     *comm = m;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
+                           ncclConfig_t *config)
+{
+    const char *call = "ncclCommSplit";
+    ncclComm *m = need_comm(call, comm);
+    if (!newcomm)
+        sim_fail("%s: a null ncclComm_t pointer", call);
+    if (config)
+        sim_fail("%s: a config: cudasim takes NULL (the runtime passes none)", call);
+    if (group_depth > 0)
+        sim_fail("%s inside a group: NCCL allows it, cudasim does not", call);
+    if (color < 0 && color != NCCL_SPLIT_NOCOLOR)
+        sim_fail("%s: color %d is negative and not NCCL_SPLIT_NOCOLOR", call, color);
+    /* collective over the parent, as NCCL's: every rank must call it */
+    MPI_Comm sub = MPI_COMM_NULL;
+    MPI_OK(call, MPI_Comm_split(m->mpi, color == NCCL_SPLIT_NOCOLOR ? MPI_UNDEFINED : color, key,
+                                &sub));
+    if (sub == MPI_COMM_NULL) {
+        *newcomm = NULL;
+        return ncclSuccess;
+    }
+    ncclComm *n = new ncclComm();
+    MPI_OK(call, MPI_Comm_rank(sub, &n->rank));
+    MPI_OK(call, MPI_Comm_size(sub, &n->nranks));
+    n->sends.assign((size_t)n->nranks, 0);
+    n->recvs.assign((size_t)n->nranks, 0);
+    n->mpi = sub;
+    MPI_OK(call, MPI_Comm_set_errhandler(n->mpi, MPI_ERRORS_RETURN));
+    live.insert(n);
+    *newcomm = n;
     return ncclSuccess;
 }
 

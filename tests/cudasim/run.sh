@@ -19,7 +19,10 @@
 #   2b. tiny with each sharding policy that changes what the backend does
 #      (unsharded accumulation, parameters kept gathered, fp32 compute with
 #      bf16 or fp16 wire formats), tiny_llama and mlp at world 2, tiny at
-#      world 3 (eager);
+#      world 3 (eager), tiny with replicate = 2 (HSDP: the communicators
+#      ncclCommSplit makes) at world 4, lazy and eager; 2c. per-target mixed
+#      precision: tiny with its root alone in bf16, tiny_bf16 with its blocks
+#      reducing in fp32;
 #   3. the proof that 2 can fail: with every cudaStreamWaitEvent dropped
 #      (FSD_CUDASIM_DROP_WAITS=1) the lazy run no longer matches; an
 #      asynchronous NCCL error ends the run with the backend's message, and so
@@ -247,9 +250,60 @@ for v in tiny_unsharded tiny_keep tiny_unsharded_rab tiny_reduce_bf16 tiny_param
     fi
     device_memory "${v}_sim"
 done
+
+# ── 2c. per-target mixed precision (docs/design.md#per-target-mixed-precision) ──
+# each group on its own path of bk_all_gather and bk_reduce_scatter: an fp32
+# program whose root alone gathers and reduces in bf16 (16-bit wire buffers
+# sized for the root, not the largest group), and a bf16 program whose
+# blocks reduce in fp32 (the fp32 reduce buffer) and whose root reduces
+# bf16 in place
+sed 's/^  fully_shard root$/  fully_shard root (mixed_precision(param = bf16, reduce = bf16))/' \
+    examples/tiny.fsd >"$OUT/tiny_root16.fsd"
+sed 's/mixed_precision(param = bf16, reduce = fp32)/mixed_precision(param = bf16, reduce = bf16)/; s/^  fully_shard blocks\[\*\]$/  fully_shard blocks[*] (mixed_precision(reduce = fp32))/' \
+    tests/cuda/tiny_bf16.fsd >"$OUT/tiny_bf16_blocks32.fsd"
+if ! grep -q 'root (mixed_precision' "$OUT/tiny_root16.fsd" ||
+        ! grep -q 'blocks\[\*\] (mixed_precision(reduce = fp32))' "$OUT/tiny_bf16_blocks32.fsd"; then
+    bad "cudasim: per-target mixed precision: the fully_shard lines of tiny or tiny_bf16 were not found"
+elif trainers "$OUT/tiny_root16.fsd" && trainers "$OUT/tiny_bf16_blocks32.fsd"; then
+    cpu tiny_root16_cpu 2 tiny_root16
+    sim tiny_root16_sim 2 FSD_TF32=0 tiny_root16/cudasim
+    same "cudasim: tiny_root16 (root alone in bf16), world 2, vs CPU" tiny_root16_cpu tiny_root16_sim \
+        "${FP32[@]:0:3}"
+    root=$(build/fsdpc "$OUT/tiny_root16.fsd" --dump-plan --world 2 | awk '
+        /^groups in forward order/ { on = 1; next }
+        on && NF == 0 { exit }
+        on && $2 == "root" { gsub(",", "", $4); print $4 + 0 }')
+    p_fp32=$(jsonl_max "$OUT/tiny_sim_w2.jsonl" mem_peak_bytes)
+    p_sim=$(jsonl_max "$OUT/tiny_root16_sim.jsonl" mem_peak_bytes)
+    want=$((${p_fp32:-0} + 2 * 2 * ${root:-0}))
+    if [ "${root:-0}" -gt 0 ] && [ -n "$p_fp32" ] && [ "${p_sim:-x}" = "$want" ]; then
+        ok "cudasim: tiny_root16, world 2: counted device peak $p_sim = the fp32 policy's $p_fp32 + 2 wire buffers of the root's $((2 * root)) bytes"
+    else
+        bad "cudasim: tiny_root16, world 2: counted device peak ${p_sim:-?}; want the fp32 policy's ${p_fp32:-?} + 2 wire buffers of the root's $((2 * ${root:-0})) bytes"
+    fi
+    device_memory tiny_root16_sim
+    cpu tiny_bf16_blocks32_cpu 2 tiny_bf16_blocks32
+    sim tiny_bf16_blocks32_sim 2 tiny_bf16_blocks32/cudasim
+    same "cudasim: tiny_bf16_blocks32 (blocks reduce in fp32), world 2, vs CPU" \
+        tiny_bf16_blocks32_cpu tiny_bf16_blocks32_sim \
+        "loss 1e-2 1e-4" "grad_norm 5e-2" "comm_bytes 0" "mem_peak_bytes 0"
+    device_memory tiny_bf16_blocks32_sim
+fi
+
 cpu tiny_cpu_w3 3 tiny
 sim tiny_sim_w3 3 FSD_TF32=0 FSD_CUDASIM=eager tiny/cudasim
 same "cudasim: tiny, world 3, eager, vs CPU" tiny_cpu_w3 tiny_sim_w3 "${FP32[@]}"
+# HSDP (replicate = 2) at world 4: the shard and replica communicators
+# split from the world's (ncclCommSplit), the replica average behind each
+# reduce-scatter; lazy and eager, against the CPU build's MPI_Comm_split
+policy tiny_hsdp 'replicate = 2'
+if trainers "$OUT/tiny_hsdp.fsd"; then
+    cpu tiny_hsdp_cpu 4 tiny_hsdp
+    sim tiny_hsdp_sim 4 FSD_TF32=0 tiny_hsdp/cudasim
+    same "cudasim: tiny, replicate = 2, world 4, lazy, vs CPU" tiny_hsdp_cpu tiny_hsdp_sim "${FP32[@]}" "replicate_bytes 0"
+    sim tiny_hsdp_sim_eager 4 FSD_TF32=0 FSD_CUDASIM=eager tiny_hsdp/cudasim
+    same "cudasim: tiny, replicate = 2, world 4, eager, vs CPU" tiny_hsdp_cpu tiny_hsdp_sim_eager "${FP32[@]}"
+fi
 
 # ── 3. a missing event wait shows ──
 if ! timeout 300 env FSD_TF32=0 FSD_CUDASIM_DROP_WAITS=1 "${MPI[@]}" -np 2 build/tiny/cudasim/train \

@@ -38,15 +38,7 @@ OUT=build/eval
 SHOW_LINES=30
 . tests/lib.sh
 
-PY=""
-for py in ${PYTHON:-} python3 /usr/bin/python3; do
-    if "$py" -c 'import torch, numpy' >/dev/null 2>&1; then PY=$py; break; fi
-done
-if [ -z "$PY" ]; then
-    echo "skip eval: no Python with torch and numpy (tried ${PYTHON:+$PYTHON, }python3, /usr/bin/python3);" \
-         "install Debian's python3-torch python3-numpy (tools/setup.sh does, as root)"
-    done_
-fi
+need_torch eval
 need_tools "eval" mpicc mpirun
 
 rm -rf "$OUT"

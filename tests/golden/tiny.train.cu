@@ -157,9 +157,10 @@ static const FsdParamInfo params[36] = {
 };
 
 static const FsdGroupInfo groups[3] = {
-    {"blocks.0", 49984},
-    {"blocks.1", 49984},
-    {"root", 20608},
+    /* name, flat_numel, param_dtype, reduce_dtype */
+    {"blocks.0", 49984, FSD_FP32, FSD_FP32},
+    {"blocks.1", 49984, FSD_FP32, FSD_FP32},
+    {"root", 20608, FSD_FP32, FSD_FP32},
 };
 
 /* arena tensors: numel = per_sample * B + fixed, live over ops [first, last] */

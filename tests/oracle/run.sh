@@ -43,17 +43,7 @@ OUT=build/oracle
 SHOW_LINES=30
 . tests/lib.sh
 
-# The first python3 on PATH may be one without torch (a pyenv, a venv), so
-# take the first candidate that imports both.
-PY=""
-for py in ${PYTHON:-} python3 /usr/bin/python3; do
-    if "$py" -c 'import torch, numpy' >/dev/null 2>&1; then PY=$py; break; fi
-done
-if [ -z "$PY" ]; then
-    echo "skip oracle: no Python with torch and numpy (tried ${PYTHON:+$PYTHON, }python3, /usr/bin/python3);" \
-         "install Debian's python3-torch python3-numpy (tools/setup.sh does, as root)"
-    done_
-fi
+need_torch oracle
 need_tools "oracle" mpicc mpirun
 
 rm -rf "$OUT"

@@ -230,6 +230,11 @@ int main(int argc, char **argv)
             .schedule = FSD_LR_COSINE, .warmup = 3, .min_lr = 1e-3, .grad_clip = 1.0,
         },
     };
+    /* every group in the model's dtypes: no per-target mixed precision here */
+    for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++) {
+        groups[g].param_dtype = model.param_dtype;
+        groups[g].reduce_dtype = model.reduce_dtype;
+    }
     FsdRun *r = fsdrt_init(argc, argv, &model);
     const int W = fsdrt_world(r), k = fsdrt_micro_batches(r);
     const int64_t B = fsdrt_batch(r), n = B * T;

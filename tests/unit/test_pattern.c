@@ -32,42 +32,11 @@
  * Usage: test_pattern FILE.fsd...   Prints one line per check and a final
  * "N passed, N failed".
  */
-#include "fsdpc.h"
+#include "unit.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int passed, failed;
-
-static void check(bool ok, const char *what)
-{
-    if (ok)
-        passed++;
-    else
-        failed++;
-    printf("%s %s\n", ok ? "ok  " : "FAIL", what);
-}
-
-static Model *load(const char *path)
-{
-    Source *src = source_read(path);
-    if (!src) {
-        fprintf(stderr, "cannot read %s\n", path);
-        exit(1);
-    }
-    Diag d;
-    diag_init(&d, src, stderr);
-    Program *p = parse_program(src, &d);
-    Model *m = d.errors ? NULL : sema_check(p, &d);
-    if (m)
-        m = model_build(m, &d);
-    if (!m) {
-        fprintf(stderr, "%s does not compile\n", path);
-        exit(1);
-    }
-    return m;
-}
 
 /* The policies under test, one bit each. */
 enum { P_RAB, P_UNSHARDED, P_KEEP_AFTER_FWD, P_BF16, NBITS };
@@ -525,6 +494,5 @@ int main(int argc, char **argv)
         unrepeatable_middle(argv[i]);
         malformed_pattern(argv[i]);
     }
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed != 0;
+    return unit_report();
 }

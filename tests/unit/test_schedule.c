@@ -25,41 +25,10 @@
  * Usage: test_schedule FILE.fsd...   Prints one line per check and a final
  * "N passed, N failed".
  */
-#include "fsdpc.h"
+#include "unit.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-static int passed, failed;
-
-static void check(bool ok, const char *what)
-{
-    if (ok)
-        passed++;
-    else
-        failed++;
-    printf("%s %s\n", ok ? "ok  " : "FAIL", what);
-}
-
-static Model *load(const char *path)
-{
-    Source *src = source_read(path);
-    if (!src) {
-        fprintf(stderr, "cannot read %s\n", path);
-        exit(1);
-    }
-    Diag d;
-    diag_init(&d, src, stderr);
-    Program *p = parse_program(src, &d);
-    Model *m = d.errors ? NULL : sema_check(p, &d);
-    if (m)
-        m = model_build(m, &d);
-    if (!m) {
-        fprintf(stderr, "%s does not compile\n", path);
-        exit(1);
-    }
-    return m;
-}
 
 static Schedule *build(Model *m)
 {
@@ -295,6 +264,25 @@ static void mutations(const char *path, bool rab)
     snprintf(what, sizeof what, "%s: %d waits before their collective caught of %d", path, caught,
              tried);
     check(tried > 0 && caught == tried, what);
+
+    /* HSDP: a replica all-reduce moved before its reduce-scatter */
+    if (m->shard.replicate > 1) {
+        tried = caught = 0;
+        for (int i = 0; i < s->nev; i++) {
+            if (s->ev[i].kind != EV_ALL_REDUCE)
+                continue;
+            int j = i - 1;
+            while (j >= 0 && !(s->ev[j].kind == EV_REDUCE_SCATTER && s->ev[j].group == s->ev[i].group))
+                j--;
+            if (j < 0)
+                continue;
+            tried++;
+            caught += schedule_verify(copy_moved(s, i, j), NULL) > 0;
+        }
+        snprintf(what, sizeof what, "%s: %d replica all-reduces before their reduce-scatter "
+                                    "caught of %d", path, caught, tried);
+        check(tried > 0 && caught == tried, what);
+    }
 }
 
 static bool reads_output_of(const Event *e, const OpNode *op)
@@ -391,6 +379,5 @@ int main(int argc, char **argv)
         eval_mutations(argv[i]);
         arena_reset();
     }
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed != 0;
+    return unit_report();
 }

@@ -74,6 +74,13 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId,
 ncclResult_t ncclCommFinalize(ncclComm_t comm);
 ncclResult_t ncclCommDestroy(ncclComm_t comm);
 ncclResult_t ncclCommAbort(ncclComm_t comm);
+/* NCCL 2.18's split: ranks of comm with the same color form a new
+ * communicator, ordered by key; NCCL_SPLIT_NOCOLOR ranks get NULL. The
+ * config is opaque here (cudasim takes NULL only). */
+typedef struct ncclConfig ncclConfig_t;
+#define NCCL_SPLIT_NOCOLOR (-1)
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
+                           ncclConfig_t *config);
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError);
 const char *ncclGetErrorString(ncclResult_t result);
 const char *ncclGetLastError(ncclComm_t comm);
