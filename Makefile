@@ -404,6 +404,10 @@ $(RT)/test_arena: tests/runtime/test_arena.c runtime/arena.c runtime/fsdrt.h
 	$(CC) $(CFLAGS) $(WARN) -Iruntime -o $@ tests/runtime/test_arena.c runtime/arena.c
 $(RT)/test_gemm: tests/runtime/test_gemm.c $(RT)/libfsdrt_cpu.a
 	$(MPICC) $(RT_CFLAGS) -Iruntime -o $@ $^ $(RT_LIBS)
+# What tests/data/run.sh builds besides a trainer: --shuffle's order alone.
+build/data/test_shuffle: tests/data/test_shuffle.c $(RT)/libfsdrt_cpu.a
+	@mkdir -p $(@D)
+	$(MPICC) $(RT_CFLAGS) -Iruntime -o $@ $^ $(RT_LIBS)
 $(RT)/test_half: tests/runtime/test_half.c runtime/half.h
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(WARN) -Iruntime -o $@ $< -lm

@@ -1,8 +1,9 @@
 /*
  * hfconfig.c — `fsdpc --from-hf config.json [--seq N]`: the .fsd of a
- * Hugging Face GPT-2 or Llama model, from the config.json `transformers`
- * saves beside its weights, so that a trainer built from it imports those
- * weights with `--init-from DIR --hf-names gpt2|llama`
+ * Hugging Face GPT-2, Llama, Qwen2 or Qwen3 model, from the config.json
+ * `transformers` saves beside its weights, so that a trainer built from it
+ * imports those weights with `--init-from DIR --hf-names gpt2|llama` (Qwen2
+ * and Qwen3 use Llama's tensor names: runtime/hfnames.c)
  * (docs/checkpoint.md#from-a-hugging-face-model-directory).
  *
  * It sits beside the pipeline, not in it: it writes .fsd text, which
@@ -13,10 +14,11 @@
  * which is what runtime/hfnames.c maps onto Hugging Face's tensors.
  *
  * A key absent from the file takes transformers' default for that model
- * class (GPT2Config, LlamaConfig): save_pretrained leaves out values equal
+ * class (GPT2Config, LlamaConfig, Qwen2Config, Qwen3Config): save_pretrained leaves out values equal
  * to the defaults, and from_pretrained fills them in the same way. What
  * fsdpc cannot express is refused naming the key: rope_scaling, a sliding
- * window, an activation other than GPT-2's tanh GELU (or ReLU) or Llama's
+ * window that is in use (Qwen's use_sliding_window false leaves it
+ * unused), an activation other than GPT-2's tanh GELU (or ReLU) or Llama's
  * SiLU, scaled or cross attention, an untied GPT-2 head, a head_dim other
  * than hidden_size / heads. Dropout, which fsdpc does not have, is not
  * refused: the .fsd's comments say it is not applied.
@@ -248,25 +250,43 @@ static void gpt2(FILE *o, Cfg *c, int64_t seq)
 
 /* LlamaForCausalLM: RMSNorm, rotary positions (rotate-half), grouped-query
  * attention, SwiGLU. */
-static void llama(FILE *o, Cfg *c, int64_t seq)
+/* Llama and the two families that share its layout and names (Qwen2:
+ * biases on q, k and v alone; Qwen3: RMSNorm on each head's q and k). */
+typedef enum { LLAMA, QWEN2, QWEN3 } LlamaKind;
+
+static void llama(FILE *o, Cfg *c, int64_t seq, LlamaKind kind)
 {
     static const char *const drop[] = {"attention_dropout", NULL};
-    const int64_t V = count(c, "vocab_size", 32000), C = count(c, "hidden_size", 4096);
-    const int64_t I = count(c, "intermediate_size", 11008), L = count(c, "num_hidden_layers", 32);
+    static const char *const cls[] = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"};
+    static const char *const title[] = {"Llama", "Qwen2", "Qwen3"};
+    static const char *const model[] = {"llama", "qwen2", "qwen3"};
+    const bool qwen = kind != LLAMA;
+    /* transformers' defaults: LlamaConfig's, or Qwen2Config's and
+     * Qwen3Config's (which agree on these) */
+    const int64_t V = count(c, "vocab_size", qwen ? 151936 : 32000);
+    const int64_t C = count(c, "hidden_size", 4096);
+    const int64_t I = count(c, "intermediate_size", qwen ? 22016 : 11008);
+    const int64_t L = count(c, "num_hidden_layers", 32);
     const int64_t H = count(c, "num_attention_heads", 32);
     const int64_t K = count(c, "num_key_value_heads", H);
-    const int64_t P = count(c, "max_position_embeddings", 2048);
+    const int64_t P = count(c, "max_position_embeddings", qwen ? 32768 : 2048);
     const double eps = positive(c, "rms_norm_eps", 1e-6), theta = positive(c, "rope_theta", 10000);
     const char *act = text(c, "hidden_act", "silu");
     const bool tied = flag(c, "tie_word_embeddings", false);
-    const bool abias = flag(c, "attention_bias", false), mbias = flag(c, "mlp_bias", false);
+    /* Qwen2's q, k and v always have biases, o never (no key says so);
+     * Qwen3 and Llama follow attention_bias, Llama mlp_bias too */
+    const bool abias = kind != QWEN2 && flag(c, "attention_bias", false);
+    const bool mbias = kind == LLAMA && flag(c, "mlp_bias", false);
     if (strcmp(act, "silu") != 0)
         refuse(c, "`hidden_act` is `%s`; fsdpc's swiglu MLP gates with silu", act);
     if (key(c, "rope_scaling"))
         refuse(c, "`rope_scaling` is set; fsdpc's rope(theta) has no scaling (linear, dynamic, "
                   "yarn, llama3): only configs with rope_scaling null can be expressed");
-    if (key(c, "sliding_window"))
-        refuse(c, "`sliding_window` is set; fsdpc's attention is full causal attention");
+    /* a window applies only where use_sliding_window allows it (Qwen's
+     * default is false; Llama has no such key, so a window there is on) */
+    if (key(c, "sliding_window") && flag(c, "use_sliding_window", !qwen))
+        refuse(c, "`sliding_window` is set%s; fsdpc's attention is full causal attention",
+               key(c, "use_sliding_window") ? " and `use_sliding_window` is true" : "");
     if (C % H)
         refuse(c, "`hidden_size` %lld is not a multiple of `num_attention_heads` %lld",
                (long long)C, (long long)H);
@@ -281,8 +301,8 @@ static void llama(FILE *o, Cfg *c, int64_t seq)
     if (c->errors)
         return;
     const char *e = num(eps);
-    header(o, c, "Llama", "LlamaForCausalLM", "llama", dropouts(c, drop));
-    fprintf(o, "model llama {\n");
+    header(o, c, title[kind], cls[kind], "llama", dropouts(c, drop));
+    fprintf(o, "model %s {\n", model[kind]);
     fprintf(o, "  const vocab = %lld, dim = %lld, n_layers = %lld, heads = %lld, kv_heads = %lld\n",
             (long long)V, (long long)C, (long long)L, (long long)H, (long long)K);
     fprintf(o, "  # seq: the training sequence length, at most max_position_embeddings = %lld\n",
@@ -292,8 +312,14 @@ static void llama(FILE *o, Cfg *c, int64_t seq)
     fprintf(o, "\n  block Layer {\n");
     fprintf(o, "    attn_norm = RMSNorm(dim, eps = %s)      # input_layernorm\n", e);
     fprintf(o, "    attn      = Attention(dim, heads = heads, kv_heads = kv_heads,\n");
-    fprintf(o, "                          rope = rope(theta = %s), bias = %s)\n", num(theta),
-            abias ? "true" : "false");
+    if (kind == QWEN3)
+        fprintf(o, "                          rope = rope(theta = %s), bias = %s,\n"
+                   "                          qk_norm = rms(eps = %s))   # q_norm, k_norm\n",
+                num(theta), abias ? "true" : "false", e);
+    else
+        fprintf(o, "                          rope = rope(theta = %s), bias = %s)%s\n", num(theta),
+                kind == QWEN2 ? "qkv" : abias ? "true" : "false",
+                kind == QWEN2 ? "   # q, k, v: biases; o: none" : "");
     fprintf(o, "    mlp_norm  = RMSNorm(dim, eps = %s)      # post_attention_layernorm\n", e);
     fprintf(o, "    mlp       = MLP(dim, hidden = hidden, act = swiglu, bias = %s)\n",
             mbias ? "true" : "false");
@@ -338,14 +364,20 @@ char *hfconfig_fsd(const char *path, int64_t seq, FILE *err)
         refuse(&c, "out of memory");
     else if (!type) {
         if (!c.errors)   /* a model_type that is not a string is said already */
-            refuse(&c, "no `model_type`: fsdpc --from-hf reads gpt2 and llama configs");
+            refuse(&c, "no `model_type`: fsdpc --from-hf reads gpt2, llama, qwen2 and qwen3 "
+                       "configs");
     }
     else if (strcmp(type, "gpt2") == 0)
         gpt2(o, &c, seq);
     else if (strcmp(type, "llama") == 0)
-        llama(o, &c, seq);
+        llama(o, &c, seq, LLAMA);
+    else if (strcmp(type, "qwen2") == 0)
+        llama(o, &c, seq, QWEN2);
+    else if (strcmp(type, "qwen3") == 0)
+        llama(o, &c, seq, QWEN3);
     else
-        refuse(&c, "`model_type` is `%s`; fsdpc --from-hf reads gpt2 and llama", type);
+        refuse(&c, "`model_type` is `%s`; fsdpc --from-hf reads gpt2, llama, qwen2 and qwen3",
+               type);
     char *result = NULL;
     if (o && fclose(o) == 0 && !c.errors)
         result = arena_strndup(out, n);

@@ -541,10 +541,11 @@ static bool write_meta(FsdRun *r, const char *path, const unsigned char *records
     /* next_seq is where the data goes on; sequences_per_step is only this
      * run's G (a resumed run may take another) */
     fprintf(f, "  \"data\": {\"next_step\": %lld, \"next_seq\": %lld, \"sequences_per_step\": %lld, "
-               "\"micro_batch\": %lld, \"grad_accum\": %lld, \"seq\": %lld},\n",
+               "\"micro_batch\": %lld, \"grad_accum\": %lld, \"seq\": %lld, \"shuffle\": %s},\n",
             (long long)r->ckpt->step, (long long)r->ckpt->seq,
             (long long)(r->cfg.micro_batch * r->cfg.grad_accum * r->world),
-            (long long)r->cfg.micro_batch, (long long)r->cfg.grad_accum, (long long)m->seq);
+            (long long)r->cfg.micro_batch, (long long)r->cfg.grad_accum, (long long)m->seq,
+            r->shuffle ? "true" : "false");
     fprintf(f, "  \"rng\": {\"seed\": %lld},\n", (long long)r->cfg.seed);
     fprintf(f, "  \"groups\": [\n");
     for (int g = 0; g < m->ngroups; g++) {
@@ -1149,6 +1150,7 @@ typedef struct MetaFile {
 typedef struct Meta {
     int64_t step, world, seed, G, elem, nsec;
     int64_t next_seq;        /* the data position; -1: not recorded (an older checkpoint) */
+    int shuffle;             /* data.shuffle: 1, 0; -1: not recorded (an older checkpoint) */
     char lineage[24];
     MetaGroup *groups;
     MetaFile *files;
@@ -1443,6 +1445,13 @@ static bool read_meta(FsdRun *r, const char *dir, Meta *M)
         rt_fail(r, "checkpoint %s: meta.json's field data.next_seq is not a count of sequences", dir);
         goto done;
     }
+    /* shuffle came later still: without it, the order is not known */
+    const JVal *shuffle = json_get(data, "shuffle");
+    M->shuffle = shuffle && shuffle->type == J_BOOL ? shuffle->num != 0 : -1;
+    if (shuffle && shuffle->type != J_BOOL) {
+        rt_fail(r, "checkpoint %s: meta.json's field data.shuffle is not true or false", dir);
+        goto done;
+    }
     M->elem = strcmp(dtype->str, "F64") == 0 ? 8 : 4;
     M->nsec = secs->n;
     if (!meta_sections(r, dir, secs))
@@ -1672,6 +1681,16 @@ void ckpt_resume(FsdRun *r)
                                 "%lld to %lld\n",
                         dir, (long long)M.G, (long long)G, (long long)M.step, (long long)r->seq,
                         (long long)(r->seq + G - 1));
+            /* allowed (a run may change its data), but never silently:
+             * the sequences after the position are not those the
+             * checkpoint's run would have read */
+            if (M.shuffle >= 0 && M.shuffle != r->shuffle)
+                fprintf(stderr, "train: note: checkpoint %s was written by a run %s --shuffle; this "
+                                "run reads %s, so from sequence %lld on it trains on another "
+                                "order than the run that wrote it%s\n",
+                        dir, M.shuffle ? "with" : "without",
+                        r->shuffle ? "in a shuffled order" : "in file order", (long long)r->seq,
+                        M.shuffle ? " (pass --shuffle to go on in its order)" : "");
             if (!r->quiet)
                 printf("resumed from %s: step %lld, sequence %lld, written by %lld ranks\n", dir,
                        (long long)M.step, (long long)r->seq, (long long)M.world);

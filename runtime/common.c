@@ -113,7 +113,7 @@ typedef struct Flag {
     const char *meta, *help;
 } Flag;
 
-enum { NFLAGS = 31 };   /* the table's entries, its terminator included */
+enum { NFLAGS = 32 };   /* the table's entries, its terminator included */
 
 static void flag_table(FsdRun *r, Flag *f)
 {
@@ -124,8 +124,11 @@ static void flag_table(FsdRun *r, Flag *f)
         {"grad-accum", ARG_POSITIVE, &c->grad_accum, 1 << 20, "N", "micro-batches per step"},
         {"lr", ARG_REAL, &c->lr, 0, "X", "peak learning rate"},
         {"seed", ARG_COUNT, &c->seed, INT64_MAX, "N", "initialisation seed"},
-        {"data", ARG_FILE, &c->data, 0, "FILE", "training tokens (llm.c's format; see fsdata)"},
-        {"val-data", ARG_FILE, &c->val_data, 0, "FILE", "validation tokens (checked at start-up)"},
+        {"data", ARG_FILE, &c->data, 0, "FILE|PATTERN",
+         "training tokens (llm.c's format; see fsdata): a file, or shards by glob ('dir/train_*.bin')"},
+        {"val-data", ARG_FILE, &c->val_data, 0, "FILE|PATTERN", "validation tokens (checked at start-up)"},
+        {"shuffle", ARG_NONE, &r->shuffle, 0, NULL,
+         "train on the sequences in a seeded order, a new one each epoch (the seed is --seed's)"},
         {"eval-every", ARG_COUNT, &c->eval_every, INT64_MAX / 2, "N",
          "the validation loss after every N-th step and the last (0: none)"},
         {"eval-sequences", ARG_COUNT, &c->eval_sequences, INT64_MAX / 2, "K",
@@ -715,9 +718,9 @@ FsdRun *fsdrt_init(int argc, char **argv, const FsdModel *m)
         rt_fail(r, "no training data: pass --data FILE (model %s's train section names none)",
                 m->name);
     else if (r->cfg.data)
-        data_open(r, &r->data, r->cfg.data);
+        data_open(r, &r->data, "--data", r->cfg.data);
     if (r->cfg.val_data)
-        data_open(r, &r->val, r->cfg.val_data);
+        data_open(r, &r->val, "--val-data", r->cfg.val_data);
     eval_open(r);
     /* a resumed run appends to its log (log_resume cuts the lines of the
      * steps it will run again); a fresh one starts it anew */

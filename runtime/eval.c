@@ -41,6 +41,17 @@
 void eval_open(FsdRun *r)
 {
     const FsdTrainConfig *c = &r->cfg;
+    /* --eval-sequences alone would be ignored: the train section's
+     * eval(sequences = K) cannot come without `every`, so a K other than
+     * the section's is the flag's, asking for an evaluation nothing runs */
+    if (c->eval_every <= 0 && c->eval_sequences > 0 &&
+        c->eval_sequences != r->m->train.eval_sequences) {
+        rt_fail(r, "--eval-sequences %lld asks for an evaluation, but none runs: add "
+                   "--eval-every N (evaluate after every N-th step and the last) and --val-data, "
+                   "or leave --eval-sequences out",
+                (long long)c->eval_sequences);
+        return;
+    }
     if (c->eval_every <= 0 || c->steps == 0 || r->grad_check)
         return;   /* no step to evaluate after */
     if (!c->val_data) {
@@ -55,15 +66,16 @@ void eval_open(FsdRun *r)
                    "without one): regenerate it with this fsdpc");
         return;
     }
-    const TokenFile *f = &r->val;
-    if (!f->tokens)
+    const TokenData *f = &r->val;
+    if (!f->ready)
         return;   /* data_open failed: its error is the one reported */
     if (c->eval_sequences > f->nseq) {
-        rt_fail(r, "validation file %s holds %lld whole sequences of %lld tokens (%lld tokens), "
+        rt_fail(r, "validation %s %s holds %lld whole sequences of %lld tokens (%lld tokens), "
                    "fewer than the %lld that --eval-sequences (or the train section's "
-                   "eval(sequences = ...)) asks for: pass at most %lld, or a longer file",
-                f->path, (long long)f->nseq, (long long)r->m->seq + 1, (long long)f->ntok,
-                (long long)c->eval_sequences, (long long)f->nseq);
+                   "eval(sequences = ...)) asks for: pass at most %lld, or %s",
+                f->nfiles == 1 ? "file" : "data", f->pattern, (long long)f->nseq,
+                (long long)r->m->seq + 1, (long long)f->ntok, (long long)c->eval_sequences,
+                (long long)f->nseq, f->nfiles == 1 ? "a longer file" : "more shards");
         return;
     }
     r->eval_k = c->eval_sequences > 0 ? c->eval_sequences : f->nseq;

@@ -78,8 +78,24 @@ typedef struct TokenFile {
     int64_t ntok, nseq;            /* tokens; whole sequences of T + 1 */
     int fd;                        /* kept open to notice a change (data_load) */
     int64_t size, mtime_ns;        /* as mapped */
-    int bus_slot;                  /* its entry in data.c's SIGBUS table, or -1 */
+    /* data.c's SIGBUS list: what its handler prints for this mapping */
+    char *bus_msg;
+    size_t bus_msg_bytes;
+    struct TokenFile *volatile bus_next;
+    bool bus_listed;
 } TokenFile;
+
+/* --data or --val-data: one token file, or the shards a glob pattern
+ * matches, in sorted order, read as one sequence of sequences
+ * (docs/runtime.md#the-data-order). */
+typedef struct TokenData {
+    const char *pattern;           /* as given; NULL: none */
+    TokenFile *files;              /* [nfiles], each mapped and checked */
+    int nfiles;
+    int64_t *first;                /* [nfiles + 1]: the data's first sequence in each file */
+    int64_t ntok, nseq;            /* over every file */
+    bool ready;                    /* every file opened and checked */
+} TokenData;
 
 /* One finished slice of the trace. */
 typedef struct TraceEvent {
@@ -151,7 +167,8 @@ struct FsdRun {
     unsigned char *arena;
     int64_t arena_bytes;
 
-    TokenFile data, val;
+    TokenData data, val;
+    bool shuffle;            /* --shuffle: the training data's sequences in a seeded order */
     int32_t *idx, *targets, *positions;
 
     /* evaluation (eval.c) */
@@ -285,16 +302,22 @@ void mem_report(FsdRun *r);
 
 /* ── data.c: token files and the data order ── */
 
-/* Maps and validates a token file, this rank checking its share of the
- * tokens; errors go to rt_fail (the caller agrees on them). */
-void data_open(FsdRun *r, TokenFile *f, const char *path);
-void data_close(TokenFile *f);
+/* Opens --data or --val-data (`flag`): the file `pattern` names, or every
+ * file its glob matches, in sorted order; each is mapped and validated,
+ * this rank checking its share of the tokens. Errors go to rt_fail (the
+ * caller agrees on them), naming the file. */
+void data_open(FsdRun *r, TokenData *d, const char *flag, const char *pattern);
+void data_close(TokenData *d);
 /* Fills r->idx and r->targets for micro-batch `micro` of step r->step,
  * whose first sequence is r->seq. A data file changed since it was mapped
  * ends the job with a message. */
 void data_load(FsdRun *r, int micro);
-/* The same for evaluation: B sequences of the validation file from
- * sequence `first` on (wrapping around the file). */
+/* --shuffle's order: the sequence (of n) read at position p (not wrapped)
+ * under `seed`; positions e·n … e·n + n − 1 (epoch e) read each sequence
+ * once. */
+int64_t data_shuffled(int64_t p, int64_t n, uint64_t seed);
+/* The same for evaluation: B sequences of the validation data from
+ * sequence `first` on (wrapping around it, never shuffled). */
 void data_load_val(FsdRun *r, int64_t first);
 
 /* ── lr.c: the learning-rate schedules ── */

@@ -83,13 +83,10 @@ static uint64_t fnv1a(uint64_t h, const unsigned char *p, size_t n)
 
 #define ID_SPAN ((off_t)1 << 20)
 
-/* A file's identity: its size and the hash of its first and last MiB. */
-static void put_file(Text *t, const char *name, const char *path)
+/* A file's identity: its size and the hash of its first and last MiB;
+ * false with `why` when it cannot be read whole. */
+static bool identify(const char *path, int64_t *bytes, uint64_t *hash, char *why, size_t why_n)
 {
-    if (!path) {
-        put(t, name, NULL, "none");
-        return;
-    }
     /* O_NONBLOCK: a FIFO opens at once instead of waiting for a writer */
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     struct stat st;
@@ -97,12 +94,12 @@ static void put_file(Text *t, const char *name, const char *path)
     if (!stated || !S_ISREG(st.st_mode)) {
         /* the file's own check reports it; here it is only a value */
         if (stated)
-            put(t, name, path, "not a regular file");
+            snprintf(why, why_n, "not a regular file");
         else
-            put(t, name, path, "unreadable (%s)", strerror(errno));
+            snprintf(why, why_n, "unreadable (%s)", strerror(errno));
         if (fd >= 0)
             close(fd);
-        return;
+        return false;
     }
     unsigned char *buf = malloc((size_t)ID_SPAN);
     uint64_t h = 0xCBF29CE484222325ull;
@@ -116,10 +113,54 @@ static void put_file(Text *t, const char *name, const char *path)
     }
     free(buf);
     close(fd);
-    if (ok)
-        put(t, name, path, "%lld bytes, hash %016llx", (long long)st.st_size, (unsigned long long)h);
+    if (!ok)
+        snprintf(why, why_n, "unreadable");
+    *bytes = st.st_size;
+    *hash = h;
+    return ok;
+}
+
+static void put_file(Text *t, const char *name, const char *path)
+{
+    int64_t bytes;
+    uint64_t h;
+    char why[160];
+    if (!path)
+        put(t, name, NULL, "none");
+    else if (identify(path, &bytes, &h, why, sizeof why))
+        put(t, name, path, "%lld bytes, hash %016llx", (long long)bytes, (unsigned long long)h);
     else
-        put(t, name, path, "unreadable");
+        put(t, name, path, "%s", why);
+}
+
+/* --data or --val-data as a pattern: the files it matched on this rank,
+ * in order, as one identity (a rank that sees another number of shards,
+ * or other bytes in one, differs; the same shards under another directory
+ * do not). One file is put_file's. */
+static void put_data(Text *t, const char *name, const TokenData *d, const char *pattern)
+{
+    if (!pattern || !d->ready || d->nfiles == 1) {
+        put_file(t, name, d->ready ? d->files[0].path : pattern);
+        return;
+    }
+    uint64_t h = 0xCBF29CE484222325ull;
+    int64_t total = 0;
+    for (int k = 0; k < d->nfiles; k++) {
+        int64_t bytes;
+        uint64_t fh;
+        char why[160];
+        if (!identify(d->files[k].path, &bytes, &fh, why, sizeof why)) {
+            put(t, name, pattern, "%s: %s", d->files[k].path, why);
+            return;
+        }
+        /* contents, not names: the same shards under another path are
+         * the same data, as one file is */
+        h = fnv1a(h, (const unsigned char *)&fh, sizeof fh);
+        h = fnv1a(h, (const unsigned char *)&bytes, sizeof bytes);
+        total += bytes;
+    }
+    put(t, name, pattern, "%d files, %lld bytes, hash %016llx", d->nfiles, (long long)total,
+        (unsigned long long)h);
 }
 
 /* Everything that must be the same on every rank, under the name a user
@@ -158,8 +199,9 @@ static void describe(const FsdRun *r, Text *t)
     put(t, "--hf-names", NULL, "%s", r->hf_names ? r->hf_names : "none");
     put(t, "--eval-every", NULL, "%lld", (long long)c->eval_every);
     put(t, "--eval-sequences", NULL, "%lld", (long long)c->eval_sequences);
-    put_file(t, "--data", c->data);
-    put_file(t, "--val-data", c->val_data);
+    put(t, "--shuffle", NULL, "%s", r->shuffle ? "on" : "off");
+    put_data(t, "--data", &r->data, c->data);
+    put_data(t, "--val-data", &r->val, c->val_data);
     put_file(t, "--init-from", r->init_from);
 }
 

@@ -55,6 +55,11 @@
 #   simcheck  tests/simcheck/run.sh (make sim-check): the simulator's
 #             predictions against published runs, each within +-25%, and
 #             tools/calibrate.py on a CPU trainer's trace;
+#   data      tests/data/run.sh: token shards read by pattern, --shuffle
+#             at any world size and resumed, tools/fstokens.py (with
+#             .venv: a BPE trained, text tokenized and decoded back) and the
+#             README's walk from a config.json and a corpus to a model
+#             from_pretrained loads;
 #   smoke     tests/smoke/run.sh: tiny's trainer on 1 and 2 ranks, resumed
 #             from a checkpoint (--quick only: runtime, ckpt and e2e hold
 #             all of it and more).
@@ -186,6 +191,7 @@ part_mixed()   { suite "mixed: " env MAKE="$MAKE" tests/mixed/run.sh; }
 part_oracle()  { suite "oracle: " env MAKE="$MAKE" tests/oracle/run.sh; }
 part_mesh()    { suite "mesh: " env MAKE="$MAKE" tests/mesh/run.sh; }
 part_eval()    { suite "eval: " env MAKE="$MAKE" tests/eval/run.sh; }
+part_data()    { suite "data: " env MAKE="$MAKE" tests/data/run.sh; }
 part_rtsan()   { suite "rtsan: " env MAKE="$MAKE" tests/faults/sanitize.sh; }
 part_smoke()   { suite "" env MAKE="$MAKE" tests/smoke/run.sh; }
 part_simcheck() { suite "" env MAKE="$MAKE" tests/simcheck/run.sh; }
@@ -225,10 +231,11 @@ show() {
 # minutes, recompute 133 s, eval about 70 s; kernels 6.9 minutes, cuda 5.7,
 # rtsan 113 s, hf 98 s; compiler 34 s, unit 12 s, san 42 s, fuzz 53 s,
 # runtime 92 s, ckpt 107 s, faults 4.3 minutes, install 6 s, e2e 3.9
-# minutes, oracle 134 s; mesh about 130 s (measured alone).
+# minutes, oracle 134 s; mesh about 130 s (measured alone); data about 55 s
+# alone (on two cores shared with other work).
 case $mode in
 quick)  lanes=("smoke" "docs compiler unit san") ;;
-*)      lanes=("cudasim recompute eval simcheck" "kernels cuda rtsan hf mixed" "docs compiler unit san fuzz runtime ckpt faults install e2e oracle mesh") ;;
+*)      lanes=("cudasim recompute eval simcheck" "kernels cuda rtsan hf mixed data" "docs compiler unit san fuzz runtime ckpt faults install e2e oracle mesh") ;;
 esac
 
 if [ $mode = serial ]; then

@@ -387,6 +387,11 @@ expect_count examples/llama3_8b.fsd 8030261248 "llama3_8b"
 # the same two, from their Hugging Face configs (fsdpc --from-hf)
 expect_count tests/fromhf/gpt2_124m.fsd 124439808 "gpt2 from its config.json (fsdpc --from-hf)"
 expect_count tests/fromhf/llama3_8b.fsd 8030261248 "llama3_8b from its config.json (fsdpc --from-hf)"
+# Qwen2 (q, k and v biases) and Qwen3 (qk_norm) shapes, counted by hand:
+# L·(2C² + C + 2(C·kv + kv) + 3C·I + 2C) + V·C + C with kv = kv_heads·C/heads
+# (Qwen2, tied); Qwen3 the same without biases, with 2·C/heads for q_norm and k_norm
+expect_count tests/fromhf/qwen2_small.fsd 494032768 "a Qwen2 config, 896 wide, 24 layers (fsdpc --from-hf)"
+expect_count tests/fromhf/qwen3_small.fsd 1720574976 "a Qwen3 config, 2048 wide, 28 layers (fsdpc --from-hf)"
 
 # ── train settings: each lr_schedule form and eval(...), as --dump-model prints
 # them and train.cu's table carries them (tests/eval runs them) ──

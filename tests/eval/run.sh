@@ -17,8 +17,9 @@
 #     within 1e-12;
 #   - a run resumed from a checkpoint evaluates at the same steps, with the
 #     same results, as the run that did not stop;
-#   - a validation file shorter than --eval-sequences, and --eval-every
-#     without validation data, are refused at start-up with the file and the
+#   - a validation file shorter than --eval-sequences, --eval-every
+#     without validation data, and --eval-sequences without --eval-every
+#     are refused at start-up with the file and the
 #     numbers;
 #   - every lr_schedule form, built into a small model's trainer, logs at
 #     every step the rate torch.optim.lr_scheduler gives (LinearLR,
@@ -167,6 +168,11 @@ if [ -x "$T" ]; then
     st=$?
     check "tiny: --eval-every without validation data is refused" \
         "[ $st = 1 ] && grep -q 'evaluation (--eval-every 1, .*) needs validation data: pass --val-data FILE' '$d/noval.out'" "$d/noval.out"
+    mp 1 "$T" --data "$DATA" --val-data "$VAL" --steps 2 --eval-sequences 4 >"$d/noevery.out" 2>&1
+    st=$?
+    check "tiny: --eval-sequences without --eval-every (nothing would evaluate) is refused, saying what to add" \
+        "[ $st = 1 ] && grep -q -- '--eval-sequences 4 asks for an evaluation, but none runs: add --eval-every N' '$d/noevery.out' && ! grep -q '^step' '$d/noevery.out'" \
+        "$d/noevery.out"
 fi
 
 # ── the schedules against torch.optim.lr_scheduler ──

@@ -2,11 +2,13 @@
 """hf.py — tests/hf/run.sh's side of the checks that `transformers` itself
 makes (run with .venv/bin/python, tools/venv.sh):
 
-    hf.py make gpt2|llama|llama_tb DIR
+    hf.py make gpt2|llama|llama_tb|qwen2 DIR
         a tiny random GPT2LMHeadModel or LlamaForCausalLM (Llama: grouped-
         query attention, RoPE theta 500000, SwiGLU, RMSNorm; llama_tb: with
         a head tied to the embedding and biases, attention_bias and
-        mlp_bias, RoPE theta 10000 and fp16 weights), its weights
+        mlp_bias, RoPE theta 10000 and fp16 weights; qwen2: a
+        Qwen2ForCausalLM, biases on q, k and v alone, a tied head, and a
+        sliding window configured with use_sliding_window false), its weights
         drawn large enough (std 0.3, norm weights 1 ± 0.3) that a wrong
         layout or rotary convention moves the loss visibly, saved with
         save_pretrained in BF16 with a max_shard_size that gives 2 or 3 shards;
@@ -46,12 +48,21 @@ def die(msg):
 
 
 def make(kind, out):
-    torch.manual_seed({"gpt2": 7, "llama": 11, "llama_tb": 13}[kind])
+    torch.manual_seed({"gpt2": 7, "llama": 11, "llama_tb": 13, "qwen2": 17}[kind])
     dtype = torch.float16 if kind == "llama_tb" else torch.bfloat16
     if kind == "gpt2":
         cfg = transformers.GPT2Config(vocab_size=96, n_positions=16, n_embd=32, n_layer=2, n_head=4,
                                       activation_function="gelu_new")
         model = transformers.GPT2LMHeadModel(cfg)
+    elif kind == "qwen2":
+        # biases on q, k and v only; a sliding window configured but off
+        cfg = transformers.Qwen2Config(vocab_size=96, hidden_size=32, intermediate_size=48,
+                                       num_hidden_layers=2, num_attention_heads=4,
+                                       num_key_value_heads=2, rope_theta=1000000.0,
+                                       max_position_embeddings=32, rms_norm_eps=1e-6,
+                                       tie_word_embeddings=True, use_sliding_window=False,
+                                       sliding_window=16)
+        model = transformers.Qwen2ForCausalLM(cfg)
     else:
         cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=48,
                                        num_hidden_layers=2, num_attention_heads=4,

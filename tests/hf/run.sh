@@ -10,7 +10,9 @@
 # --export-dtype bf16 --export-shard-size) as a directory that
 # from_pretrained loads, every tensor bit for bit the original's, with
 # save_pretrained's file names and index text. A third model, a Llama with
-# a tied head and biases in F16, is checked on 1 rank. Then the refusals, each
+# a tied head and biases in F16, is checked on 1 rank; a fourth, a Qwen2
+# (biases on q, k and v alone, a tied head; --from-hf writes bias = qkv,
+# --hf-names llama names its tensors), on 1 and 2. Then the refusals, each
 # naming the file and the field: an unsupported dtype, a missing shard
 # file, a shape, a truncated file, an index that is not JSON.
 #
@@ -43,9 +45,10 @@ build/fsdata synth "$TMP/d96.bin" --tokens 4000 --vocab 96 >/dev/null
 
 # ── the models: made by transformers, or (without it) exported by fsdpc ──
 # model KIND: $TMP/KIND (the directory) and build/hf/KIND/train
-for kind in gpt2 llama llama_tb; do
+for kind in gpt2 llama llama_tb qwen2; do
     D=$TMP/$kind
     names=${kind%%_*} ranks="1 2"
+    [ $names = qwen2 ] && names=llama   # Qwen2's tensors have Llama's names
     [ $kind = llama_tb ] && ranks=1
     if [ $have_hf = 1 ]; then
         if ! $HF make $kind "$D" >"$TMP/$kind.size" 2>"$TMP/out"; then

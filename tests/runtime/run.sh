@@ -281,7 +281,7 @@ for k in magic version truncated short; do $CHECK mkdata $k "$TMP/$k.bin" "$D"; 
 pos=$($CHECK mkdata token "$TMP/token.bin" "$D")
 err "unknown flag" 2 "unknown flag --frobnicate (see --help)" --data "$D" --frobnicate
 err "bad value" 2 "--steps: 'ten' is not a whole number from 0 to" --data "$D" --steps ten
-err "flag without value" 2 "--data needs a value (FILE)" --data
+err "flag without value" 2 "--data needs a value (FILE|PATTERN)" --data
 err "stray argument" 2 "unexpected argument 'data.bin'" data.bin
 err "missing data file" 2 "cannot open data file $TMP/nope.bin: No such file or directory" --data "$TMP/nope.bin"
 err "no data" 2 "no training data: pass --data FILE" --steps 3
