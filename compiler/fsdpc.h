@@ -837,6 +837,10 @@ typedef struct PlanTry {
     /* TRY_POLICY: a memory_budget candidate and its peak bytes per rank;
      * the parts the shard section wrote are fixed in every candidate */
     bool reshard;                /* non-root groups reshard after forward */
+    /* N >= 2: they keep a copy sharded over N ranks after forward
+     * (docs/design.md#partial-resharding), the planner's N or the shard
+     * section's as written; 0: they reshard fully, or keep everything */
+    int64_t reshard_ranks;
     int prefetch_fwd, prefetch_bwd;
     bool fixed_reshard, fixed_fwd, fixed_bwd;
     int64_t peak;
@@ -1190,6 +1194,9 @@ void plan_recompute(Recompute *rc);
  * --dump-memory (policies) list them. */
 void plan_dump_buckets(FILE *out, const Plan *p);
 void plan_dump_policies(FILE *out, const Plan *p);
+/* Whether the budget search tried partial resharding's N itself (the dump
+ * says where those candidates stand in its order). */
+bool plan_tried_partial(const Plan *p);
 /* replicate = auto's table for --dump-plan: each R, its step, exposed
  * communication, tokens/s per GPU and peak, and why the chosen one won. */
 void plan_dump_mesh(FILE *out, const Plan *p);

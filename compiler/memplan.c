@@ -575,8 +575,11 @@ static void dump_settings(const DumpCtx *x)
         fputs("  memory_budget: none\n", out);
     } else {
         fprintf(out, "  memory_budget: %s (%s bytes); policies from least resharding to "
-                     "most, the fastest simulated step that fits is used:\n",
-                fmt_size(c->memory_budget_bytes), fmt_count(c->memory_budget_bytes));
+                     "most%s, the fastest simulated step that fits is used:\n",
+                fmt_size(c->memory_budget_bytes), fmt_count(c->memory_budget_bytes),
+                plan_tried_partial(p) ? ", then partial resharding to N ranks (after full "
+                                        "resharding, which a tie goes to: it holds less)"
+                                      : "");
         plan_dump_policies(out, p);
     }
 }

@@ -10,11 +10,12 @@
  *   1. groups: `fully_shard auto(bucket = N)` packs leaf layers into
  *      buckets; the bucket size is searched through the simulator (sim.c)
  *      from N down, and the fastest predicted step wins;
- *   2. policy: under `memory_budget`, the reshard policy and prefetch depth
- *      the shard section left open are searched through the memory planner
- *      (memplan.c) and, among those whose peak fits, the simulator: the
- *      fastest predicted step wins (what the section wrote stays as
- *      written);
+ *   2. policy: under `memory_budget`, the reshard policy (partial
+ *      resharding's N among them when the shard group spans nodes) and
+ *      prefetch depth the shard section left open are searched through the
+ *      memory planner (memplan.c) and, among those whose peak fits, the
+ *      simulator: the fastest predicted step wins (what the section wrote
+ *      stays as written);
  *   3. the step's schedule (schedule.c) and its memory plan for the world
  *      the dumps and the simulator are asked about.
  *
@@ -248,12 +249,73 @@ static Plan *choose_buckets(Model *m, Graph *g, const SimCluster *c)
  * says so with the numbers, and names a policy that would fit if the
  * setting were changed. */
 
+/* ── memory_budget: partial resharding's candidates ──
+ * reshard_after_forward = N (docs/design.md#partial-resharding) sits
+ * between keeping the parameters and resharding them fully: after forward
+ * each group keeps a copy sharded over N ranks (1/N of it per rank), and
+ * backward gathers within those N. It pays when the shard group spans
+ * nodes: with N the GPUs of a node, backward's all-gathers stay on NVLink
+ * instead of crossing the network, for a copy of 1/N per group held from
+ * forward to backward. So the search tries N = the GPUs per node when the
+ * shard group S is more than one node and a whole number of them, and
+ * N = half a node beside it (gathers over fewer ranks for twice the copy);
+ * within a node (S <= GPUs per node) every gather is on NVLink already,
+ * and N is not tried. FSDP2 leaves this N to the user; here the memory
+ * planner and the simulator weigh it like the other policies. */
+enum { MAX_PARTIAL = 2 };
+
+static int partial_candidates(const Model *m, const SimCluster *cl, int64_t out[MAX_PARTIAL])
+{
+    int64_t g = cl->gpus_per_node, S = plan_shard_world(m, cl->world);
+    int n = 0;
+    if (g < 2 || S <= g || S % g != 0)
+        return 0;
+    out[n++] = g;
+    if (g % 2 == 0 && g / 2 >= 2)
+        out[n++] = g / 2;
+    return n;
+}
+
+/* Every group without a setting of its own that reshards after forward
+ * keeps a copy over N ranks (N >= 2), or reshards fully (N = 0): the
+ * candidate's N, which replaces the shard section's (a written N is the
+ * candidate's N when the section wrote it). */
+static void apply_partial(Model *m, int64_t N)
+{
+    for (int i = 0; i < m->ngroups; i++) {
+        ShardGroup *sg = m->groups[i];
+        if (!sg->reshard_own && sg->reshard)
+            sg->reshard_ranks = N;
+    }
+}
+
+/* "true", "false", "8": a reshard_after_forward's value */
+static const char *reshard_value(bool reshard, int64_t ranks)
+{
+    return ranks >= 2 ? arena_printf("%" PRId64, ranks) : reshard ? "true" : "false";
+}
+
+/* Whether t is one of partial_candidates', not a written N */
+static bool planner_partial(const PlanTry *t)
+{
+    return t->kind == TRY_POLICY && t->reshard_ranks >= 2 && !t->fixed_reshard;
+}
+
+bool plan_tried_partial(const Plan *p)
+{
+    for (int i = 0; i < p->ntries; i++)
+        if (planner_partial(&p->tries[i]))
+            return true;
+    return false;
+}
+
 static void apply_policy(Plan *p, const PlanTry *t)
 {
     Model *m = p->m;
     p->prefetch_fwd = t->prefetch_fwd;
     p->prefetch_bwd = t->prefetch_bwd;
     plan_apply_reshard(m, t->reshard);
+    apply_partial(m, t->reshard_ranks);
 }
 
 /* "reshard after forward (as written), prefetch 1", for the dump's table:
@@ -261,7 +323,8 @@ static void apply_policy(Plan *p, const PlanTry *t)
 static const char *policy_str(const PlanTry *t)
 {
     const char *what = arena_printf(
-        "%s%s", t->reshard ? "reshard after forward" : "keep parameters after forward",
+        "%s%s%s", t->reshard ? "reshard after forward" : "keep parameters after forward",
+        t->reshard_ranks >= 2 ? arena_printf(" to %" PRId64 " ranks", t->reshard_ranks) : "",
         t->fixed_reshard ? " (as written)" : "");
     if (t->prefetch_fwd == t->prefetch_bwd && t->fixed_fwd == t->fixed_bwd)
         return arena_printf("%s, prefetch %d%s", what, t->prefetch_fwd,
@@ -274,7 +337,9 @@ static const char *policy_str(const PlanTry *t)
 /* "resharding after forward and prefetching 0 groups ahead", for messages */
 static const char *policy_phrase(const PlanTry *t)
 {
-    const char *what = t->reshard ? "resharding" : "keeping parameters";
+    const char *what = t->reshard_ranks >= 2
+                           ? arena_printf("resharding to %" PRId64 " ranks", t->reshard_ranks)
+                           : t->reshard ? "resharding" : "keeping parameters";
     if (t->prefetch_fwd == t->prefetch_bwd)
         return arena_printf("%s after forward and prefetching %d group%s ahead", what,
                             t->prefetch_fwd, t->prefetch_fwd == 1 ? "" : "s");
@@ -304,9 +369,13 @@ static const char *const ADVICE =
 static const char *changes(Diag *d, const ShardConfig *c, const PlanTry *t)
 {
     const char *s = "";
-    if (c->reshard_after_forward >= 0 && t->reshard != (c->reshard_after_forward != 0))
+    bool written = c->reshard_after_forward != 0;
+    int64_t written_ranks = written ? c->reshard_ranks : 0;
+    if (c->reshard_after_forward >= 0 &&
+        (t->reshard != written || t->reshard_ranks != written_ranks))
         s = arena_printf("`reshard_after_forward = %s` (written %s at %s)",
-                         t->reshard ? "true" : "false", t->reshard ? "false" : "true",
+                         reshard_value(t->reshard, t->reshard_ranks),
+                         reshard_value(written, written_ranks),
                          diag_where(d, c->reshard_after_forward_loc));
     const char *name[2] = {"forward", "backward"};
     const int want[2] = {t->prefetch_fwd, t->prefetch_bwd};
@@ -358,31 +427,47 @@ static void report_fixed_no_fit(Diag *d, const ShardConfig *c, const PlanTry *le
  *   2-4. reshard after forward (FSDP2's default), prefetching 2, 1, then 0
  *      groups ahead: each prefetched group is one more unsharded buffer in
  *      flight, and each one less exposes more of the all-gathers' latency.
+ *   5-.  partial resharding to each N of partial_candidates (a node's GPUs,
+ *      then half a node), prefetching 2, 1, then 0 groups ahead: listed
+ *      after full resharding, though they reshard less, so that a tie with
+ *      it goes to full resharding, which holds less and needs no
+ *      sub-communicator; N = a node before half a node for the same reason.
  * The root keeps its parameters in all of them, as FSDP2 does: backward
  * starts with the root's head. With `fixed`, a candidate takes the written
  * settings (a written prefetch replaces the candidate's depth, a written
- * reshard_after_forward drops the candidates of the other kind) and
- * duplicates go; returns the number written to out. */
-enum { NPOLICIES = 4 };
+ * reshard_after_forward drops the candidates of the other kinds, partial
+ * resharding's included, and gives its N to those it keeps) and duplicates
+ * go; returns the number written to out. */
+enum { NPOLICIES = 4, MAX_POLICIES = NPOLICIES + 3 * MAX_PARTIAL };
 
-static int candidates(const ShardConfig *c, bool fixed, PlanTry *out)
+static int candidates(const ShardConfig *c, bool fixed, const int64_t *partial, int npartial,
+                      PlanTry *out)
 {
-    const PlanTry all[NPOLICIES] = {
+    PlanTry all[MAX_POLICIES] = {
         {.kind = TRY_POLICY, .reshard = false, .prefetch_fwd = c->prefetch_forward,
          .prefetch_bwd = c->prefetch_backward},
         {.kind = TRY_POLICY, .reshard = true, .prefetch_fwd = 2, .prefetch_bwd = 2},
         {.kind = TRY_POLICY, .reshard = true, .prefetch_fwd = 1, .prefetch_bwd = 1},
         {.kind = TRY_POLICY, .reshard = true, .prefetch_fwd = 0, .prefetch_bwd = 0},
     };
+    int nall = NPOLICIES;
+    for (int i = 0; i < npartial; i++)
+        for (int depth = 2; depth >= 0; depth--)
+            all[nall++] = (PlanTry){.kind = TRY_POLICY, .reshard = true,
+                                    .reshard_ranks = partial[i], .prefetch_fwd = depth,
+                                    .prefetch_bwd = depth};
     int n = 0;
-    for (int k = 0; k < NPOLICIES; k++) {
+    for (int k = 0; k < nall; k++) {
         PlanTry t = all[k];
         if (fixed) {
             t.fixed_reshard = c->reshard_after_forward >= 0;
             t.fixed_fwd = c->prefetch_forward_set;
             t.fixed_bwd = c->prefetch_backward_set;
-            if (t.fixed_reshard && t.reshard != (c->reshard_after_forward != 0))
+            if (t.fixed_reshard && (t.reshard != (c->reshard_after_forward != 0) ||
+                                    t.reshard_ranks >= 2))
                 continue;
+            if (t.fixed_reshard && t.reshard)
+                t.reshard_ranks = c->reshard_ranks;
             if (t.fixed_fwd)
                 t.prefetch_fwd = c->prefetch_forward;
             if (t.fixed_bwd)
@@ -390,8 +475,8 @@ static int candidates(const ShardConfig *c, bool fixed, PlanTry *out)
         }
         bool dup = false;
         for (int j = 0; j < n; j++)
-            dup |= out[j].reshard == t.reshard && out[j].prefetch_fwd == t.prefetch_fwd &&
-                   out[j].prefetch_bwd == t.prefetch_bwd;
+            dup |= out[j].reshard == t.reshard && out[j].reshard_ranks == t.reshard_ranks &&
+                   out[j].prefetch_fwd == t.prefetch_fwd && out[j].prefetch_bwd == t.prefetch_bwd;
         if (!dup)
             out[n++] = t;
     }
@@ -407,7 +492,8 @@ static MemPlan *plan_policy(Plan *p, const PlanTry *t, int64_t world)
 /* Without a budget, the shard section's policy. With one, the candidates
  * under the written settings, each memory-planned; of those whose peak fits,
  * the fastest step the simulator predicts on cl wins, the earlier candidate
- * (less resharding, deeper prefetch) on a tie.
+ * on a tie (less resharding, deeper prefetch; full resharding before
+ * partial).
  * Every candidate is planned (a schedule and a memory plan are cheap) so
  * --dump-memory can show what each would need. "Fits" means the peak — what
  * the trainer allocates at most, the arena held whole
@@ -423,15 +509,19 @@ static bool choose_policy(Plan *p, const SimCluster *cl, Diag *d)
         p->mem = memplan_build(p->sched, world);
         return true;
     }
-    PlanTry mine[NPOLICIES];
-    int n = candidates(c, true, mine);
+    int64_t partial[MAX_PARTIAL];
+    int npartial = partial_candidates(p->m, cl, partial);
+    PlanTry mine[MAX_POLICIES];
+    int n = candidates(c, true, partial, npartial, mine);
     MemPlan *lean = NULL;
     PlanTry *chosen = NULL, *lean_try = NULL;
     for (int k = 0; k < n; k++) {
         MemPlan *mp = plan_policy(p, &mine[k], world);
         PlanTry *t = add_try(p, mine[k]);
         t->peak = mp->peak;
-        if (!lean || mp->peak <= lean->peak)   /* a tie: the later, leaner by design */
+        /* a tie: the later, leaner by design, but for partial resharding's
+         * candidates, listed late though their copies only add */
+        if (!lean || mp->peak < lean->peak || (mp->peak == lean->peak && !planner_partial(t)))
             lean = mp, lean_try = &mine[k];
         if (mp->peak <= budget) {
             t->step_s = sim_run(mp->sched, cl)->step_s;
@@ -448,8 +538,8 @@ static bool choose_policy(Plan *p, const SimCluster *cl, Diag *d)
             return false;
         }
         /* would one fit with a written setting changed? */
-        PlanTry open[NPOLICIES];
-        int no = candidates(c, false, open);
+        PlanTry open[MAX_POLICIES];
+        int no = candidates(c, false, partial, npartial, open);
         for (int k = 0; k < no; k++) {
             MemPlan *mp = plan_policy(p, &open[k], world);
             if (mp->peak <= budget) {
@@ -712,13 +802,18 @@ void plan_dump_policies(FILE *out, const Plan *p)
 {
     int64_t budget = p->m->shard.memory_budget_bytes;
     int width = 44;   /* wider when settings as written are marked */
+    int count = 0;
     for (int i = 0; i < p->ntries; i++)
-        if (p->tries[i].kind == TRY_POLICY && (int)strlen(policy_str(&p->tries[i])) > width)
-            width = (int)strlen(policy_str(&p->tries[i]));
+        if (p->tries[i].kind == TRY_POLICY) {
+            count++;
+            if ((int)strlen(policy_str(&p->tries[i])) > width)
+                width = (int)strlen(policy_str(&p->tries[i]));
+        }
+    int digits = count >= 10 ? 2 : 1;   /* partial resharding's make ten */
     for (int i = 0, k = 0; i < p->ntries; i++) {
         const PlanTry *t = &p->tries[i];
         if (t->kind == TRY_POLICY)
-            fprintf(out, "    %d. %-*s peak %20s  %s%s\n", ++k, width, policy_str(t),
+            fprintf(out, "    %*d. %-*s peak %20s  %s%s\n", digits, ++k, width, policy_str(t),
                     fmt_count(t->peak),
                     t->peak <= budget ? arena_printf("fits, step %.3f ms", 1e3 * t->step_s)
                                       : "too big",
