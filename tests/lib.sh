@@ -70,6 +70,16 @@ need_torch() {
     done_
 }
 
+# build_base: builds build/fsdpc, build/fsdata and the runtime libraries
+# (the suite's $MAKE, output in $TMP/build), or ends the suite with a
+# failure that shows the build's output.
+build_base() {
+    if ! $MAKE --no-print-directory -s build/fsdpc build/fsdata runtime >"$TMP/build" 2>&1; then
+        bad "build: fsdpc, fsdata and the runtime" "$TMP/build"
+        done_
+    fi
+}
+
 # build_trainer LABEL TARGET...: runs `$MAKE -s TARGET...` (a trainer: `trainer
 # FSD=... TRAINER=build/SUITE/...`, this suite's own folder), which must
 # succeed without a compiler warning; otherwise bad "LABEL (errors or

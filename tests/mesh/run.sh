@@ -48,10 +48,7 @@ SHOW_LINES=30
 need_tools "mesh tests" mpicc mpirun python3
 t0=$(date +%s)
 mkdir -p $OUT
-if ! $MAKE --no-print-directory -s build/fsdpc build/fsdata runtime >"$TMP/build" 2>&1; then
-    bad "build: fsdpc, fsdata and the runtime" "$TMP/build"
-    done_
-fi
+build_base
 FSDPC=build/fsdpc
 CHECK="python3 tests/mesh/check.py"
 E2E="python3 tests/e2e/check.py"

@@ -36,10 +36,7 @@ trap 'rm -rf "$TMP"' EXIT
 need_tools "mixed precision tests" mpicc mpirun python3
 t0=$(date +%s)
 mkdir -p $OUT
-if ! $MAKE --no-print-directory -s build/fsdpc build/fsdata runtime >"$TMP/build" 2>&1; then
-    bad "build: fsdpc, fsdata and the runtime" "$TMP/build"
-    done_
-fi
+build_base
 FSDPC=build/fsdpc
 CHECK="python3 tests/e2e/check.py"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1

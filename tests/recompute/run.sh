@@ -36,10 +36,7 @@ SHOW_LINES=30
 need_tools "recompute tests" mpicc mpirun python3
 t0=$(date +%s)
 mkdir -p $OUT
-if ! $MAKE --no-print-directory -s build/fsdpc build/fsdata runtime >"$TMP/build" 2>&1; then
-    bad "build: fsdpc, fsdata and the runtime" "$TMP/build"
-    done_
-fi
+build_base
 FSDPC=build/fsdpc
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 mp() { local w=$1; shift; timeout 120 "${MPIRUN[@]}" -np "$w" "$@"; }
