@@ -43,8 +43,8 @@
 #define MPI_REAL_T MPI_FLOAT
 #endif
 
-/* OpenMP's spin before its idle threads sleep (tune_spin): ~0.24 ms */
-#define FSD_GOMP_SPINCOUNT "10000"
+/* OpenMP's spin before its idle threads sleep (tune_spin): ~25 us */
+#define FSD_GOMP_SPINCOUNT "1000"
 
 typedef struct Pooled {
     void *p;
@@ -292,15 +292,18 @@ static bool tune_blas_core(void)
 /* How long OpenMP's idle threads spin before they sleep. The emitted step
  * opens a parallel region per op (~215 a step for bench/gpt4x256.fsd), and
  * between two regions libgomp's threads spin, by default for 300,000
- * iterations of `pause` (about 7 ms on this project's Xeon) before they
- * sleep on a futex. On a machine with other work that spinning is what the
- * scheduler gives the time slices to: a thread spinning for a
- * team-mate who has been descheduled holds a core the team-mate (or the
- * other process) needs. Measured (docs/performance.md#loaded-machine): a
- * 2-thread gpt4x256 step of 2-3 s with the default against 0.4-0.7 s with
- * 10,000 spins (~0.24 ms, longer than the serial gap between two ops on a
- * quiet machine, so a quiet run still hands over without a futex wake-up)
- * or passive waiting, under a load average of 7. GOMP_SPINCOUNT is GCC's
+ * iterations of `pause` (about 7 ms on this project's VM) before they sleep
+ * on a futex. On a machine with other work that spinning costs the team
+ * twice: a spinning thread holds a core that a descheduled team-mate, or
+ * the other process, needs; and while it spins the scheduler sees that core
+ * busy, so it does not move the thread doing the serial part between two
+ * regions off the core it shares with the other process. 1,000 spins
+ * (~25 us) still hand a region to a thread that is about to start the next
+ * one (the serial gap between two ops is a few us) and then sleep. Measured
+ * (docs/performance.md#loaded-machine), gpt4x256 at 2 threads with a busy
+ * loop on one core: steps of 400-900 ms at the default and at 10,000 spins
+ * against 290-400 ms at 1,000, 100 or passive waiting, which were no
+ * slower than the default with no busy loop. GOMP_SPINCOUNT is GCC's
  * libgomp's and read only when it loads, so it is set here, before a
  * restart; a user's OMP_WAIT_POLICY or GOMP_SPINCOUNT is respected. Returns
  * whether it set it. */
