@@ -56,8 +56,8 @@ CORES = os.cpu_count() or 1
 # The models, as their .fsd files say (PyTorch needs the same numbers).
 # G is the global batch of a step: B × world sequences, grad_accum 1 on both
 # sides, so 1 rank and 2 ranks do the same total work. torch.compile's
-# first two steps compile (the backward's graph on the second), so `warm`
-# is at least 2 wherever it runs.
+# first step compiles (seconds to minutes of gcc) and the second can still
+# be slow, so `warm` is at least 2.
 MODELS = [
     dict(name="tiny", fsd="examples/tiny.fsd", vocab=256, dim=64, layers=2, heads=4, seq=64,
          G=8, lr=3e-3, min_lr=3e-4, warmup=10, betas=(0.9, 0.95), wd=0.1, clip=1.0,
