@@ -72,6 +72,7 @@ MODELS = [
          heads=12, seq=64, G=4, lr=6e-4, min_lr=6e-5, warmup=5, betas=(0.9, 0.95), wd=0.1,
          clip=1.0, steps=5 if QUICK else 7, warm=2),
 ]
+MODELS_ALL = MODELS
 _names = os.environ.get("BENCH_MODELS") or ("tiny,gpt4x256" if QUICK else "")
 if _names:
     _unknown = set(_names.split(",")) - {m["name"] for m in MODELS}

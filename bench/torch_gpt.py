@@ -146,6 +146,8 @@ def main():
     ap.add_argument("--init", required=True, help="initial weights (fsdpc --export)")
     ap.add_argument("--data", required=True)
     ap.add_argument("--compile", action="store_true", help="train torch.compile(model)")
+    ap.add_argument("--profile-out", help="profile the steps after the first two (torch.profiler) "
+                    "and write {op: self CPU ms per step} to this JSON file")
     a = ap.parse_args()
     if a.compile and not hasattr(torch, "compile"):
         sys.exit(f"torch_gpt.py: --compile needs PyTorch 2; this is {torch.__version__}")
@@ -167,7 +169,11 @@ def main():
     T, G = a.seq, a.batch
     nseq = (len(tokens) - 1) // T
     losses, ms = [], []
+    prof = None
     for s in range(a.steps):
+        if a.profile_out and s == 2:   # past torch.compile's compiling steps
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            prof.__enter__()
         t0 = time.perf_counter()
         rows = [(s * G + b) % nseq for b in range(G)]
         chunk = torch.stack([tokens[j * T: j * T + T + 1] for j in rows])
@@ -181,6 +187,13 @@ def main():
         opt.step()
         losses.append(loss.item())
         ms.append((time.perf_counter() - t0) * 1e3)
+    if prof:
+        prof.__exit__(None, None, None)
+        n = a.steps - 2
+        ops = {e.key: e.self_cpu_time_total / 1e3 / n for e in prof.key_averages()
+               if e.self_cpu_time_total > 0}
+        with open(a.profile_out, "w") as f:
+            json.dump(dict(steps=n, step_ms=sum(ms[2:]) / n, self_ms=ops), f, indent=1)
     rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps({"loss": losses, "step_ms": ms, "max_rss_kib": rss_kib,
                       "torch": torch.__version__, "threads": torch.get_num_threads(),
