@@ -24,9 +24,12 @@
 #                   tests/faults/sanitize.sh runs them on 1-3 ranks
 #   make fuzz       fuzz the compiler for FUZZ_SECONDS (libFuzzer, clang)
 #   make golden     regenerate the golden files (read the diff before committing)
-#   make bench      fsdpc's CPU trainer against PyTorch, compile times and the
-#                   simulator's predictions, as one table (minutes; not part
-#                   of `make test`; bench/bench.py, docs/performance.md)
+#   make bench      fsdpc's CPU trainer against PyTorch 1.13 and PyTorch 2
+#                   (eager and torch.compile), compile times and the
+#                   simulator's predictions, as one table (tens of minutes;
+#                   not part of `make test`; the first run downloads PyTorch 2
+#                   into .venv-torch2, ~2 GB; BENCH_QUICK=1, BENCH_LOADED=1,
+#                   BENCH_MODELS=...; bench/bench.py, docs/performance.md)
 #
 # `setup` installs missing tools (flex, bison, ...) with apt-get when run as
 # root, and otherwise prints the command to run.
@@ -353,12 +356,17 @@ endif
 # ── benchmarks ──
 # `make bench`: bench/bench.py with its own trainers in build/bench/, so a
 # test building build/<model>/cpu meanwhile does not swap them. Needs
-# Debian's python3-torch (/usr/bin/python3).
+# Debian's python3-torch (/usr/bin/python3); PyTorch 2 comes from PyPI into
+# .venv-torch2 (tools/venv-torch2.sh, reused once made): without PyPI the
+# bench says so and runs without it.
+BENCH_FSD := examples/tiny.fsd bench/gpt4x256.fsd bench/gpt6x384.fsd bench/gpt2_124m.fsd
 .PHONY: bench
 bench: setup
 	@$(MAKE) --no-print-directory $(B)/fsdpc $(B)/fsdata runtime
-	@$(MAKE) --no-print-directory -s trainer FSD=examples/tiny.fsd TRAINER=build/bench/tiny
-	@$(MAKE) --no-print-directory -s trainer FSD=bench/gpt6x384.fsd TRAINER=build/bench/gpt6x384
+	@for f in $(BENCH_FSD); do \
+	  $(MAKE) --no-print-directory -s trainer FSD=$$f TRAINER=build/bench/$$(basename $$f .fsd) \
+	    || exit 1; done
+	@tools/venv-torch2.sh || echo "bench: no PyTorch 2 (tools/venv-torch2.sh failed above)"
 	@/usr/bin/python3 bench/bench.py
 
 # ── install ──

@@ -2,15 +2,18 @@
 """bench.py — what `make bench` prints: one table of fsdpc's measured and
 predicted performance, with the figures it is compared against.
 
-1. Training throughput of fsdpc's CPU trainer against PyTorch eager
-   (bench/torch_gpt.py, Debian's python3-torch) on the same model, global
-   batch, data, initial weights and thread count, run one after the other,
-   alternating, for examples/tiny.fsd and bench/gpt6x384.fsd: 1 rank x N
-   threads against PyTorch on N threads, for N = 1 and every core; 2 MPI
+1. Training throughput of fsdpc's CPU trainer against PyTorch
+   (bench/torch_gpt.py) on the same model, global batch, data, initial
+   weights and thread count: Debian's python3-torch 1.13 eager, and PyTorch 2
+   from PyPI (.venv-torch2, tools/venv-torch2.sh) eager and torch.compile'd,
+   run one after the other, alternating, for examples/tiny.fsd,
+   bench/gpt4x256.fsd, bench/gpt6x384.fsd and bench/gpt2_124m.fsd: 1 rank x
+   N threads against PyTorch on N threads, for N = 1 and every core; 2 MPI
    ranks x 1 thread against PyTorch on 2 threads. Median step time after
    warm-up steps, peak resident memory (per process, /usr/bin/time), and
-   the largest loss difference between the two, which says they trained the
-   same model.
+   the largest loss difference between fsdpc and each PyTorch, which says
+   they trained the same model (above LOSS_TOL the bench fails). Without
+   PyTorch 2 (no PyPI) its columns say so and the rest runs.
 2. fsdpc's compile time for GPT-2 with 1 to 96 layers (examples/gpt2.fsd
    with `layers` changed) and Llama 3 8B at --world 1024, and the size of
    train.cu.
@@ -19,8 +22,12 @@ predicted performance, with the figures it is compared against.
 
 Run by `make bench` after it has built build/bench/<model>/train,
 build/fsdpc and build/fsdata. Environment: BENCH_ROUNDS (default 2),
-BENCH_QUICK=1 (fewer steps, for a smoke test). Writes the table to
-standard output and to build/bench/bench.md, the raw figures to
+BENCH_QUICK=1 (fewer steps, tiny and gpt4x256 only, no compile times or
+simulator: a smoke test), BENCH_MODELS=name,name (a subset),
+BENCH_LOADED=1 (every configuration also run with a busy process pinned to
+one core during both sides' runs, alternating with the quiet runs; the
+table adds the loaded figures and the ratios loaded vs quiet). Writes the
+table to standard output and to build/bench/bench.md, the raw figures to
 build/bench/results.json.
 """
 import ctypes
@@ -39,21 +46,46 @@ OUT = os.path.join(ROOT, "build", "bench")
 FSDPC = os.path.join(ROOT, "build", "fsdpc")
 FSDATA = os.path.join(ROOT, "build", "fsdata")
 TORCH_PY = "/usr/bin/python3"   # Debian's python3-torch; the pyenv python has no torch
+TORCH2_PY = os.path.join(ROOT, ".venv-torch2", "bin", "python")   # tools/venv-torch2.sh
 QUICK = os.environ.get("BENCH_QUICK") == "1"
+LOADED = os.environ.get("BENCH_LOADED") == "1"
+LOSS_TOL = 1e-3   # relative; fp32 trainers of one model agree to ~1e-6 over these steps
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "1" if QUICK else "2"))
 CORES = os.cpu_count() or 1
 
-# The two models, as their .fsd files say (PyTorch needs the same numbers).
+# The models, as their .fsd files say (PyTorch needs the same numbers).
 # G is the global batch of a step: B × world sequences, grad_accum 1 on both
-# sides, so 1 rank and 2 ranks do the same total work.
+# sides, so 1 rank and 2 ranks do the same total work. torch.compile's
+# first step compiles (seconds to minutes of gcc) and the second can still
+# be slow, so `warm` is at least 2.
 MODELS = [
     dict(name="tiny", fsd="examples/tiny.fsd", vocab=256, dim=64, layers=2, heads=4, seq=64,
          G=8, lr=3e-3, min_lr=3e-4, warmup=10, betas=(0.9, 0.95), wd=0.1, clip=1.0,
          steps=12 if QUICK else 40, warm=4 if QUICK else 10),
+    dict(name="gpt4x256", fsd="bench/gpt4x256.fsd", vocab=512, dim=256, layers=4, heads=4,
+         seq=128, G=8, lr=1e-3, min_lr=1e-4, warmup=5, betas=(0.9, 0.99), wd=0.1, clip=1.0,
+         steps=6 if QUICK else 16, warm=2 if QUICK else 4),
     dict(name="gpt6x384", fsd="bench/gpt6x384.fsd", vocab=256, dim=384, layers=6, heads=6,
          seq=256, G=8, lr=1e-3, min_lr=1e-4, warmup=5, betas=(0.9, 0.99), wd=0.1, clip=1.0,
-         steps=4 if QUICK else 8, warm=1 if QUICK else 2),
+         steps=5 if QUICK else 8, warm=2),
+    dict(name="gpt2_124m", fsd="bench/gpt2_124m.fsd", vocab=50304, dim=768, layers=12,
+         heads=12, seq=64, G=4, lr=6e-4, min_lr=6e-5, warmup=5, betas=(0.9, 0.95), wd=0.1,
+         clip=1.0, steps=5 if QUICK else 7, warm=2),
 ]
+MODELS_ALL = MODELS
+_names = os.environ.get("BENCH_MODELS") or ("tiny,gpt4x256" if QUICK else "")
+if _names:
+    _unknown = set(_names.split(",")) - {m["name"] for m in MODELS}
+    if _unknown:
+        sys.exit(f"bench: BENCH_MODELS names {', '.join(sorted(_unknown))}; the models are "
+                 + ", ".join(m["name"] for m in MODELS))
+    MODELS = [m for m in MODELS if m["name"] in _names.split(",")]
+
+# The PyTorch sides: (key, label, python, torch_gpt.py flags). PyTorch 2's
+# two are dropped when .venv-torch2 is not usable (torch2_state).
+TORCHES = [("t1", "PyTorch 1.13 eager", TORCH_PY, []),
+           ("t2", "PyTorch 2 eager", TORCH2_PY, []),
+           ("t2c", "PyTorch 2 torch.compile", TORCH2_PY, ["--compile"])]
 
 
 def run(cmd, env=None, drop=()):
@@ -123,12 +155,13 @@ def fsdpc_run(m, ranks, threads, data, blas_env):
                 loss=[r["loss"] for r in rows], rss_kib=rss)
 
 
-def torch_run(m, threads, data, init, blas_env, steps=None, warm=None, drop=()):
+def torch_run(m, threads, data, init, blas_env, steps=None, warm=None, drop=(), py=TORCH_PY,
+              flags=()):
     steps = steps or m["steps"]
     warm = m["warm"] if warm is None else warm
     tmp = tempfile.mkdtemp(dir=OUT)
-    cmd = ["/usr/bin/time", "-f", "%M", "-o", os.path.join(tmp, "rss"), TORCH_PY,
-           os.path.join(ROOT, "bench", "torch_gpt.py")]
+    cmd = ["/usr/bin/time", "-f", "%M", "-o", os.path.join(tmp, "rss"), py,
+           os.path.join(ROOT, "bench", "torch_gpt.py")] + list(flags)
     for k in ("vocab", "dim", "layers", "heads", "seq", "warmup"):
         cmd += ["--" + k, str(m[k])]
     cmd += ["--batch", str(m["G"]), "--steps", str(steps), "--threads", str(threads),
@@ -147,12 +180,47 @@ def loss_gap(a, b):
     return max(abs(a[i] - b[i]) / abs(b[i]) for i in range(n))
 
 
-def throughput(blas_env):
-    data = os.path.join(OUT, "synth.bin")
-    run([FSDATA, "synth", data, "--tokens", "2000000", "--seed", "1"])
+class Busy:
+    """A process busy on one core (the last), for BENCH_LOADED: started
+    before a run, stopped after it, so both sides meet the same load."""
+    def __init__(self, on):
+        self.on, self.p = on, None
+
+    def __enter__(self):
+        if self.on:
+            self.p = subprocess.Popen(["taskset", "-c", str(CORES - 1), "sh", "-c",
+                                       "while :; do :; done"])
+        return self
+
+    def __exit__(self, *exc):
+        if self.p:
+            self.p.kill()
+            self.p.wait()
+
+
+def torch2_state():
+    """(usable, why not): .venv-torch2 as tools/venv-torch2.sh left it."""
+    p = subprocess.run([os.path.join(ROOT, "tools", "venv-torch2.sh"), "--check"],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if p.returncode == 0:
+        return True, ""
+    return False, ("not installed: tools/venv-torch2.sh could not make .venv-torch2 "
+                   "(PyPI unreachable?); run it to see why")
+
+
+def median_ms(runs):
+    return statistics.median([x for r in runs for x in r["step_ms"]])
+
+
+def throughput(blas_env, torches):
     results = []
     threads = sorted({1, CORES})
+    loads = [False, True] if LOADED else [False]
     for m in MODELS:
+        data = os.path.join(OUT, f"synth{m['vocab']}.bin")
+        if not os.path.exists(data):
+            run([FSDATA, "synth", data, "--tokens", "2000000", "--seed", "1",
+                 "--vocab", str(m["vocab"])])
         exe = os.path.join(OUT, m["name"], "train")
         init = os.path.join(OUT, m["name"] + ".init.safetensors")
         run([exe, "--steps", "0", "--export", init, "--quiet"], blas_env)
@@ -160,35 +228,49 @@ def throughput(blas_env):
         configs = [(f"1 rank x {n} thread{'s' if n > 1 else ''}", 1, n, n) for n in threads]
         if CORES >= 2:
             configs.append(("2 ranks x 1 thread", 2, 1, 2))
-        acc = {c[0]: dict(f=[], t=[]) for c in configs}
-        for _ in range(ROUNDS):
-            for label, ranks, nt, tt in configs:   # alternate: fsdpc, then PyTorch
-                acc[label]["f"].append(fsdpc_run(m, ranks, nt, data, blas_env))
-                acc[label]["t"].append(torch_run(m, tt, data, init, blas_env))
+        acc = {(c[0], ld): {k: [] for k in ["f"] + [t[0] for t in torches]}
+               for c in configs for ld in loads}
+        for rnd in range(ROUNDS):
+            print(f"bench: {m['name']}, round {rnd + 1} of {ROUNDS} ...", file=sys.stderr)
+            for label, ranks, nt, tt in configs:
+                for ld in loads:   # alternate: quiet, loaded; in each fsdpc, then each PyTorch
+                    a = acc[(label, ld)]
+                    with Busy(ld):
+                        a["f"].append(fsdpc_run(m, ranks, nt, data, blas_env))
+                    for key, _, py, flags in torches:
+                        with Busy(ld):
+                            a[key].append(torch_run(m, tt, data, init, blas_env, py=py,
+                                                    flags=flags))
+        tokens = m["G"] * m["seq"]
         for label, ranks, nt, tt in configs:
-            f, t = acc[label]["f"], acc[label]["t"]
-            fms = statistics.median([x for r in f for x in r["step_ms"]])
-            tms = statistics.median([x for r in t for x in r["step_ms"]])
-            tokens = m["G"] * m["seq"]
-            results.append(dict(
-                model=m["name"], config=label, ranks=ranks, fsdpc_threads=nt, torch_threads=tt,
-                fsdpc_tok_s=tokens / fms * 1e3, torch_tok_s=tokens / tms * 1e3,
-                fsdpc_step_ms=fms, torch_step_ms=tms,
-                fsdpc_rss_kib=max(max(r["rss_kib"]) for r in f),
-                fsdpc_rss_total_kib=max(sum(r["rss_kib"]) for r in f),
-                torch_rss_kib=max(r["rss_kib"][0] for r in t),
-                loss_gap=max(loss_gap(a["loss"], b["loss"]) for a, b in zip(f, t)),
-                steps=m["steps"], warm=m["warm"], rounds=ROUNDS))
+            for ld in loads:
+                a = acc[(label, ld)]
+                f = a["f"]
+                fms = median_ms(f)
+                row = dict(model=m["name"], config=label, loaded=ld, ranks=ranks,
+                           fsdpc_threads=nt, torch_threads=tt, fsdpc_step_ms=fms,
+                           fsdpc_tok_s=tokens / fms * 1e3,
+                           fsdpc_rss_kib=max(max(r["rss_kib"]) for r in f),
+                           fsdpc_rss_total_kib=max(sum(r["rss_kib"]) for r in f),
+                           steps=m["steps"], warm=m["warm"], rounds=ROUNDS, torch={})
+                for key, name, _, _ in torches:
+                    t = a[key]
+                    tms = median_ms(t)
+                    row["torch"][key] = dict(
+                        name=name, step_ms=tms, tok_s=tokens / tms * 1e3,
+                        rss_kib=max(r["rss_kib"][0] for r in t),
+                        loss_gap=max(loss_gap(x["loss"], y["loss"]) for x, y in zip(f, t)))
+                results.append(row)
     return results
 
 
 def torch_default_env(blas):
     """PyTorch on gpt6x384, 1 thread, without OPENBLAS_CORETYPE: what a user
     of this machine gets by default (a footnote), when fsdpc overrides it."""
-    if not (blas[0] and blas[1]):
+    m = next((m for m in MODELS if m["name"] == "gpt6x384"), None)
+    if not (blas[0] and blas[1]) or not m:
         return None
-    m = MODELS[-1]
-    data = os.path.join(OUT, "synth.bin")
+    data = os.path.join(OUT, f"synth{m['vocab']}.bin")
     init = os.path.join(OUT, m["name"] + ".init.safetensors")
     r = torch_run(m, 1, data, init, {}, steps=3, warm=1, drop=("OPENBLAS_CORETYPE",))
     return m["G"] * m["seq"] / statistics.median(r["step_ms"]) * 1e3
@@ -265,27 +347,62 @@ def mib(kib):
     return f"{kib / 1024:,.0f} MiB"
 
 
-def table(thr, torch_default, blas, comp, sims, load=None):
-    L = ["| measurement | setup | fsdpc | reference | fsdpc / reference |",
-         "|---|---|---|---|---|"]
+def ms_cell(ms, tokens):
+    return f"{ms:,.1f} ms ({tokens / ms * 1e3:,.0f} tok/s)"
+
+
+def table(thr, torch_default, blas, comp, sims, torches, t2_note, load=None):
+    keys = [t[0] for t in torches]
+    names = {t[0]: t[1] for t in torches}
+    head = ["model, configuration"] + (["machine"] if LOADED else []) + ["fsdpc step"] + \
+        [f"{names[k]} step (fsdpc's speed-up)" for k in keys] + ["largest loss difference"]
+    L = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in thr:
-        ratio = r["fsdpc_tok_s"] / r["torch_tok_s"]
-        verdict = "faster" if ratio >= 1 else "**slower**"
-        L.append(f"| training tokens/s [1] | {r['model']}, {r['config']} "
-                 f"(PyTorch {r['torch_threads']} thread{'s' if r['torch_threads'] > 1 else ''}) "
-                 f"| {r['fsdpc_tok_s']:,.0f} ({r['fsdpc_step_ms']:,.1f} ms/step) "
-                 f"| PyTorch {r['torch_tok_s']:,.0f} ({r['torch_step_ms']:,.1f} ms/step) "
-                 f"| {ratio:.2f}x {verdict} |")
+        tokens = r["fsdpc_tok_s"] * r["fsdpc_step_ms"] / 1e3
+        cells = [f"{r['model']}, {r['config']} (PyTorch {r['torch_threads']} "
+                 f"thread{'s' if r['torch_threads'] > 1 else ''})"]
+        if LOADED:
+            cells.append("loaded [4]" if r["loaded"] else "quiet")
+        cells.append(ms_cell(r["fsdpc_step_ms"], tokens))
+        for k in keys:
+            t = r["torch"][k]
+            cells.append(f"{t['step_ms']:,.1f} ms (**{t['step_ms'] / r['fsdpc_step_ms']:.2f}x**)")
+        gaps = [r["torch"][k]["loss_gap"] for k in keys]
+        cells.append(" / ".join(f"{g:.1e}" for g in gaps) + (" **DIFFER**" if max(gaps) > LOSS_TOL
+                                                              else ""))
+        L.append("| " + " | ".join(cells) + " |")
+    if LOADED:
+        L += ["", "Loaded against quiet (each side's step time loaded / quiet; fsdpc's speed-up "
+              "loaded and quiet):", ""]
+        hl = ["model, configuration", "fsdpc slowdown"] + \
+            [f"{names[k]}: slowdown; speed-up loaded vs quiet" for k in keys]
+        L += ["| " + " | ".join(hl) + " |", "|" + "---|" * len(hl)]
+        by = {(r["model"], r["config"], r["loaded"]): r for r in thr}
+        for r in thr:
+            if r["loaded"]:
+                continue
+            q, ld = r, by[(r["model"], r["config"], True)]
+            cells = [f"{r['model']}, {r['config']}",
+                     f"{ld['fsdpc_step_ms'] / q['fsdpc_step_ms']:.2f}x"]
+            for k in keys:
+                tq, tl = q["torch"][k], ld["torch"][k]
+                sq = tq["step_ms"] / q["fsdpc_step_ms"]
+                sl = tl["step_ms"] / ld["fsdpc_step_ms"]
+                cells.append(f"{tl['step_ms'] / tq['step_ms']:.2f}x; {sl:.2f}x vs {sq:.2f}x"
+                             + (" (worse)" if sl < sq else ""))
+            L.append("| " + " | ".join(cells) + " |")
+    L += ["", "| measurement | setup | fsdpc | reference | fsdpc / reference |",
+          "|---|---|---|---|---|"]
     for r in thr:
+        if r["loaded"]:
+            continue
         per = " per rank" if r["ranks"] > 1 else ""
         total = f", {mib(r['fsdpc_rss_total_kib'])} both" if r["ranks"] > 1 else ""
+        ref = "; ".join(f"{names[k]} {mib(r['torch'][k]['rss_kib'])}" for k in keys)
         L.append(f"| peak resident memory | {r['model']}, {r['config']} "
-                 f"| {mib(r['fsdpc_rss_kib'])}{per}{total} | PyTorch {mib(r['torch_rss_kib'])} "
-                 f"| {r['fsdpc_rss_total_kib'] / r['torch_rss_kib']:.2f}x |")
-    for r in thr:
-        L.append(f"| same model: largest loss difference | {r['model']}, {r['config']} "
-                 f"| {r['loss_gap']:.1e} relative, over {r['steps']} steps | | |")
-    by = {(r["model"], r["config"]): r for r in thr}
+                 f"| {mib(r['fsdpc_rss_kib'])}{per}{total} | {ref} "
+                 f"| {r['fsdpc_rss_total_kib'] / r['torch']['t1']['rss_kib']:.2f}x 1.13's |")
+    by = {(r["model"], r["config"]): r for r in thr if not r["loaded"]}
     for m in MODELS:
         two = by.get((m["name"], "2 ranks x 1 thread"))
         one = by.get((m["name"], f"1 rank x {CORES} threads"))
@@ -313,18 +430,26 @@ def table(thr, torch_default, blas, comp, sims, load=None):
     notes = [
         "",
         f"[1] This machine: {CORES} cores, {cpu_model()}; OpenBLAS {blas_note(blas)}; "
-        f"PyTorch {torch_version()} eager (bench/torch_gpt.py, the same GPT written from "
-        "docs/design.md#semantics-the-tests-rely-on), float32 throughout. Global batch G sequences per step on both "
-        "sides (fsdpc: --micro-batch G/ranks --grad-accum 1); median step time over "
-        f"{ROUNDS} alternating round(s) after warm-up steps; tokens/s = G x seq / step time. "
-        "Both start from the same weights (fsdpc --steps 0 --export) on the same tokens; the "
-        "loss difference row shows they trained the same model. Peak resident memory from "
+        f"PyTorch {torch_version(TORCH_PY)} (Debian) eager; PyTorch 2: {t2_note}; "
+        "bench/torch_gpt.py, the same GPT written from "
+        "docs/design.md#semantics-the-tests-rely-on (under PyTorch 2 with "
+        "scaled_dot_product_attention), float32 throughout, torch.optim.AdamW as a user "
+        "gets it. Speed-up = PyTorch's step time / fsdpc's. Global batch G sequences per "
+        "step on both sides (fsdpc: --micro-batch G/ranks --grad-accum 1); median step time "
+        f"over {ROUNDS} alternating round(s) after warm-up steps (torch.compile's compiling "
+        "steps among them); tokens/s = G x seq / step time. All start from the same weights "
+        "(fsdpc --steps 0 --export) on the same tokens; the loss column (1.13 / 2 eager / "
+        f"compile, relative, largest over the steps; above {LOSS_TOL:g} the bench fails) "
+        "shows they trained the same model. Peak resident memory from "
         "/usr/bin/time per process. Shared machine: other jobs' load moves every figure; "
         "compare rows of one run."
         + (f" Load average (1 min) {load[0]:.2f} at the start, {load[1]:.2f} at the end of "
            "the throughput runs." if load else "")
         + (f" PyTorch in the default environment (no OPENBLAS_CORETYPE), gpt6x384, 1 thread: "
            f"{torch_default:,.0f} tokens/s." if torch_default else ""),
+    ]
+    if sims:
+        notes += [
         "[2] torchtitan docs/performance.md, Table 1: Llama 3.1 8B, 8 H100 (96 GB HBM2e, "
         "500 W), FSDP, local batch 2, seq 8192, selective activation checkpointing: 5,762 "
         "TPS/GPU (5,605 on 128 GPUs, Table 3; fsdpc's figure here is local batch 1, no "
@@ -337,6 +462,12 @@ def table(thr, torch_default, blas, comp, sims, load=None):
         "Simulator: compiler/sim.c (docs/simulator.md): roofline compute at the ideal kernel "
         "fractions, NCCL ring and tree collectives over a node/NIC topology, each .fsd's own "
         "batch and precision (bf16 parameters).",
+        ]
+    if LOADED:
+        notes += [
+        f"[4] Loaded: a shell loop busy on core {CORES - 1} (taskset) during each side's run, "
+        "started before and stopped after it; the quiet and loaded runs of a configuration "
+        "alternate. Quiet means no such loop, not an idle machine.",
     ]
     return "\n".join(L + notes)
 
@@ -369,9 +500,9 @@ def blas_note(blas):
     return f"kernels {detected or 'as detected'} for both"
 
 
-def torch_version():
+def torch_version(py):
     try:
-        return run([TORCH_PY, "-c", "import torch; print(torch.__version__)"]).stdout.strip()
+        return run([py, "-c", "import torch; print(torch.__version__)"]).stdout.strip()
     except Exception:
         return "?"
 
@@ -381,20 +512,28 @@ def main():
     blas = blas_coretype()
     blas_env = {"OPENBLAS_CORETYPE": blas[1]} if blas[1] else {}
     t0 = time.time()
+    ok2, why2 = torch2_state()
+    torches = TORCHES if ok2 else TORCHES[:1]
+    t2_note = (f"{torch_version(TORCH2_PY)} from PyPI (.venv-torch2, MKL and oneDNN), eager "
+               "and torch.compile (inductor, C++)" if ok2 else why2)
+    if not ok2:
+        print(f"bench: PyTorch 2 {why2}; benching without it", file=sys.stderr)
     print("bench: throughput (fsdpc and PyTorch, alternating) ...", file=sys.stderr)
     load0 = os.getloadavg()[0]
-    thr = throughput(blas_env)
+    thr = throughput(blas_env, torches)
     load = (load0, os.getloadavg()[0])
     torch_default = torch_default_env(blas)
-    print("bench: compile times ...", file=sys.stderr)
-    comp = compile_times()
-    print("bench: simulator ...", file=sys.stderr)
-    sims = [simulate(fsd, preset) for _, fsd, preset, _, _ in SIMS]
-    text = table(thr, torch_default, blas, comp, sims, load)
+    comp, sims = [], []
+    if not QUICK:
+        print("bench: compile times ...", file=sys.stderr)
+        comp = compile_times()
+        print("bench: simulator ...", file=sys.stderr)
+        sims = [simulate(fsd, preset) for _, fsd, preset, _, _ in SIMS]
+    text = table(thr, torch_default, blas, comp, sims, torches, t2_note, load)
     print(text)
     open(os.path.join(OUT, "bench.md"), "w").write(text + "\n")
     json.dump(dict(throughput=thr, load_average=load, torch_default_env_tok_s=torch_default,
-                   blas=blas,
+                   blas=blas, torch2=t2_note, loaded=LOADED,
                    compile=comp, simulated=[dict(zip(("model", "fsd", "preset", "where",
                                                       "reference"), s), **p)
                                             for s, p in zip(SIMS, sims)],
@@ -402,6 +541,11 @@ def main():
               open(os.path.join(OUT, "results.json"), "w"), indent=1)
     print(f"bench: {time.time() - t0:.0f} s; build/bench/bench.md, build/bench/results.json",
           file=sys.stderr)
+    bad = [f"{r['model']}, {r['config']}, {r['torch'][k]['name']}: {r['torch'][k]['loss_gap']:.1e}"
+           for r in thr for k in r["torch"] if r["torch"][k]["loss_gap"] > LOSS_TOL]
+    if bad:
+        sys.exit("bench: losses differ by more than %g (relative):\n  " % LOSS_TOL
+                 + "\n  ".join(bad))
 
 
 if __name__ == "__main__":

@@ -14,10 +14,15 @@ j being tokens [j*T, j*T + T]. The optimizer is torch.optim.AdamW with weight
 decay on parameters of two or more dimensions only, clip_grad_norm_ and the
 cosine schedule, as fsdpc's runtime does.
 
-Needs Debian's python3-torch (run with /usr/bin/python3) and numpy. Set
-OMP_NUM_THREADS before starting it (OpenBLAS reads it when it loads); the
-script also calls torch.set_num_threads. Prints one JSON object: per-step
-losses and wall times (ms) and the process's peak resident memory.
+Runs under Debian's python3-torch 1.13 (/usr/bin/python3) and under
+PyTorch 2 from PyPI (.venv-torch2/bin/python, tools/venv-torch2.sh), with
+numpy. Under PyTorch 2 attention is F.scaled_dot_product_attention (what
+nanoGPT and a PyTorch 2 user run; 1.13 has none), and `--compile` trains
+torch.compile(model) (inductor: C++ kernels built with the system's C
+compiler; the first steps compile, the bench counts them as warm-up). Set
+OMP_NUM_THREADS before starting it (OpenBLAS and MKL read it when they
+load); the script also calls torch.set_num_threads. Prints one JSON object:
+per-step losses and wall times (ms) and the process's peak resident memory.
 """
 import argparse
 import json
@@ -34,6 +39,8 @@ import torch.nn.functional as F
 
 sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 import fsdfiles   # tests/fsdfiles.py: the one safetensors reader
+
+SDPA = hasattr(F, "scaled_dot_product_attention")   # PyTorch 2
 
 
 def read_safetensors(path):
@@ -70,6 +77,9 @@ class Attention(nn.Module):
         q = self.q(x).view(B, T, H, hd).transpose(1, 2)
         k = self.k(x).view(B, T, H, hd).transpose(1, 2)
         v = self.v(x).view(B, T, H, hd).transpose(1, 2)
+        if SDPA:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.o(y.transpose(1, 2).reshape(B, T, C))
         # torch 1.13 has no scaled_dot_product_attention: nanoGPT's eager path
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
         mask = torch.ones(T, T, dtype=torch.bool).tril()
@@ -135,7 +145,12 @@ def main():
     ap.add_argument("--grad-clip", type=float, required=True)
     ap.add_argument("--init", required=True, help="initial weights (fsdpc --export)")
     ap.add_argument("--data", required=True)
+    ap.add_argument("--compile", action="store_true", help="train torch.compile(model)")
+    ap.add_argument("--profile-out", help="profile the steps after the first two (torch.profiler) "
+                    "and write {op: self CPU ms per step} to this JSON file")
     a = ap.parse_args()
+    if a.compile and not hasattr(torch, "compile"):
+        sys.exit(f"torch_gpt.py: --compile needs PyTorch 2; this is {torch.__version__}")
 
     torch.set_num_threads(a.threads)
     model = GPT(a.vocab, a.dim, a.layers, a.heads, a.seq)
@@ -143,6 +158,7 @@ def main():
     missing, unexpected = model.load_state_dict(weights, strict=False)
     if missing:
         sys.exit(f"{a.init}: no weights for {missing}")
+    step_model = torch.compile(model) if a.compile else model
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
@@ -153,23 +169,35 @@ def main():
     T, G = a.seq, a.batch
     nseq = (len(tokens) - 1) // T
     losses, ms = [], []
+    prof = None
     for s in range(a.steps):
+        if a.profile_out and s == 2:   # past torch.compile's compiling steps
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            prof.__enter__()
         t0 = time.perf_counter()
         rows = [(s * G + b) % nseq for b in range(G)]
         chunk = torch.stack([tokens[j * T: j * T + T + 1] for j in rows])
         idx, targets = chunk[:, :-1], chunk[:, 1:]
         for group in opt.param_groups:
             group["lr"] = lr_at(s, a.steps, a.lr, a.warmup, a.min_lr)
-        loss = model(idx, targets)
+        loss = step_model(idx, targets)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), a.grad_clip)
         opt.step()
         losses.append(loss.item())
         ms.append((time.perf_counter() - t0) * 1e3)
+    if prof:
+        prof.__exit__(None, None, None)
+        n = a.steps - 2
+        ops = {e.key: e.self_cpu_time_total / 1e3 / n for e in prof.key_averages()
+               if e.self_cpu_time_total > 0}
+        with open(a.profile_out, "w") as f:
+            json.dump(dict(steps=n, step_ms=sum(ms[2:]) / n, self_ms=ops), f, indent=1)
     rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps({"loss": losses, "step_ms": ms, "max_rss_kib": rss_kib,
-                      "torch": torch.__version__, "threads": torch.get_num_threads()}))
+                      "torch": torch.__version__, "threads": torch.get_num_threads(),
+                      "compile": a.compile, "sdpa": SDPA}))
 
 
 if __name__ == "__main__":

@@ -43,6 +43,9 @@
 #define MPI_REAL_T MPI_FLOAT
 #endif
 
+/* OpenMP's spin before its idle threads sleep (tune_spin): ~25 us */
+#define FSD_GOMP_SPINCOUNT "1000"
+
 typedef struct Pooled {
     void *p;
     int64_t cap;
@@ -265,12 +268,11 @@ static void set_threads(FsdRun *r)
  * the library, or a VM that reports an unfamiliar model, falls back to
  * "Prescott": SSE3 kernels, about 10x slower than the AVX-512 ones on an
  * AVX-512 machine (docs/performance.md). OPENBLAS_CORETYPE overrides the
- * choice but is read only at load, so when the user has not set it, the
- * library chose a core without AVX2 and the CPU has AVX2 and FMA, the
- * trainer starts itself again, once, before MPI starts (the same process
- * to mpirun), with OPENBLAS_CORETYPE naming the widest core the CPU runs.
- * If the exec fails it carries on with the library's choice. */
-static void check_blas_core(char **argv)
+ * choice but is read only at load: when the user has not set it, the
+ * library chose a core without AVX2 and the CPU has AVX2 and FMA, it is set
+ * to the widest core the CPU runs (and restart_tuned starts the program
+ * again). Returns whether it set it. */
+static bool tune_blas_core(void)
 {
 #if defined(__x86_64__) && defined(__linux__)
     static const char *const pre_avx2[] = {
@@ -278,22 +280,68 @@ static void check_blas_core(char **argv)
         "Katmai",   "Coppermine", "Northwood", "Banias",     "Sandybridge",
         "Barcelona", "Opteron",   "Opteron_SSE3", "Bobcat",
     };
-    if (getenv("OPENBLAS_CORETYPE") || !argv || !argv[0])
-        return;
+    if (getenv("OPENBLAS_CORETYPE"))
+        return false;
     const char *core = openblas_get_corename();
     bool weak = false;
     for (size_t i = 0; core && i < sizeof pre_avx2 / sizeof *pre_avx2; i++)
         weak = weak || strcmp(core, pre_avx2[i]) == 0;
     __builtin_cpu_init();
     if (!weak || !__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
-        return;
+        return false;
     bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
                   __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
                   __builtin_cpu_supports("avx512vl");
-    if (setenv("OPENBLAS_CORETYPE", avx512 ? "SkylakeX" : "Haswell", 1) != 0)
+    return setenv("OPENBLAS_CORETYPE", avx512 ? "SkylakeX" : "Haswell", 1) == 0;
+#else
+    return false;
+#endif
+}
+
+/* How long OpenMP's idle threads spin before they sleep. The emitted step
+ * opens a parallel region per op (~215 a step for bench/gpt4x256.fsd), and
+ * between two regions libgomp's threads spin, by default for 300,000
+ * iterations of `pause` (about 7 ms on this project's VM) before they sleep
+ * on a futex. On a machine with other work that spinning costs the team
+ * twice: a spinning thread holds a core that a descheduled team-mate, or
+ * the other process, needs; and while it spins the scheduler sees that core
+ * busy, so it does not move the thread doing the serial part between two
+ * regions off the core it shares with the other process. 1,000 spins
+ * (~25 us) still hand a region to a thread that is about to start the next
+ * one (the serial gap between two ops is a few us) and then sleep. Measured
+ * (docs/performance.md#loaded-machine), gpt4x256 at 2 threads with a busy
+ * loop on one core: steps of 400-900 ms at the default and at 10,000 spins
+ * against 290-400 ms at 1,000, 100 or passive waiting, which were no
+ * slower than the default with no busy loop. GOMP_SPINCOUNT is GCC's
+ * libgomp's and read only when it loads, so it is set here, before a
+ * restart; a user's OMP_WAIT_POLICY or GOMP_SPINCOUNT is respected. Returns
+ * whether it set it. */
+static bool tune_spin(void)
+{
+    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT"))
+        return false;
+    return setenv("GOMP_SPINCOUNT", FSD_GOMP_SPINCOUNT, 1) == 0;
+}
+
+/* Settings that libraries read only when they load (tune_blas_core,
+ * tune_spin): when one had to change, the trainer starts itself again,
+ * once, before MPI starts (the same process to mpirun), in the environment
+ * it set; the restarted program finds them set and goes on. If the exec
+ * fails it carries on with what the libraries chose. */
+static void restart_tuned(char **argv)
+{
+#if defined(__linux__)
+    if (!argv || !argv[0])
+        return;
+    bool core = tune_blas_core();
+    bool spin = tune_spin();
+    if (!core && !spin)
         return;
     execv("/proc/self/exe", argv);
-    unsetenv("OPENBLAS_CORETYPE");
+    if (core)
+        unsetenv("OPENBLAS_CORETYPE");
+    if (spin)
+        unsetenv("GOMP_SPINCOUNT");
 #else
     (void)argv;
 #endif
@@ -313,7 +361,7 @@ bool bk_start(FsdRun *r, int *argc, char ***argv)
     int up = 0;
     MPI_Initialized(&up);
     if (!up) {
-        check_blas_core(*argv);   /* may start this program again, before MPI */
+        restart_tuned(*argv);   /* may start this program again, before MPI */
         /* MPI_Init works alone (a singleton) as well as under mpirun and
          * srun; only the main thread calls MPI, OpenMP's threads never do */
         int provided = 0;

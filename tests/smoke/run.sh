@@ -11,7 +11,10 @@
 #   - resumed from step 10 on 2 ranks: steps 10-19 and the final weights
 #     exactly those of the straight run;
 #   - resumed from step 10 on 1 rank (resharded 2 → 1, the same 4 sequences
-#     a step): steps 10-19 within 1e-5 of the straight run, the same lr.
+#     a step): steps 10-19 within 1e-5 of the straight run, the same lr;
+#   - the start-up restart (runtime/cpu.c, restart_tuned), seen by strace:
+#     GOMP_SPINCOUNT=1000 in the restarted program's environment, and a
+#     user's GOMP_SPINCOUNT left as it was.
 #
 # Every check prints one line; the last line is "N passed, N failed".
 set -u
@@ -80,5 +83,27 @@ mp 1 $T "${RUN[@]}" --micro-batch 2 --resume "$TMP/ck/step_000010" --log "$TMP/r
 st=$?
 check "smoke: resumed at step 10 on 1 rank (resharded): steps 10-19 within 1e-5 of the straight run" \
     '[ $st = 0 ] && close "$TMP/straight.json" "$TMP/r1.json" 10 19' "$TMP/out"
+
+# execves SPIN: the trainer's execve calls, environments shown, with
+# GOMP_SPINCOUNT unset (SPIN empty) or set to SPIN
+execves() {
+    env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT ${1:+GOMP_SPINCOUNT=$1} \
+        strace -f -v -s 64 -e trace=execve -o "$TMP/strace" \
+        $T --data "$D" --steps 1 --micro-batch 1 --quiet >"$TMP/out" 2>&1
+}
+if ! command -v strace >/dev/null; then
+    echo "skip smoke: the start-up restart's GOMP_SPINCOUNT: strace not found"
+else
+    execves
+    st=$?
+    check "smoke: the trainer restarts itself with GOMP_SPINCOUNT=1000 when it is unset" \
+        '[ $st = 0 ] && [ "$(grep -c "^[0-9]* *execve(\"/proc/self/exe\".*\"GOMP_SPINCOUNT=1000\\\"" "$TMP/strace")" = 1 ]' \
+        "$TMP/strace"
+    execves 77
+    st=$?
+    check "smoke: a user's GOMP_SPINCOUNT is kept" \
+        '[ $st = 0 ] && grep -q "GOMP_SPINCOUNT=77" "$TMP/strace" && ! grep -q "GOMP_SPINCOUNT=1000\\\"" "$TMP/strace"' \
+        "$TMP/strace"
+fi
 
 done_
