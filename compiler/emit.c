@@ -610,16 +610,13 @@ static void emit_tables(Emit *e)
      * unless its fully_shard line sets them (docs/design.md#per-target-mixed-precision) */
     static const char *const gdts[] = {"FSD_FP32", "FSD_BF16", "FSD_FP16"};
     P("static const FsdGroupInfo groups[%d] = {\n", m->ngroups);
-    P("    /* name, flat_numel, param_dtype, reduce_dtype */\n");
+    P("    /* name, flat_numel, param_dtype, reduce_dtype, reshard_ranks "
+      "(docs/design.md#partial-resharding: 0, none) */\n");
     for (int i = 0; i < m->ngroups; i++) {
         const ShardGroup *sg = m->groups[i];
-        P("    {\"%s\", %" PRId64 ", %s, %s", sg->name, sg->flat_numel, gdts[sg->param_dtype],
-          gdts[sg->reduce_dtype]);
-        /* written only with partial resharding (left out, it is 0), so that
-         * other programs stay as they were */
-        if (sg->reshard_ranks >= 2)
-            P(", %" PRId64 " /* reshard_ranks: docs/design.md#partial-resharding */",
-              sg->reshard_ranks);
+        P("    {\"%s\", %" PRId64 ", %s, %s, %" PRId64, sg->name, sg->flat_numel,
+          gdts[sg->param_dtype], gdts[sg->reduce_dtype],
+          sg->reshard_ranks >= 2 ? sg->reshard_ranks : 0);
         P("},\n");
     }
     P("};\n\n");
@@ -709,15 +706,13 @@ static void emit_model(Emit *e, uint64_t hash)
     P("    %" PRId64 ", %" PRId64 ", %" PRId64
       ",  /* plan_world, plan_peak_bytes, memory_budget_bytes */\n",
       e->plan->mem->world, e->plan->mem->peak, c->memory_budget_bytes);
-    /* the mesh: written only under HSDP (a field left out is 0, plain
-     * FSDP), so that other programs stay as they were */
-    if (c->replicate > 1)
-        P("    %" PRId64 ",  /* replicate: replicas of world / replicate ranks "
-          "(docs/design.md#hsdp) */\n", c->replicate);
-    /* replicate = auto's R is the plan_world's (docs/design.md#replicate-auto);
-     * R = 1 runs at any world, so only a chosen R > 1 is marked */
-    if (c->replicate > 1 && c->replicate_auto)
-        P("    1,  /* replicate_auto: chosen by the planner for plan_world */\n");
+    /* the mesh (docs/design.md#hsdp); replicate = auto's R is the
+     * plan_world's (docs/design.md#replicate-auto): R = 1 runs at any world,
+     * so only a chosen R > 1 is marked */
+    P("    %" PRId64 ", %s,  /* replicate (replicas of world / replicate ranks), "
+      "replicate_auto (chosen by the planner for plan_world) */\n",
+      c->replicate > 1 ? c->replicate : 1,
+      c->replicate > 1 && c->replicate_auto ? "1" : "0");
     P("};\n\n");
 }
 

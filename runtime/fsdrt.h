@@ -90,7 +90,7 @@ typedef struct FsdGroupInfo {
     /* reshard_after_forward = N (docs/design.md#partial-resharding): after
      * forward the group keeps a copy sharded over the N consecutive ranks
      * of its shard group holding this rank, and backward gathers from it
-     * within them; 0: none. Last, so a program written without it reads 0. */
+     * within them; 0: none. */
     int64_t reshard_ranks;
 } FsdGroupInfo;
 
@@ -187,7 +187,7 @@ typedef struct FsdModel {
     /* replicate = R (docs/design.md#hsdp): the world is R replicas of W/R
      * consecutive ranks, each sharding every group over its own ranks, the
      * reduced gradient shards all-reduced across replicas; 0 or 1: plain
-     * FSDP. Last, so a program written without it reads 0. */
+     * FSDP. */
     int64_t replicate;
     /* 1: replicate was chosen by `replicate = auto` for plan_world
      * (docs/design.md#replicate-auto): the trainer runs at any world it

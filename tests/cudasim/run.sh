@@ -451,12 +451,13 @@ same "cudasim: tiny, MPI=0 build, NCCL id through FSD_NCCL_ID_FILE at world 2, v
 # ── 10. every fence and event wait of the CUDA backend is needed ──
 # Each in turn is removed from a copy of the runtime/cuda_*.c file that
 # holds it (cuda_comm.c, the collectives, holds them all today), and
-# tiny_offload (whose steps pass every one of them) and then tiny, at world
-# 2 with lazy collective streams, must fail: stop on the fakes' ordering
+# tiny_offload and then tiny at world 2, then tiny_partial at world 4 (the
+# partial gathers' fences), with lazy collective streams, must fail: stop
+# on the fakes' ordering
 # check (a collective not ordered after the compute stream), or stop
 # otherwise, or no longer match the CPU build.
 eval "$($MAKE -s --no-print-directory cudasim-vars)"
-mutant() {   # mutant FILE LINE: build/cudasim/mutant/{tiny,tiny_offload} without FILE's line LINE
+mutant() {   # mutant FILE LINE: build/cudasim/mutant/{tiny,tiny_offload,tiny_partial} without FILE's line LINE
     local dir=build/cudasim/mutant m base
     base=$(basename "$1" .c)
     rm -rf $dir
@@ -466,7 +467,7 @@ mutant() {   # mutant FILE LINE: build/cudasim/mutant/{tiny,tiny_offload} withou
     # shellcheck disable=SC2086
     mpicc $SIM_CFLAGS -Iruntime -Itests/cudasim/include -c $dir/$base.c -o $dir/$base.o \
         >"$TMP/mutant.log" 2>&1 || return 1
-    for m in tiny tiny_offload; do
+    for m in tiny tiny_offload tiny_partial; do
         # shellcheck disable=SC2086
         mpicc -x c $SIM_CFLAGS -Iruntime "build/$m/cudasim/train.cu" -x none $dir/$base.o \
             build/cudasim/libfsdrt_cudasim.a $SIM_LIBS -o "$dir/$m" >>"$TMP/mutant.log" 2>&1 || return 1
@@ -480,10 +481,11 @@ for at in $(grep -n 'fence(r, bk->[a-z0-9]*);\|cudaStreamWaitEvent(' runtime/cud
         continue
     fi
     how=""
-    for m in tiny_offload tiny; do
-        ref=${m}_cpu
+    for m in tiny_offload tiny tiny_partial; do
+        ref=${m}_cpu np=2
         [ $m = tiny ] && ref=tiny_cpu_w2
-        if ! timeout 120 env FSD_TF32=0 "${MPI[@]}" -np 2 build/cudasim/mutant/$m --steps "$STEPS" \
+        [ $m = tiny_partial ] && np=4   # its copies over 2 of 4 ranks: backward's partial gathers
+        if ! timeout 120 env FSD_TF32=0 "${MPI[@]}" -np $np build/cudasim/mutant/$m --steps "$STEPS" \
                 --seed 1337 --data "$DATA/tiny.bin" --quiet --log "$OUT/mutant.jsonl" \
                 >"$OUT/mutant.log" 2>&1; then
             how="$m stops"

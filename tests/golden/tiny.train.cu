@@ -157,10 +157,10 @@ static const FsdParamInfo params[36] = {
 };
 
 static const FsdGroupInfo groups[3] = {
-    /* name, flat_numel, param_dtype, reduce_dtype */
-    {"blocks.0", 49984, FSD_FP32, FSD_FP32},
-    {"blocks.1", 49984, FSD_FP32, FSD_FP32},
-    {"root", 20608, FSD_FP32, FSD_FP32},
+    /* name, flat_numel, param_dtype, reduce_dtype, reshard_ranks (docs/design.md#partial-resharding: 0, none) */
+    {"blocks.0", 49984, FSD_FP32, FSD_FP32, 0},
+    {"blocks.1", 49984, FSD_FP32, FSD_FP32, 0},
+    {"root", 20608, FSD_FP32, FSD_FP32, 0},
 };
 
 /* arena tensors: numel = per_sample * B + fixed, live over ops [first, last] */
@@ -290,6 +290,7 @@ static const FsdModel model = {
     22, 66, buf_one, buf_three,  /* nbuf_one, nbuf_three, buf_one, buf_three */
     eval_forward,  /* eval */
     8, 3695360, 0,  /* plan_world, plan_peak_bytes, memory_budget_bytes */
+    1, 0,  /* replicate (replicas of world / replicate ranks), replicate_auto (chosen by the planner for plan_world) */
 };
 
 /* ──── the schedule ──── */
