@@ -267,7 +267,7 @@ check "fsdpc: replicate = 0 refused, exit 1" '[ $st = 1 ] && grep -q "error: .*r
 
 # ── 5. replicate = auto: R chosen for the planned world ──
 check "replicate = auto planned for --world 16: the trainer has replicate 2 (chosen) for plan world 16" \
-    'grep -q "^    2,  /\* replicate: " "$OUT/tiny_rauto/train.cu" && grep -q "^    1,  /\* replicate_auto: " "$OUT/tiny_rauto/train.cu" && grep -q "^    16, [0-9]*, 0,  /\* plan_world" "$OUT/tiny_rauto/train.cu"' \
+    'grep -q "^    2, 1,  /\* replicate (replicas of world / replicate ranks), replicate_auto " "$OUT/tiny_rauto/train.cu" && grep -q "^    16, [0-9]*, 0,  /\* plan_world" "$OUT/tiny_rauto/train.cu"' \
     "$OUT/tiny_rauto/train.cu"
 # at world 4 fsdpc would plan another mesh (one node of 4: R = 1), so the
 # run is held to replicate = 2's plan at world 4 (tiny_r2.w4's dumps)
