@@ -226,13 +226,13 @@ show() {
     fi
 }
 
-# The lanes, longest first. Times from one clean-clone run on two quiet
-# cores (18.5 minutes in all, 3,327 checks): cudasim 13.4
-# minutes, recompute 133 s, eval about 70 s; kernels 6.9 minutes, cuda 5.7,
-# rtsan 113 s, hf 98 s; compiler 34 s, unit 12 s, san 42 s, fuzz 53 s,
-# runtime 92 s, ckpt 107 s, faults 4.3 minutes, install 6 s, e2e 3.9
-# minutes, oracle 134 s; mesh about 130 s (measured alone); data about 55 s
-# alone (on two cores shared with other work).
+# The lanes, longest first. Times from a clean-clone run on two cores
+# (about 25 minutes in all, 3,825 checks): cudasim 20.4 minutes (its fence
+# mutants build three trainers each), recompute 85 s, eval and simcheck
+# about a minute each; mixed 110 s, data 44 s, and (an earlier quiet run)
+# kernels 6.9 minutes, cuda 5.7, rtsan 113 s, hf 98 s; e2e 271 s, mesh
+# 139 s, and (earlier) compiler 34 s, unit 12 s, san 42 s, fuzz 53 s,
+# runtime 92 s, ckpt 107 s, faults 4.3 minutes, install 6 s, oracle 134 s.
 case $mode in
 quick)  lanes=("smoke" "docs compiler unit san") ;;
 *)      lanes=("cudasim recompute eval simcheck" "kernels cuda rtsan hf mixed data" "docs compiler unit san fuzz runtime ckpt faults install e2e oracle mesh") ;;
