@@ -193,8 +193,9 @@ fuzz: setup $(FUZZ_B)/fuzz_frontend
 # `make runtime` builds what an emitted train.cu links against on the CPU:
 # build/runtime/libfsdrt_cpu.a, and libfsdrt_cpu64.a built with
 # -DFSD_FLOAT64 (`real` is double, for finite-difference gradient checks).
-# It needs MPI and OpenBLAS (tools/setup.sh installs both). A trainer links
+# It needs MPI and a BLAS (tools/setup.sh installs them). A trainer links
 #   mpicc -x c -O2 -fopenmp -Iruntime train.cu -Lbuild/runtime -lfsdrt_cpu $(RT_LIBS)
+# (`make -s rt-libs` prints RT_LIBS).
 # runtime/arena.c needs only libc (compiler/memplan.c places by the same rule);
 # runtime/jsonout.c (JSON string escaping) and runtime/json.c (the JSON
 # reader) need only libc, and the compiler links them (above).
@@ -215,17 +216,50 @@ else
   RT       := build/runtime
   RT_SANFLAGS :=
 endif
-RT_SRCS  := base.c common.c ranks.c cpu.c data.c weights.c safetensors.c arena.c json.c jsonout.c hfnames.c \
+RT_SRCS  := base.c blas.c common.c ranks.c cpu.c data.c weights.c safetensors.c arena.c json.c jsonout.c hfnames.c \
             ckpt.c optim.c stop.c lr.c eval.c memory.c
 RT_HDRS  := runtime/fsdrt.h runtime/internal.h runtime/half.h runtime/json.h runtime/jsonout.h
 # -fno-math-errno: nothing reads errno after a math call, and without it a
 # sqrtf stops the compiler vectorising a loop (the optimizer's, a kernel's).
 RT_CFLAGS_BASE = -O2 -g -fopenmp -fno-math-errno $(WARN)
-RT_CFLAGS = $(RT_CFLAGS_BASE) $(shell pkg-config --cflags openblas 2>/dev/null)
-RT_LIBS   = -fopenmp -pthread $(or $(shell pkg-config --libs openblas 2>/dev/null),-lopenblas) -lm
+# BLAS: the library behind the CPU runtime's products (runtime/blas.c,
+# docs/performance.md#choosing-the-blas): openblas, dnnl (oneDNN; the float64
+# runtime keeps OpenBLAS, which oneDNN links beside it: oneDNN has no double
+# product) or mkl (MKLROOT: a folder with include/mkl.h and lib/libmkl_rt.so*).
+# Unset, tools/blas.sh picks this CPU's fastest from tools/blas.table among
+# those installed; it is worked out once, when first used, so after `setup`
+# has installed what the table wants.
+ifneq ($(origin BLAS),environment)
+BLAS = $(eval BLAS := $(shell tools/blas.sh default))$(BLAS)
+endif
+OPENBLAS_CFLAGS = $(shell pkg-config --cflags openblas 2>/dev/null)
+OPENBLAS_LIBS   = $(or $(shell pkg-config --libs openblas 2>/dev/null),-lopenblas)
+BLAS_CFLAGS_openblas = $(OPENBLAS_CFLAGS)
+BLAS_LIBS_openblas   = $(OPENBLAS_LIBS)
+BLAS_CFLAGS_dnnl = -DFSD_BLAS_DNNL $(OPENBLAS_CFLAGS)
+BLAS_LIBS_dnnl   = -ldnnl -Wl,--push-state,--as-needed $(OPENBLAS_LIBS) -Wl,--pop-state
+BLAS_CFLAGS_mkl  = -DFSD_BLAS_MKL -I$(MKLROOT)/include
+BLAS_LIBS_mkl    = $(firstword $(wildcard $(MKLROOT)/lib/libmkl_rt.so*)) -Wl,-rpath,$(MKLROOT)/lib
+RT_CFLAGS = $(RT_CFLAGS_BASE) $(BLAS_CFLAGS_$(BLAS))
+RT_LIBS   = -fopenmp -pthread $(BLAS_LIBS_$(BLAS)) -lm
 
-.PHONY: runtime runtime-tests
+.PHONY: runtime runtime-tests rt-libs blas-bench FORCE
 runtime: $(RT)/libfsdrt_cpu.a $(RT)/libfsdrt_cpu64.a
+
+# blas.o is rebuilt when BLAS (or MKLROOT) changes: the stamp is rewritten
+# only then.
+$(RT)/blas.stamp: FORCE
+	@case "$(BLAS)" in openblas|dnnl) ;; \
+	  mkl) [ -e "$(MKLROOT)/include/mkl.h" ] || { echo "make: BLAS=mkl needs MKLROOT, a folder with include/mkl.h and lib/libmkl_rt.so* (now: '$(MKLROOT)')"; exit 1; } ;; \
+	  *) echo "make: BLAS=$(BLAS) is not one of openblas, dnnl, mkl"; exit 1 ;; esac
+	@mkdir -p $(@D)
+	@echo "$(BLAS) $(MKLROOT)" | cmp -s - $@ || echo "$(BLAS) $(MKLROOT)" >$@
+$(RT)/obj/blas.o $(RT)/obj64/blas.o: $(RT)/blas.stamp
+rt-libs:
+	@echo "$(RT_LIBS)"
+# every library here checked, and timed on one thread (tools/blasbench.c)
+blas-bench: setup
+	@tools/blas.sh measure
 
 $(RT)/libfsdrt_cpu.a: $(addprefix $(RT)/obj/,$(RT_SRCS:.c=.o))
 	ar rcs $@ $^
@@ -281,7 +315,7 @@ else
 endif
 # the backend's host side, one concern a file (runtime/cuda_internal.h)
 CUDA_SRCS := cuda_err.c cuda_boot.c cuda_mem.c cuda_comm.c cuda_gemm.c cuda_step.c
-CU_SRCS  := $(filter-out cpu.c,$(RT_SRCS)) $(CUDA_SRCS)
+CU_SRCS  := $(filter-out cpu.c blas.c,$(RT_SRCS)) $(CUDA_SRCS)
 CU_INC   := -I$(CUDA_HOME)/include $(if $(NCCL_HOME),-I$(NCCL_HOME)/include)
 # MPI's link flags in nvcc's spelling (-Wl,x → -Xlinker x)
 MPI_LINK  = $(patsubst -Wl$(comma)%,-Xlinker %,$(patsubst -pthread,-Xcompiler -pthread,$(shell $(MPICC) -showme:link 2>/dev/null || $(MPICC) -link_info 2>/dev/null | cut -d' ' -f2-)))
@@ -390,7 +424,7 @@ install: setup
 	    'libdir=$${prefix}/lib' '' "Name: fsdrt-$$v" \
 	    "Description: fsdpc runtime, $$v backend (build emitted train.cu with mpicc -x c)" \
 	    'Version: $(shell sed -n 's/^#define FSDPC_VERSION "\(.*\)"/\1/p' compiler/fsdpc.h)' \
-	    "Cflags: -I\$${includedir} -fopenmp$$flags $(shell pkg-config --cflags openblas 2>/dev/null)" \
+	    "Cflags: -I\$${includedir} -fopenmp$$flags $(BLAS_CFLAGS_$(BLAS))" \
 	    "Libs: -L\$${libdir} -lfsdrt_$$v -fopenmp $(RT_LIBS)" \
 	    > $(DESTDIR)$(PREFIX)/lib/pkgconfig/fsdrt-$$v.pc; \
 	done

@@ -101,7 +101,7 @@ def run(cmd, env=None, drop=()):
 
 def blas_coretype():
     """The OPENBLAS_CORETYPE fsdpc's runtime starts itself with
-    (runtime/cpu.c, check_blas_core), so PyTorch can be given the same: the
+    (runtime/blas.c, fsdrt_blas_tune_core), so PyTorch can be given the same: the
     core OpenBLAS detects, and what the runtime overrides it with."""
     pre_avx2 = {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom", "Sandybridge",
                 "Katmai", "Coppermine", "Northwood", "Banias", "Barcelona", "Opteron",
@@ -429,7 +429,8 @@ def table(thr, torch_default, blas, comp, sims, torches, t2_note, load=None):
         L.append(f"| simulated (--sim) | {name}, {where} | {pred} | {ref} | {ratio} |")
     notes = [
         "",
-        f"[1] This machine: {CORES} cores, {cpu_model()}; OpenBLAS {blas_note(blas)}; "
+        f"[1] This machine: {CORES} cores, {cpu_model()}; fsdpc's products: "
+        f"{runtime_blas()}; OpenBLAS {blas_note(blas)}; "
         f"PyTorch {torch_version(TORCH_PY)} (Debian) eager; PyTorch 2: {t2_note}; "
         "bench/torch_gpt.py, the same GPT written from "
         "docs/design.md#semantics-the-tests-rely-on (under PyTorch 2 with "
@@ -487,6 +488,16 @@ def blas_version():
         return " ".join(lib.openblas_get_config().decode().split()[1:2])
     except OSError:
         return "?"
+
+
+def runtime_blas():
+    """The library fsdpc's runtime was built with (Makefile BLAS=, runtime/blas.c)."""
+    try:
+        lib = open(os.path.join(ROOT, "build", "runtime", "blas.stamp")).read().split()[0]
+    except (OSError, IndexError):
+        return "?"
+    return {"openblas": "OpenBLAS", "dnnl": "oneDNN (Debian's libdnnl)",
+            "mkl": "MKL"}.get(lib, lib) + " (BLAS=%s, docs/performance.md#choosing-the-blas)" % lib
 
 
 def blas_note(blas):

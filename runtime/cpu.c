@@ -1,5 +1,5 @@
 /*
- * cpu.c — the runtime's CPU backend: MPI between ranks, OpenBLAS for
+ * cpu.c — the runtime's CPU backend: MPI between ranks, BLAS (blas.c) for
  * matrix products, OpenMP for the loops over shards.
  *
  * It is how the emitted schedule is tested without a GPU, so it follows the
@@ -12,7 +12,7 @@
  * act a 16-bit param dtype travels as 2-byte values that are widened into
  * the fp32 unsharded buffer, so kernels see exactly the rounded weights a
  * GPU would. Products of bf16 matrices widen them into float scratch for
- * OpenBLAS and round C once (fsdrt_gemm). Collectives are MPI's nonblocking ones, issued
+ * BLAS and round C once (fsdrt_gemm). Collectives are MPI's nonblocking ones, issued
  * where the schedule issues them and completed at its waits; without an
  * asynchronous progress thread they mostly move data inside the wait, which
  * costs time but not correctness.
@@ -26,7 +26,6 @@
 #include "half.h"
 #include "internal.h"
 
-#include <cblas.h>
 #include <limits.h>
 #include <math.h>
 #include <mpi.h>
@@ -60,7 +59,7 @@ typedef struct GroupComm {
     bool all_reduced;        /* HSDP: `reduce` is now the replica all-reduce */
 } GroupComm;
 
-/* bf16 products: float copies of the operands for OpenBLAS (fsdrt_gemm),
+/* bf16 products: float copies of the operands for BLAS (fsdrt_gemm),
  * grown to the largest product's need and kept for the run. Host memory
  * outside the memory plan, like the attention kernel's scratch: the plan
  * counts what a GPU holds, and cuBLASLt reads bf16 directly. */
@@ -246,56 +245,21 @@ static void check_launcher(FsdRun *r)
 
 /* OpenMP defaults to every core for every rank; with several ranks on one
  * node that oversubscribes the cores many times over, so unless the user
- * chose (OMP_NUM_THREADS) each rank takes its share. OpenBLAS runs on one
- * thread, always: its own pool of threads would spin against OpenMP's
+ * chose (OMP_NUM_THREADS) each rank takes its share. BLAS runs on one
+ * thread, always (blas.c): its own pool of threads would spin against OpenMP's
  * (each pool's idle threads busy-wait for a while after their work, on the
  * cores the other pool needs next), and the attention kernel's CPU path
  * calls BLAS from inside OpenMP loops. fsdrt_gemm splits a large product
  * over the OpenMP threads itself (docs/performance.md). */
 static void set_threads(FsdRun *r)
 {
-    openblas_set_num_threads(1);
+    fsdrt_blas_single_thread();
     if (getenv("OMP_NUM_THREADS"))
         return;
     int n = omp_get_num_procs() / (r->local_world > 0 ? r->local_world : 1);
     if (n < 1)
         n = 1;
     omp_set_num_threads(n);
-}
-
-/* OpenBLAS's DYNAMIC_ARCH builds (Debian's) pick their kernels when the
- * library loads, from the CPU's family and model number. A CPU newer than
- * the library, or a VM that reports an unfamiliar model, falls back to
- * "Prescott": SSE3 kernels, about 10x slower than the AVX-512 ones on an
- * AVX-512 machine (docs/performance.md). OPENBLAS_CORETYPE overrides the
- * choice but is read only at load: when the user has not set it, the
- * library chose a core without AVX2 and the CPU has AVX2 and FMA, it is set
- * to the widest core the CPU runs (and restart_tuned starts the program
- * again). Returns whether it set it. */
-static bool tune_blas_core(void)
-{
-#if defined(__x86_64__) && defined(__linux__)
-    static const char *const pre_avx2[] = {
-        "Prescott", "Core2",      "Penryn",    "Dunnington", "Nehalem",   "Atom",
-        "Katmai",   "Coppermine", "Northwood", "Banias",     "Sandybridge",
-        "Barcelona", "Opteron",   "Opteron_SSE3", "Bobcat",
-    };
-    if (getenv("OPENBLAS_CORETYPE"))
-        return false;
-    const char *core = openblas_get_corename();
-    bool weak = false;
-    for (size_t i = 0; core && i < sizeof pre_avx2 / sizeof *pre_avx2; i++)
-        weak = weak || strcmp(core, pre_avx2[i]) == 0;
-    __builtin_cpu_init();
-    if (!weak || !__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
-        return false;
-    bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
-                  __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
-                  __builtin_cpu_supports("avx512vl");
-    return setenv("OPENBLAS_CORETYPE", avx512 ? "SkylakeX" : "Haswell", 1) == 0;
-#else
-    return false;
-#endif
 }
 
 /* How long OpenMP's idle threads spin before they sleep. The emitted step
@@ -323,7 +287,7 @@ static bool tune_spin(void)
     return setenv("GOMP_SPINCOUNT", FSD_GOMP_SPINCOUNT, 1) == 0;
 }
 
-/* Settings that libraries read only when they load (tune_blas_core,
+/* Settings that libraries read only when they load (fsdrt_blas_tune_core,
  * tune_spin): when one had to change, the trainer starts itself again,
  * once, before MPI starts (the same process to mpirun), in the environment
  * it set; the restarted program finds them set and goes on. If the exec
@@ -333,7 +297,7 @@ static void restart_tuned(char **argv)
 #if defined(__linux__)
     if (!argv || !argv[0])
         return;
-    bool core = tune_blas_core();
+    bool core = fsdrt_blas_tune_core();
     bool spin = tune_spin();
     if (!core && !spin)
         return;
@@ -842,20 +806,6 @@ void bk_wait_reduce(FsdRun *r, int g)
  * it costs more than it saves. */
 #define GEMM_SPLIT_MIN 4e6
 
-/* One BLAS call, on the calling thread. */
-static void gemm_call(bool transA, bool transB, int64_t M, int64_t N, int64_t K, real alpha,
-                      const real *A, int64_t lda, const real *B, int64_t ldb, real beta, real *C,
-                      int64_t ldc)
-{
-#ifdef FSD_FLOAT64
-    cblas_dgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans,
-                (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
-#else
-    cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans,
-                (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
-#endif
-}
-
 /* C[m, n] = beta·C (beta 0: 0, C unread): a product with K = 0. */
 static void scale_rows(real *C, int64_t m, int64_t n, int64_t ldc, real beta)
 {
@@ -895,14 +845,14 @@ static void gemm_slabs(bool transA, bool transB, int64_t M, int64_t N, int64_t K
             real *c = rows ? C + lo * ldc : C + lo;
             if (bias)
                 fill_bias(c, rows ? n : M, rows ? N : n, ldc, rows ? bias : bias + lo);
-            gemm_call(transA, transB, rows ? n : M, rows ? N : n, K, alpha, a, lda, b, ldb, beta,
+            fsdrt_blas_gemm(transA, transB, rows ? n : M, rows ? N : n, K, alpha, a, lda, b, ldb, beta,
                       c, ldc);
         }
         return;
     }
     if (bias)
         fill_bias(C, M, N, ldc, bias);
-    gemm_call(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    fsdrt_blas_gemm(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 /* A product of fp32 operands, the empty one (K = 0) included, which BLAS
@@ -921,7 +871,7 @@ static void product(bool transA, bool transB, int64_t M, int64_t N, int64_t K, r
 
 /* ── bf16 products ──
  *
- * OpenBLAS has no bf16 product that sums in fp32 the way cuBLASLt does, so
+ * The BLAS libraries have no bf16 product that sums in fp32 the way cuBLASLt does, so
  * the operands are widened (exactly) into float scratch and multiplied with
  * the same sgemm as fp32 act; C is widened first when beta reads it, the
  * bias is filled in float, and each element of C is rounded to bf16 once,
@@ -1005,7 +955,7 @@ void fsdrt_gemm(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64
 }
 
 /* The bias is written into C first and BLAS adds the product to it (beta
- * 1): one pass over C that replaces OpenBLAS's own zeroing of C for beta 0,
+ * 1): one pass over C that replaces BLAS's own zeroing of C for beta 0,
  * where a separate bias kernel would read and write C again. */
 void fsdrt_gemm_bias(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
                      const void *A, int64_t lda, const void *B, int64_t ldb, const void *bias,
@@ -1023,7 +973,7 @@ void fsdrt_gemm_bias(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, 
         product(transA, transB, M, N, K, 1, A, lda, B, ldb, 1, C, ldc, bias);
 }
 
-/* OpenBLAS has no epilogue: pre alone, and the emitted code's gelu_fwd
+/* BLAS has no epilogue: pre alone, and the emitted code's gelu_fwd
  * (the template an unfused program runs) writes y. */
 bool fsdrt_gemm_bias_gelu(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
                           const void *A, int64_t lda, const void *B, int64_t ldb,

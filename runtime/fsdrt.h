@@ -290,6 +290,17 @@ void fsdrt_gemm(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N, int64
                 const void *A, int64_t lda, const void *B, int64_t ldb, real beta, void *C,
                 int64_t ldc);
 
+/* The CPU backend's matrix-product library (runtime/blas.c, chosen when the
+ * runtime is built): C[M,N] = alpha·op(A)·op(B) + beta·C on real, one call
+ * on the calling thread (beta 0 never reads C); the emitted attention
+ * kernel's blocks multiply through it. Not in the CUDA backend. */
+void fsdrt_blas_gemm(bool transA, bool transB, int64_t M, int64_t N, int64_t K, real alpha,
+                     const real *A, int64_t lda, const real *B, int64_t ldb, real beta, real *C,
+                     int64_t ldc);
+const char *fsdrt_blas_name(void);       /* "OpenBLAS", "oneDNN", "MKL" */
+void fsdrt_blas_single_thread(void);     /* before the first product */
+bool fsdrt_blas_tune_core(void);         /* OpenBLAS's OPENBLAS_CORETYPE; true: restart */
+
 /* C[M,N] = op(A)·op(B) + bias, bias [N] added to every row of C: a Linear
  * with a bias in one product (the CPU backend fills C with the bias and
  * multiplies with beta = 1; the CUDA backend adds it in cuBLASLt's

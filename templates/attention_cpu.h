@@ -8,8 +8,8 @@
  * The CPU build uses a blocked version (FSD_ATTENTION_BLAS):
  * one scalar lane per query row leaves a CPU core's vector units idle and,
  * in the backward, recomputes every probability twice. Blocks of
- * FSD_ATTN_QB query rows go through BLAS (cblas_sgemm/dgemm, what
- * fsdrt_gemm calls too) as small matrix products: S = scale·Q·Kᵀ over the
+ * FSD_ATTN_QB query rows go through BLAS (fsdrt_blas_gemm, the runtime's
+ * library, what fsdrt_gemm calls too) as small matrix products: S = scale·Q·Kᵀ over the
  * keys the block sees, the softmax row by row, O = P·V; the backward
  * recomputes P once per block and forms dP = dO·Vᵀ, dS = P∘(dP − D),
  * dQ = scale·dS·K, dK += scale·dSᵀ·Q, dV += Pᵀ·dO. The operands of a
@@ -40,7 +40,6 @@
 #if !defined(__CUDACC__) && !defined(FSD_WARP_EMULATION) && !defined(FSD_ATTENTION_PORTABLE)
 /* ── the CPU path: query blocks through BLAS ── */
 #define FSD_ATTENTION_BLAS 1
-#include <cblas.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -64,13 +63,7 @@ FSD_ATTN_INLINE void fsd_attn_gemm(bool ta, bool tb, int64_t M, int64_t N, int64
                                    const real *A, int64_t lda, const real *B, int64_t ldb,
                                    real beta, real *C, int64_t ldc)
 {
-#ifdef FSD_FLOAT64
-    cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
-#else
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
-#endif
+    fsdrt_blas_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 /* The products below run by slabs of at most FSD_ATTN_KC keys: OpenBLAS

@@ -1,6 +1,6 @@
 #!/bin/sh
 # setup.sh — installs what fsdpc needs to build and test, if it is missing:
-# the compiler's tools, and MPI and OpenBLAS for the CPU runtime. As root it
+# the compiler's tools, and MPI and a BLAS for the CPU runtime. As root it
 # uses apt-get; otherwise it prints the command to run.
 #
 # clang and its runtime libraries (libFuzzer) are optional: `make test` runs
@@ -28,6 +28,11 @@ if ! pkg-config --exists openblas 2>/dev/null; then
     ls /usr/include/*/openblas*/cblas.h /usr/include/openblas/cblas.h >/dev/null 2>&1 ||
         need="$need libopenblas-dev"
 fi
+
+# A faster BLAS than OpenBLAS where tools/blas.table measured one for this
+# CPU (oneDNN: libdnnl-dev); optional: without it the runtime builds with
+# OpenBLAS.
+blas=$("$(dirname "$0")/blas.sh" wanted)
 
 # libFuzzer lives in clang's runtime folder (Debian: libclang-rt-dev).
 want=""
@@ -62,7 +67,7 @@ hf_venv() {
 }
 cd "$(dirname "$0")/.."
 
-if [ -z "$need$want$torch$venv" ]; then
+if [ -z "$need$want$blas$torch$venv" ]; then
     hf_venv
     exit 0
 fi
@@ -79,6 +84,11 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         apt-get install -y -qq $want >/dev/null ||
             echo "setup: could not install $want; the fuzz smoke test will be skipped" >&2
     fi
+    if [ -n "$blas" ]; then
+        echo "setup: installing $blas (this CPU's fastest BLAS: tools/blas.table)"
+        apt-get install -y -qq $blas >/dev/null ||
+            echo "setup: could not install $blas; the CPU runtime builds with OpenBLAS" >&2
+    fi
     if [ -n "$torch$venv" ]; then
         echo "setup: installing $torch $venv (for the PyTorch oracle and Hugging Face tests)"
         apt-get install -y -qq $torch $venv >/dev/null ||
@@ -86,9 +96,13 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     fi
 elif [ -n "$need" ]; then
     echo "setup: missing$need; install with:" >&2
-    echo "  sudo apt-get install -y$need${want:+ $want}${torch:+ $torch}" >&2
+    echo "  sudo apt-get install -y$need${want:+ $want}${blas:+ $blas}${torch:+ $torch}" >&2
     exit 1
 else
+    if [ -n "$blas" ]; then
+        echo "setup: the CPU runtime builds with OpenBLAS; $blas is faster on this CPU" \
+             "(tools/blas.table): sudo apt-get install -y $blas" >&2
+    fi
     if [ -n "$want" ]; then
         echo "setup: no clang with libFuzzer, so \`make test\` skips its fuzz smoke test;" \
              "install with: sudo apt-get install -y $want" >&2

@@ -130,7 +130,7 @@ check_example() {
     # 3. the same file through the C compiler, against the CPU runtime
     if [ $cpu_lib = yes ]; then
         mpicc -x c -std=c11 -O1 -fopenmp -Wall -Wextra -Wno-unused-parameter -Iruntime \
-            "$dir/train.cu" -x none build/runtime/libfsdrt_cpu.a -fopenmp -pthread -lopenblas -lm \
+            "$dir/train.cu" -x none build/runtime/libfsdrt_cpu.a $($MAKE -s --no-print-directory rt-libs) \
             -o "$TMP/$model.cpu-train" >"$TMP/$model.cc.log" 2>&1
         echo $? >"$TMP/$model.cc.st"
     fi

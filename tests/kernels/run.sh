@@ -38,8 +38,9 @@ trap 'rm -rf "$TMP"' EXIT
 SRC=tests/kernels/test_kernels.c
 HDRS="portable.h embed.h norm.h rope.h mma.h attention_gpu.h attention_mma.h attention_cpu.h attention.h act.h elementwise.h cross_entropy.h"
 CFLAGS="-std=c11 -O2 -Wall -Wextra -Wshadow -Werror -Iruntime -Itemplates"
-# The CPU attention path calls BLAS (templates/attention.h), as the trainer
-# does; one BLAS thread per OpenMP thread, as the CPU runtime runs it.
+# The CPU attention path calls BLAS through runtime/blas.c (its default,
+# OpenBLAS, here: tools/blas.sh check tests the others); one BLAS thread per
+# OpenMP thread, as the CPU runtime runs it.
 BLAS_CFLAGS=$(pkg-config --cflags openblas 2>/dev/null)
 BLAS_LIBS=$(pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
 export OPENBLAS_NUM_THREADS=1
@@ -53,7 +54,7 @@ fi
 build() {
     local name=$1
     shift
-    if $CC $CFLAGS $BLAS_CFLAGS $OMP "$@" -o "$B/$name" "$SRC" $BLAS_LIBS -lm >"$TMP/build" 2>&1; then
+    if $CC $CFLAGS $BLAS_CFLAGS $OMP "$@" -o "$B/$name" "$SRC" runtime/blas.c $BLAS_LIBS -lm >"$TMP/build" 2>&1; then
         return 0
     fi
     bad "kernels $name: build failed ($CC $*)" "$TMP/build"

@@ -48,6 +48,27 @@ for unit in test_arena test_half test_gemm; do
     grep -q " passed, 0 failed$" "$TMP/unit" && [ $st = 0 ] || bad "$unit: status $st" "$TMP/unit"
 done
 
+# ── the BLAS libraries: each one here, through runtime/blas.c, against a
+# float64 reference (tools/blasbench.c), called from inside an OpenMP loop
+# too (so on 2 threads); the library this runtime was built with among them ──
+OMP_NUM_THREADS=2 tools/blas.sh check >"$TMP/blas" 2>&1
+st=$?
+while read -r line; do
+    case "$line" in
+    "ok "*) ok "${line#ok }" ;;
+    "FAIL "*) bad "${line#FAIL }" ;;
+    esac
+done <"$TMP/blas"
+built=$(cut -d' ' -f1 build/runtime/blas.stamp 2>/dev/null)
+if [ $st = 0 ] && grep -q "^ok blas $built (" "$TMP/blas"; then
+    ok "blas: the runtime's library ($built, build/runtime/blas.stamp) checked"
+else bad "blas: tools/blas.sh check (status $st; the runtime's library: '$built')" "$TMP/blas"; fi
+if $MAKE -s --no-print-directory runtime BLAS=fastest >"$TMP/blasbad" 2>&1; then
+    bad "blas: make runtime BLAS=fastest was accepted" "$TMP/blasbad"
+elif grep -q "BLAS=fastest is not one of openblas, dnnl, mkl" "$TMP/blasbad"; then
+    ok "blas: make runtime BLAS=fastest refused, naming the choices"
+else bad "blas: make runtime BLAS=fastest: message" "$TMP/blasbad"; fi
+
 # ── fsdata ──
 D=$TMP/data.bin
 $FSDATA synth "$D" --tokens 20000 --vocab 64 --seed 7 >/dev/null
@@ -173,8 +194,7 @@ TRAIN_BF16=$TMP/trainer_bf16
 if mpicc -O2 -g -std=c11 -D_POSIX_C_SOURCE=200809L -Wall -Wextra -Wshadow -Wno-unused-parameter \
         -Wno-missing-field-initializers -fopenmp -fno-math-errno -DFSD_ACT_BF16 -Iruntime \
         $(pkg-config --cflags openblas 2>/dev/null) -o "$TRAIN_BF16" tests/runtime/trainer.c \
-        build/runtime/libfsdrt_cpu.a -fopenmp -pthread \
-        $(pkg-config --libs openblas 2>/dev/null || echo -lopenblas) -lm >"$TMP/build_bf16" 2>&1 &&
+        build/runtime/libfsdrt_cpu.a $($MAKE -s --no-print-directory rt-libs) >"$TMP/build_bf16" 2>&1 &&
         ! grep -q "warning:" "$TMP/build_bf16"; then
     ok "build: trainer.c with FSD_ACT_BF16, without warnings"
 else bad "build: trainer.c with FSD_ACT_BF16" "$TMP/build_bf16"; fi
