@@ -475,6 +475,12 @@ static bool parse_mixed(Build *mb, Loc at, Arg *args, MixedSpec *out)
     *out = (MixedSpec){.at = at};
     if (!eval_bind_args(mb->d, &sig_mixed, at, args, b))
         return false;
+    if (!b[MP_PARAM] && !b[MP_REDUCE] && !b[MP_OUTPUT]) {
+        diag_error(mb->d, at, "`mixed_precision()` sets nothing: give one or more of `param`, "
+                              "`reduce`, `output` (e.g. `mixed_precision(param = bf16, reduce = "
+                              "fp32)`)");
+        return false;
+    }
     bool ok = true;
     for (int i = 0; i < MP_NDTYPES; i++) {
         int v;
@@ -901,6 +907,12 @@ static void check_shard(Build *mb)
     if (by[8] && by[8]->value->kind == EX_IDENT && strcmp(by[8]->value->str, "auto") == 0) {
         c->replicate_auto = true;
         c->replicate_loc = by[8]->value->loc;
+    } else if (by[8] && by[8]->value->kind == EX_IDENT &&
+               !eval_lookup(&sc, by[8]->value->str, &(bool){false})) {
+        diag_error(mb->d, by[8]->value->loc,
+                   "`replicate` is a whole number of replicas or `auto`, and `%s` is "
+                   "neither (nor a constant)",
+                   by[8]->value->str);
     } else if (by[8]) {
         int64_t v;
         if (eval_int(mb->d, &sc, by[8]->value, "`replicate`", 1, &v)) {
