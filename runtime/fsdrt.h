@@ -54,6 +54,25 @@ typedef real act;
 #define FSD_ACT_DTYPE FSD_FP32   /* act is real */
 #endif
 
+/* Small ops on one thread (the CPU backend): an OpenMP region costs a
+ * wake-up of every thread and a wait for the slowest (microseconds on a
+ * quiet machine, tens of them when a thread is descheduled), so a loop with
+ * less work than this runs on the calling thread (`if` clauses in
+ * templates/portable.h's FSD_RUN_* and the templates' and runtime's own
+ * regions). ELEMS counts the elements a loop of elementwise or row work
+ * reads or writes (rows × width); MACS the multiply-adds of attention's
+ * regions. The loops are static schedules over independent rows and
+ * elements, so where they run changes no result bit. Chosen by measurement:
+ * docs/performance.md#small-ops-on-one-thread. Defined before this header
+ * (-D) they are other values, for such measurements; the runtime library
+ * has the value it was compiled with. */
+#ifndef FSD_PAR_MIN_ELEMS
+#define FSD_PAR_MIN_ELEMS 65536
+#endif
+#ifndef FSD_PAR_MIN_MACS
+#define FSD_PAR_MIN_MACS 4000000
+#endif
+
 /* The runtime is C; nvcc compiles train.cu as C++. */
 #ifdef __cplusplus
 extern "C" {
