@@ -370,9 +370,10 @@ done
 # Loops under FSD_PAR_MIN_ELEMS elements (FSD_PAR_MIN_MACS for attention)
 # run on the calling thread (runtime/fsdrt.h); they are static schedules
 # over independent rows and elements, so where they run must change no bit.
-# tiny's ops straddle the default (64-wide rows: 32K-element adds, 131K
-# for the MLP's hidden), so a default build runs some regions parallel at
-# 2 threads and some not; the _allpar build (thresholds 0) runs every one.
+# At micro-batch 8 tiny's elementwise ops (32K-131K elements) and its
+# attention (2.1M multiply-adds) are under the defaults and run on one
+# thread, its larger products split (runtime/cpu.c); the _allpar build
+# (thresholds 0) runs every region on both threads.
 if $MAKE --no-print-directory -s trainer FSD=examples/tiny.fsd TRAINER=$OUT/tiny_allpar \
         TRAINER_FLAGS_cpu="-DFSD_PAR_MIN_ELEMS=0 -DFSD_PAR_MIN_MACS=0" >"$TMP/build.allpar" 2>&1; then
     for run in tiny.1 tiny.2 tiny_allpar.2; do
