@@ -632,12 +632,16 @@ static real widen(FsdDtype dt, uint16_t h)
     return dt == FSD_BF16 ? float_from_bf16(h) : float_from_fp16(h);
 }
 
+/* The elementwise loops below run on the calling thread below
+ * FSD_PAR_MIN_ELEMS elements (runtime/fsdrt.h): for a small group a region
+ * costs more than it saves. */
+
 /* x rounded to what dtype dt holds */
 static void round_to(FsdDtype dt, real *x, int64_t n)
 {
     if (dt == FSD_FP32)
         return;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= FSD_PAR_MIN_ELEMS)
     for (int64_t i = 0; i < n; i++)
         x[i] = widen(dt, narrow(dt, x[i]));
 }
@@ -666,7 +670,7 @@ void bk_all_gather(FsdRun *r, int g)
      * counted: the fp32 buffer stands for it) */
     uint16_t *all = act_bf16(r) ? G->params : (c->wire = bk_pool_get(r, G->padded * 2, 0));
     uint16_t *own = all + G->lo;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (G->shard >= FSD_PAR_MIN_ELEMS)
     for (int64_t i = 0; i < G->shard; i++)
         own[i] = narrow(dt, G->master[i]);
     MPI_CHECK(r, MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, all, n, MPI_UINT16_T,
@@ -681,7 +685,7 @@ void bk_wait_gather(FsdRun *r, int g)
     if (c->wire) {
         FsdDtype dt = group_param_dtype(r, g);
         real *params = G->params;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (G->padded >= FSD_PAR_MIN_ELEMS)
         for (int64_t i = 0; i < G->padded; i++)
             params[i] = widen(dt, c->wire[i]);
         bk_pool_put(r, c->wire, 0);
@@ -737,7 +741,7 @@ void bk_reduce_scatter(FsdRun *r, int g)
     if (act_bf16(r)) {
         const uint16_t *grads = G->grads;
         sum = c->wide = bk_pool_get(r, G->padded * (int64_t)sizeof(real), 0);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (G->padded >= FSD_PAR_MIN_ELEMS)
         for (int64_t i = 0; i < G->padded; i++)
             sum[i] = float_from_bf16(grads[i]);
     } else
@@ -756,13 +760,13 @@ __attribute__((target_clones("avx512f", "avx2", "default")))
 static void accumulate_shard(real *shard, const real *sum, int64_t n, int world)
 {
     if (world == 1) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (parallel : n >= FSD_PAR_MIN_ELEMS)
         for (int64_t i = 0; i < n; i++)
             shard[i] += sum[i];
         return;
     }
     const real w = (real)world;
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (parallel : n >= FSD_PAR_MIN_ELEMS)
     for (int64_t i = 0; i < n; i++)
         shard[i] += sum[i] / w;
 }
@@ -903,7 +907,7 @@ static real *scratch(FsdRun *r, int64_t n)
 /* dst[i·n + j] = src[i·ld + j] widened from bf16, i < m, j < n. */
 static void widen_rows(real *dst, const uint16_t *src, int64_t m, int64_t n, int64_t ld)
 {
-#pragma omp parallel for schedule(static) if (m * n > 65536)
+#pragma omp parallel for schedule(static) if (m * n >= FSD_PAR_MIN_ELEMS)
     for (int64_t i = 0; i < m; i++)
         for (int64_t j = 0; j < n; j++)
             dst[i * n + j] = float_from_bf16(src[i * ld + j]);
@@ -932,7 +936,7 @@ static void gemm_bf16(FsdRun *r, bool transA, bool transB, int64_t M, int64_t N,
             widen_rows(c, C + i0 * ldc, m, N, ldc);
         product(transA, transB, m, N, K, alpha, a, transA ? m : K, b, transB ? K : N, beta, c, N,
                 bias ? bias_w : NULL);
-#pragma omp parallel for schedule(static) if (m * N > 65536)
+#pragma omp parallel for schedule(static) if (m * N >= FSD_PAR_MIN_ELEMS)
         for (int64_t i = 0; i < m; i++)
             for (int64_t j = 0; j < N; j++)
                 C[(i0 + i) * ldc + j] = bf16_from_float((float)c[i * N + j]);

@@ -213,7 +213,7 @@ static void stage_bf16(FsdRun *r, int g)
         return;
     const float *master = G->master;
     uint16_t *staged = bk->h_act + c->h_act_at;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (G->shard >= FSD_PAR_MIN_ELEMS)
     for (int64_t i = 0; i < G->shard; i++)
         staged[i] = bf16_from_float(master[i]);
     c->staged_step = r->step;

@@ -54,6 +54,28 @@ typedef real act;
 #define FSD_ACT_DTYPE FSD_FP32   /* act is real */
 #endif
 
+/* Small ops on one thread (the CPU backend): an OpenMP region costs a
+ * wake-up of every thread and a wait for the slowest: ~60 us here when the
+ * other thread slept or was descheduled (a 5 us op took 65 us at 2
+ * threads), against ~0.9 ns an element for elementwise work on one thread,
+ * so a loop with less work than this runs on the calling thread (`if`
+ * clauses in templates/portable.h's FSD_RUN_* and the templates' and
+ * runtime's own regions). ELEMS counts the elements a loop of elementwise
+ * or row work reads or writes (rows × width); MACS the multiply-adds of
+ * attention's regions, the value of runtime/cpu.c's GEMM_SPLIT_MIN for the
+ * products. The loops are static schedules over independent rows and
+ * elements, so where they run changes no result bit (tests/e2e section 7).
+ * 262144 was measured against 16K, 64K and 1M elements:
+ * docs/performance.md#small-ops-on-one-thread. Defined before this header
+ * (-D) they take other values, for such measurements; the runtime library
+ * keeps the value it was compiled with. */
+#ifndef FSD_PAR_MIN_ELEMS
+#define FSD_PAR_MIN_ELEMS 262144
+#endif
+#ifndef FSD_PAR_MIN_MACS
+#define FSD_PAR_MIN_MACS 4000000
+#endif
+
 /* The runtime is C; nvcc compiles train.cu as C++. */
 #ifdef __cplusplus
 extern "C" {

@@ -19,6 +19,10 @@
 #define SQRT sqrtf
 #endif
 
+/* Every loop here runs on the calling thread below FSD_PAR_MIN_ELEMS elements
+ * (runtime/fsdrt.h: a region costs more than such a loop saves); `parallel:`
+ * keeps simd on then. */
+
 /* The optimizer's loops are elementwise and memory-bound; on x86-64 with GCC
  * they are compiled for AVX-512, AVX2 and the baseline, the loader picking
  * the one the CPU runs (as templates/portable.h does for the kernels). Each
@@ -33,12 +37,15 @@
 /* Σ x² in double. `simd` lets each thread keep one partial sum per vector
  * lane (a single running sum waits on every add: at 4 cycles an add, the
  * 10.8M gradients of bench/gpt6x384.fsd took ~20 ms a step); the order of
- * the sum, like the threads' partial sums before it, is the compiler's. */
+ * the sum, like the threads' partial sums before it, is the compiler's. A
+ * shard under FSD_PAR_MIN_ELEMS (runtime/fsdrt.h) is summed on the calling
+ * thread, so its sum has the one-thread bits at any thread count; a larger
+ * one's bits depend on the thread count, as they always did. */
 VECTOR_CLONES
 static double sumsq(const real *x, int64_t n)
 {
     double s = 0;
-#pragma omp parallel for simd schedule(static) reduction(+ : s)
+#pragma omp parallel for simd schedule(static) reduction(+ : s) if (parallel : n >= FSD_PAR_MIN_ELEMS)
     for (int64_t i = 0; i < n; i++)
         s += (double)x[i] * (double)x[i];
     return s;
@@ -80,7 +87,7 @@ static void adamw(const FsdTrainConfig *c, Group *G, const Segment *s, double lr
     const real bc2_sqrt = (real)sqrt(1 - pow(c->beta2, (double)t)), eps = (real)c->eps;
     real *p = G->master, *g = G->grad, *m = G->m, *v = G->v;
     /* simd: elementwise, so vectorising changes no result bit */
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (parallel : s->end - s->begin >= FSD_PAR_MIN_ELEMS)
     for (int64_t i = s->begin; i < s->end; i++) {
         const real gi = g[i] * k;
         g[i] = 0;
@@ -100,7 +107,7 @@ static void sgd(const FsdTrainConfig *c, Group *G, const Segment *s, double lr, 
     const real wd = s->decay ? (real)c->weight_decay : 0, mu = (real)c->momentum, lr_ = (real)lr;
     const bool nesterov = c->nesterov;
     real *p = G->master, *g = G->grad, *b = G->m;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (s->end - s->begin >= FSD_PAR_MIN_ELEMS)
     for (int64_t i = s->begin; i < s->end; i++) {
         real d = g[i] * k + wd * p[i];
         g[i] = 0;

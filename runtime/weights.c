@@ -136,7 +136,7 @@ void weights_init(FsdRun *r)
             continue;
         }
         const uint64_t key = fnv1a64(P->name) ^ seed_mix;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (b - a >= FSD_PAR_MIN_ELEMS)
         for (int64_t i = a; i < b; i++)
             dst[i] = (real)normal_at(key, i, P->std);
     }

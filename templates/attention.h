@@ -194,7 +194,7 @@ LAUNCHER void attention_fwd(act *out, real *lse, const act *q, const act *k,
     }
 #endif
     /* the CPU with FSD_ATTENTION_PORTABLE; the GPU past FSD_ATTN_HD_MAX */
-    FSD_RUN_ROWS(attention_fwd, B * H * T, (out, lse, q, k, v, T, H, KV, hd, causal));
+    FSD_RUN_ROWS(attention_fwd, B * H * T, T * hd, (out, lse, q, k, v, T, H, KV, hd, causal));
 #endif
 }
 
@@ -331,9 +331,9 @@ LAUNCHER void attention_bwd(act *dq, bool acc_q, act *dk, bool acc_k, act *dv,
     }
 #endif
     /* the CPU with FSD_ATTENTION_PORTABLE; the GPU past FSD_ATTN_HD_MAX */
-    FSD_RUN_ROWS(attention_bwd_dq, B * H * T,
+    FSD_RUN_ROWS(attention_bwd_dq, B * H * T, T * hd,
                  (dq, acc_q, dout, q, k, v, out, lse, T, H, KV, hd, causal));
-    FSD_RUN_ROWS(attention_bwd_dkv, B * KV * T,
+    FSD_RUN_ROWS(attention_bwd_dkv, B * KV * T, T * hd,
                  (dk, acc_k, dv, acc_v, dout, q, k, v, out, lse, T, H, KV, hd, causal));
 #endif
 }

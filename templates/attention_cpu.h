@@ -329,7 +329,9 @@ FSD_ATTN_CLONED void attention_fwd_blas(act *out, real *lse, const act *q, const
     const int64_t parts = (nb + per - 1) / per;
     int64_t shared = 0, part = FSD_ATTN_FWD_SCRATCH(T, hd, fsd_attn_ld(T));
     real *scratch = fsd_attn_scratch(&shared, &part, fsd_attn_threads());
-#pragma omp parallel
+    /* small ops on one thread: B·H·T²·hd multiply-adds (QKᵀ and PV, causal
+     * or not) against FSD_PAR_MIN_MACS (runtime/fsdrt.h) */
+#pragma omp parallel if (B * H * T * T * hd >= FSD_PAR_MIN_MACS)
     {
         real *ws = scratch + fsd_attn_thread() * part;
 #pragma omp for schedule(dynamic)
@@ -426,7 +428,8 @@ FSD_ATTN_CLONED void attention_bwd_blas(act *dq, bool acc_q, act *dk, bool acc_k
      * H·hd apart and each one a cache miss */
     int64_t shared = B * H * T, part = FSD_ATTN_BWD_SCRATCH(T, hd, fsd_attn_ld(T));
     real *scratch = fsd_attn_scratch(&shared, &part, fsd_attn_threads());
-#pragma omp parallel
+    /* on one thread below FSD_PAR_MIN_MACS, as the forward */
+#pragma omp parallel if (B * H * T * T * hd >= FSD_PAR_MIN_MACS)
     {
         real *ws = scratch + shared + fsd_attn_thread() * part, *row = ws;
 #pragma omp for schedule(static)

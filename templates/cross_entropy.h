@@ -92,10 +92,11 @@ LAUNCHER void cross_entropy_fwd(real *loss, real *lse, const act *logits,
     FSD_REQUIRE("cross_entropy_fwd", rows > 0 && V > 0);
     fsd_check_indices("cross_entropy_fwd", targets, rows, V);
     if (FSD_VEC_WHEN(V % FSD_VEC == 0 && fsd_al16(logits)))
-        FSD_RUN_VEC_ROWS(cross_entropy_lse_v, rows, (lse, logits, V));
+        FSD_RUN_VEC_ROWS(cross_entropy_lse_v, rows, V, (lse, logits, V));
     else
-        FSD_RUN_ROWS(cross_entropy_lse, rows, (lse, logits, V));
-    FSD_RUN_ROWS(cross_entropy_mean, 1, (loss, lse, logits, targets, rows, V));
+        FSD_RUN_ROWS(cross_entropy_lse, rows, V, (lse, logits, V));
+    /* one row, nothing to share: width 0 keeps the CPU from opening a region */
+    FSD_RUN_ROWS(cross_entropy_mean, 1, 0, (loss, lse, logits, targets, rows, V));
 }
 
 DEVICE void cross_entropy_bwd_row(int64_t r, int lane, int lanes, act *dlogits, bool acc,
@@ -167,7 +168,7 @@ LAUNCHER void cross_entropy_bwd(act *dlogits, bool acc, const act *logits,
     FSD_REQUIRE("cross_entropy_bwd", rows > 0 && V > 0);
     fsd_check_indices("cross_entropy_bwd", targets, rows, V);
     if (FSD_VEC_WHEN(V % FSD_VEC == 0 && fsd_al16(dlogits) && fsd_al16(logits)))
-        FSD_RUN_VEC_ROWS(cross_entropy_bwd_v, rows, (dlogits, acc, logits, targets, lse, V, scale));
+        FSD_RUN_VEC_ROWS(cross_entropy_bwd_v, rows, V, (dlogits, acc, logits, targets, lse, V, scale));
     else
-        FSD_RUN_ROWS(cross_entropy_bwd, rows, (dlogits, acc, logits, targets, lse, V, scale));
+        FSD_RUN_ROWS(cross_entropy_bwd, rows, V, (dlogits, acc, logits, targets, lse, V, scale));
 }

@@ -94,7 +94,7 @@ RUNNER void reduce_to_sums(act *dst, bool acc, const act *src, int64_t rows, int
 RUNNER void reduce_to_sums(act *dst, bool acc, const act *src, int64_t rows, int64_t C)
 {
     const int64_t span = fsd_col_span(C), spans = (C + span - 1) / span;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * C >= FSD_PAR_MIN_ELEMS)
     for (int64_t t = 0; t < spans; t++) {
         const int64_t j0 = t * span, j1 = j0 + span < C ? j0 + span : C;
         real s[FSD_COL_SPAN] = {0};
@@ -292,7 +292,7 @@ RUNNER void mul_bwd_b_sums(act *db, bool acc, const act *dy, const act *a, int64
                            int64_t nb)
 {
     const int64_t span = fsd_col_span(nb), spans = (nb + span - 1) / span;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * nb >= FSD_PAR_MIN_ELEMS)
     for (int64_t t = 0; t < spans; t++) {
         const int64_t j0 = t * span, j1 = j0 + span < nb ? j0 + span : nb;
         real s[FSD_COL_SPAN] = {0};
@@ -357,9 +357,9 @@ LAUNCHER void bias_add_fwd(act *y, const act *x, const act *b, int64_t rows, int
     FSD_REQUIRE("bias_add_fwd", y && x && b);
     FSD_REQUIRE("bias_add_fwd", rows > 0 && C > 0);
     if (FSD_VEC_WHEN(C % FSD_VEC == 0 && fsd_al16(y) && fsd_al16(x) && fsd_al16(b)))
-        FSD_RUN_VEC_ROWS(bias_add_v, rows, (y, x, b, C));
+        FSD_RUN_VEC_ROWS(bias_add_v, rows, C, (y, x, b, C));
     else
-        FSD_RUN_ROWS(bias_add, rows, (y, x, b, C));
+        FSD_RUN_ROWS(bias_add, rows, C, (y, x, b, C));
 }
 
 /* bias_bwd: db[j] += Σ_r dy[r, j]; always accumulates (a parameter

@@ -44,9 +44,9 @@ LAUNCHER void embed_fwd(act *out, const act *W, const int32_t *idx, int64_t N, i
     FSD_REQUIRE("embed_fwd", N > 0 && C > 0 && V > 0);
     fsd_check_indices("embed_fwd", idx, N, V);
     if (FSD_VEC_WHEN(C % FSD_VEC == 0 && fsd_al16(out) && fsd_al16(W)))
-        FSD_RUN_VEC_ROWS(embed_fwd_v, N, (out, W, idx, C, V));
+        FSD_RUN_VEC_ROWS(embed_fwd_v, N, C, (out, W, idx, C, V));
     else
-        FSD_RUN_ROWS(embed_fwd, N, (out, W, idx, C, V));
+        FSD_RUN_ROWS(embed_fwd, N, C, (out, W, idx, C, V));
 }
 
 /* embed_bwd: dW[t, :] += Σ dout[i, :] over the positions i with idx[i] = t,
@@ -164,5 +164,5 @@ LAUNCHER void embed_bwd(act *dW, const act *dout, const int32_t *idx, int64_t N,
     FSD_REQUIRE("embed_bwd", dW && dout && idx);
     FSD_REQUIRE("embed_bwd", N > 0 && C > 0 && V > 0);
     fsd_check_indices("embed_bwd", idx, N, V);
-    FSD_RUN_ROWS(embed_bwd, N, (dW, dout, idx, N, C, V));
+    FSD_RUN_ROWS(embed_bwd, N, C, (dW, dout, idx, N, C, V));
 }

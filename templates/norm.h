@@ -161,9 +161,9 @@ LAUNCHER void layernorm_fwd(act *y, real *mean, real *rstd, const act *x, const 
     FSD_REQUIRE("layernorm_fwd", y && mean && rstd && x && w);
     FSD_REQUIRE("layernorm_fwd", rows > 0 && C > 0 && eps >= 0);
     if (FSD_NORM_VEC(C, x, y, w, b))
-        FSD_RUN_VEC_ROWS(layernorm_fwd_v, rows, (y, mean, rstd, x, w, b, C, eps));
+        FSD_RUN_VEC_ROWS(layernorm_fwd_v, rows, C, (y, mean, rstd, x, w, b, C, eps));
     else
-        FSD_RUN_ROWS(layernorm_fwd, rows, (y, mean, rstd, x, w, b, C, eps));
+        FSD_RUN_ROWS(layernorm_fwd, rows, C, (y, mean, rstd, x, w, b, C, eps));
 }
 
 /* add_layernorm_fwd: sum = a + b, then layernorm_fwd of sum (y, mean, rstd):
@@ -202,10 +202,10 @@ LAUNCHER void add_layernorm_fwd(act *sum, act *y, real *mean, real *rstd, const 
     FSD_REQUIRE("add_layernorm_fwd", sum && y && mean && rstd && a && b && w);
     FSD_REQUIRE("add_layernorm_fwd", rows > 0 && C > 0 && eps >= 0);
     if (FSD_NORM_VEC(C, sum, y, w, bias))
-        FSD_RUN_VEC_ROWS(add_layernorm_fwd_v, rows,
+        FSD_RUN_VEC_ROWS(add_layernorm_fwd_v, rows, C,
                          (sum, y, mean, rstd, a, b, w, bias, C, eps, fsd_al16(a) && fsd_al16(b)));
     else
-        FSD_RUN_ROWS(add_layernorm_fwd, rows, (sum, y, mean, rstd, a, b, w, bias, C, eps));
+        FSD_RUN_ROWS(add_layernorm_fwd, rows, C, (sum, y, mean, rstd, a, b, w, bias, C, eps));
 }
 
 /* layernorm_bwd: with x̂ = (x − mean) · rstd and g = dy · w,
@@ -418,7 +418,7 @@ LAUNCHER void layernorm_bwd(act *dx, bool acc, act *dw, act *db, const act *dy, 
     const int64_t chunks = (rows + FSD_NORM_CHUNK - 1) / FSD_NORM_CHUNK;
     const int64_t tiles = (C + FSD_COL_TILE - 1) / FSD_COL_TILE;
     real *part = fsd_norm_scratch("layernorm_bwd", chunks * 2 * C);
-#pragma omp parallel
+#pragma omp parallel if (rows * C >= FSD_PAR_MIN_ELEMS)   /* small ops on one thread */
     {
 #pragma omp for schedule(static)
         for (int64_t c = 0; c < chunks; c++)
@@ -434,10 +434,10 @@ LAUNCHER void layernorm_bwd(act *dx, bool acc, act *dw, act *db, const act *dy, 
     free(part);
 #else
     if (FSD_NORM_VEC(C, x, dx, w, dy)) {
-        FSD_RUN_VEC_ROWS(layernorm_bwd_v, rows, (dx, acc, dy, x, w, mean, rstd, C));
+        FSD_RUN_VEC_ROWS(layernorm_bwd_v, rows, C, (dx, acc, dy, x, w, mean, rstd, C));
         layernorm_bwd_params_sums(true, dw, db, dy, x, mean, rstd, rows, C);
     } else {
-        FSD_RUN_ROWS(layernorm_bwd, rows, (dx, acc, dy, x, w, mean, rstd, C));
+        FSD_RUN_ROWS(layernorm_bwd, rows, C, (dx, acc, dy, x, w, mean, rstd, C));
         layernorm_bwd_params_sums(false, dw, db, dy, x, mean, rstd, rows, C);
     }
 #endif
@@ -497,9 +497,9 @@ LAUNCHER void rmsnorm_fwd(act *y, real *rstd, const act *x, const act *w, int64_
     FSD_REQUIRE("rmsnorm_fwd", y && rstd && x && w);
     FSD_REQUIRE("rmsnorm_fwd", rows > 0 && C > 0 && eps >= 0);
     if (FSD_NORM_VEC(C, x, y, w, w))
-        FSD_RUN_VEC_ROWS(rmsnorm_fwd_v, rows, (y, rstd, x, w, C, eps));
+        FSD_RUN_VEC_ROWS(rmsnorm_fwd_v, rows, C, (y, rstd, x, w, C, eps));
     else
-        FSD_RUN_ROWS(rmsnorm_fwd, rows, (y, rstd, x, w, C, eps));
+        FSD_RUN_ROWS(rmsnorm_fwd, rows, C, (y, rstd, x, w, C, eps));
 }
 
 /* add_rmsnorm_fwd: sum = a + b, then rmsnorm_fwd of sum (y, rstd), as
@@ -535,10 +535,10 @@ LAUNCHER void add_rmsnorm_fwd(act *sum, act *y, real *rstd, const act *a, const 
     FSD_REQUIRE("add_rmsnorm_fwd", sum && y && rstd && a && b && w);
     FSD_REQUIRE("add_rmsnorm_fwd", rows > 0 && C > 0 && eps >= 0);
     if (FSD_NORM_VEC(C, sum, y, w, w))
-        FSD_RUN_VEC_ROWS(add_rmsnorm_fwd_v, rows,
+        FSD_RUN_VEC_ROWS(add_rmsnorm_fwd_v, rows, C,
                          (sum, y, rstd, a, b, w, C, eps, fsd_al16(a) && fsd_al16(b)));
     else
-        FSD_RUN_ROWS(add_rmsnorm_fwd, rows, (sum, y, rstd, a, b, w, C, eps));
+        FSD_RUN_ROWS(add_rmsnorm_fwd, rows, C, (sum, y, rstd, a, b, w, C, eps));
 }
 
 /* rmsnorm_bwd: with x̂ = x · rstd and g = dy · w,
@@ -702,7 +702,7 @@ LAUNCHER void rmsnorm_bwd(act *dx, bool acc, act *dw, const act *dy, const act *
     const int64_t chunks = (rows + FSD_NORM_CHUNK - 1) / FSD_NORM_CHUNK;
     const int64_t tiles = (C + FSD_COL_TILE - 1) / FSD_COL_TILE;
     real *part = fsd_norm_scratch("rmsnorm_bwd", chunks * C);
-#pragma omp parallel
+#pragma omp parallel if (rows * C >= FSD_PAR_MIN_ELEMS)   /* small ops on one thread */
     {
 #pragma omp for schedule(static)
         for (int64_t c = 0; c < chunks; c++)
@@ -716,10 +716,10 @@ LAUNCHER void rmsnorm_bwd(act *dx, bool acc, act *dw, const act *dy, const act *
     free(part);
 #else
     if (FSD_NORM_VEC(C, x, dx, w, dy)) {
-        FSD_RUN_VEC_ROWS(rmsnorm_bwd_v, rows, (dx, acc, dy, x, w, rstd, C));
+        FSD_RUN_VEC_ROWS(rmsnorm_bwd_v, rows, C, (dx, acc, dy, x, w, rstd, C));
         rmsnorm_bwd_params_sums(true, dw, dy, x, rstd, rows, C);
     } else {
-        FSD_RUN_ROWS(rmsnorm_bwd, rows, (dx, acc, dy, x, w, rstd, C));
+        FSD_RUN_ROWS(rmsnorm_bwd, rows, C, (dx, acc, dy, x, w, rstd, C));
         rmsnorm_bwd_params_sums(false, dw, dy, x, rstd, rows, C);
     }
 #endif

@@ -50,7 +50,12 @@
  * FSD_ROW_KERNEL / FSD_ELEM_KERNEL / FSD_COL_KERNEL write the __global__
  * wrapper of a body under CUDA (nothing on the CPU); FSD_RUN_ROWS /
  * FSD_RUN_ELEMS / FSD_RUN_COLS, used in the launchers, start it: a launch
- * (checked) on the GPU, an OpenMP loop calling the body on the CPU. A body
+ * (checked) on the GPU, an OpenMP loop calling the body on the CPU. Rows
+ * and columns come with the elements each touches (FSD_RUN_ROWS(name,
+ * rows, width, args), FSD_RUN_COLS(name, cols, height, args)): the CPU runs
+ * a loop on the calling thread when rows × width (cols × height, or an elem
+ * loop's count) is below FSD_PAR_MIN_ELEMS (runtime/fsdrt.h,
+ * docs/performance.md#small-ops-on-one-thread); the GPU ignores it. A body
  * must not return early on some lanes only: every lane of a warp reaches
  * every warp reduction.
  *
@@ -192,7 +197,7 @@ static inline void fsd_launch_check(const char *kernel)
         for (int64_t fsd_row_ = fsd_warp_; fsd_row_ < fsd_rows_; fsd_row_ += fsd_warps_) \
             name##_row(fsd_row_, fsd_lane_, FSD_WARP, FSD_UNPAREN args);             \
     }
-#define FSD_RUN_ROWS(name, rows, args)                                                 \
+#define FSD_RUN_ROWS(name, rows, width, args)                                          \
     do {                                                                               \
         const int64_t fsd_rows_ = (rows);                                              \
         name##_kernel<<<fsd_blocks(fsd_rows_, FSD_ROW_THREADS / FSD_WARP),             \
@@ -224,7 +229,7 @@ static inline void fsd_launch_check(const char *kernel)
              fsd_j_ < fsd_cols_; fsd_j_ += fsd_stride_)                              \
             name##_cols(fsd_j_, fsd_j_ + 1, FSD_UNPAREN args);                       \
     }
-#define FSD_RUN_COLS(name, cols, args)                                                 \
+#define FSD_RUN_COLS(name, cols, height, args)                                         \
     do {                                                                               \
         const int64_t fsd_cols_ = (cols);                                              \
         name##_kernel<<<fsd_blocks(fsd_cols_, FSD_ELEM_THREADS), FSD_ELEM_THREADS, 0,  \
@@ -269,9 +274,9 @@ DEVICE void fsd_block_sync(void) { __syncthreads(); }
 #undef FSD_RUN_ELEMS
 #undef FSD_RUN_COLS
 #undef FSD_RUN_BLOCKS
-#define FSD_RUN_ROWS(name, rows, args) ((void)(rows))
+#define FSD_RUN_ROWS(name, rows, width, args) ((void)(rows))
 #define FSD_RUN_ELEMS(name, n, args) ((void)(n))
-#define FSD_RUN_COLS(name, cols, args) ((void)(cols))
+#define FSD_RUN_COLS(name, cols, height, args) ((void)(cols))
 #define FSD_RUN_BLOCKS(name, blocks, args) ((void)(blocks))
 #endif
 
@@ -410,25 +415,36 @@ static inline float fsd_expf(float x)
 #define FSD_ELEM_KERNEL(name, params, args)
 #define FSD_COL_KERNEL(name, params, args)
 
-#define FSD_RUN_ROWS(name, rows, args)                                        \
+/* The launchers' loops: a static schedule over the threads, or the calling
+ * thread alone when the work is small (fsd_par_: FSD_PAR_MIN_ELEMS,
+ * runtime/fsdrt.h). A row's `width` and a column's `height` are the
+ * elements it touches, the work measure; `parallel:` keeps FSD_RUN_ELEMS's
+ * simd when the region runs on one thread. */
+#define FSD_RUN_ROWS(name, rows, width, args)                                 \
     do {                                                                      \
         const int64_t fsd_rows_ = (rows);                                     \
-        _Pragma("omp parallel for schedule(static)")                          \
+        const bool fsd_par_ = fsd_rows_ * (int64_t)(width) >= FSD_PAR_MIN_ELEMS; \
+        (void)fsd_par_;                                                       \
+        _Pragma("omp parallel for schedule(static) if (fsd_par_)")            \
         for (int64_t fsd_row_ = 0; fsd_row_ < fsd_rows_; fsd_row_++)          \
             name##_row(fsd_row_, 0, 1, FSD_UNPAREN args);                     \
     } while (0)
 #define FSD_RUN_ELEMS(name, n, args)                                          \
     do {                                                                      \
         const int64_t fsd_n_ = (n);                                           \
-        _Pragma("omp parallel for simd schedule(static)")                     \
+        const bool fsd_par_ = fsd_n_ >= FSD_PAR_MIN_ELEMS;                    \
+        (void)fsd_par_;                                                       \
+        _Pragma("omp parallel for simd schedule(static) if (parallel : fsd_par_)") \
         for (int64_t fsd_i_ = 0; fsd_i_ < fsd_n_; fsd_i_++)                   \
             name##_elem(fsd_i_, FSD_UNPAREN args);                            \
     } while (0)
-#define FSD_RUN_COLS(name, cols, args)                                                   \
+#define FSD_RUN_COLS(name, cols, height, args)                                           \
     do {                                                                                 \
         const int64_t fsd_cols_ = (cols);                                                \
         const int64_t fsd_tiles_ = (fsd_cols_ + FSD_COL_TILE - 1) / FSD_COL_TILE;        \
-        _Pragma("omp parallel for schedule(static)")                                     \
+        const bool fsd_par_ = fsd_cols_ * (int64_t)(height) >= FSD_PAR_MIN_ELEMS;        \
+        (void)fsd_par_;                                                                  \
+        _Pragma("omp parallel for schedule(static) if (fsd_par_)")                       \
         for (int64_t fsd_t_ = 0; fsd_t_ < fsd_tiles_; fsd_t_++) {                        \
             int64_t fsd_j0_ = fsd_t_ * FSD_COL_TILE, fsd_j1_ = fsd_j0_ + FSD_COL_TILE;   \
             name##_cols(fsd_j0_, fsd_j1_ < fsd_cols_ ? fsd_j1_ : fsd_cols_, FSD_UNPAREN args); \
@@ -674,15 +690,15 @@ static inline bool fsd_al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
         FSD_VEC_LAUNCHED();                                \
         FSD_RUN_ELEMS(name, (n) / FSD_VEC, args);          \
     } while (0)
-#define FSD_RUN_VEC_ROWS(name, rows, args)                 \
+#define FSD_RUN_VEC_ROWS(name, rows, width, args)          \
     do {                                                   \
         FSD_VEC_LAUNCHED();                                \
-        FSD_RUN_ROWS(name, rows, args);                    \
+        FSD_RUN_ROWS(name, rows, width, args);             \
     } while (0)
 #else
 #define FSD_VEC_WHEN(cond) false
 #define FSD_RUN_VEC_ELEMS(name, n, args) ((void)0)
-#define FSD_RUN_VEC_ROWS(name, rows, args) ((void)0)
+#define FSD_RUN_VEC_ROWS(name, rows, width, args) ((void)0)
 #endif
 
 /* ── column reductions (the sum shape) ── */
@@ -854,7 +870,7 @@ static inline fsd_col_plan fsd_col_plan_of(int64_t rows, int64_t cols, bool acc,
 static inline void fsd_col_finish(fsd_col_plan p)
 {
     if (p.chunks > 1)
-        FSD_RUN_COLS(fsd_col_parts, p.nout * p.cols, (p));
+        FSD_RUN_COLS(fsd_col_parts, p.nout * p.cols, p.chunks, (p));
 }
 
 #else

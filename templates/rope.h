@@ -47,7 +47,7 @@ LAUNCHER void rope_fwd(act *y, const act *x, int64_t B, int64_t T, int64_t H, in
                        real theta)
 {
     rope_check("rope_fwd", y, x, B, T, H, hd, theta);
-    FSD_RUN_ROWS(rope, B * T * H, (y, false, x, T, H, hd, theta, (real)1));
+    FSD_RUN_ROWS(rope, B * T * H, hd, (y, false, x, T, H, hd, theta, (real)1));
 }
 
 /* rope_bwd: dx (+)= rotate(dy) by −angle. dx, dy [B, T, H·hd]. */
@@ -55,5 +55,5 @@ LAUNCHER void rope_bwd(act *dx, bool acc, const act *dy, int64_t B, int64_t T, i
                        int64_t hd, real theta)
 {
     rope_check("rope_bwd", dx, dy, B, T, H, hd, theta);
-    FSD_RUN_ROWS(rope, B * T * H, (dx, acc, dy, T, H, hd, theta, (real)-1));
+    FSD_RUN_ROWS(rope, B * T * H, hd, (dx, acc, dy, T, H, hd, theta, (real)-1));
 }

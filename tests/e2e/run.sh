@@ -19,6 +19,9 @@
 #      memory_budget fitted at world 4 refused at worlds 1 and 2;
 #   6. fusion: tiny, tiny_llama and tiny in bf16, compiled with and without
 #      fsdpc --no-fuse, train to the same losses and weights, bit for bit.
+#   7. small ops on one thread: tiny trains to the same losses and weights,
+#      bit for bit, at 1 and 2 threads and built with every OpenMP region
+#      parallel (FSD_PAR_MIN_ELEMS = FSD_PAR_MIN_MACS = 0).
 #
 # Trainers and the .fsd variants (made with sed) go to build/e2e/. Every
 # test prints one line; the last line is "N passed, N failed". Ranks share
@@ -362,6 +365,30 @@ for v in tiny tiny_llama tiny_bf16; do
         bad "fusion $v: fused and --no-fuse trainers' exported weights differ"
     else ok "fusion $v: fused and --no-fuse trainers give the same losses ($res) and weights, bit for bit"; fi
 done
+
+# ── 7. small ops on one thread: the same training bit for bit ──
+# Loops under FSD_PAR_MIN_ELEMS elements (FSD_PAR_MIN_MACS for attention)
+# run on the calling thread (runtime/fsdrt.h); they are static schedules
+# over independent rows and elements, so where they run must change no bit.
+# At micro-batch 8 tiny's elementwise ops (32K-131K elements) and its
+# attention (2.1M multiply-adds) are under the defaults and run on one
+# thread, its larger products split (runtime/cpu.c); the _allpar build
+# (thresholds 0) runs every region on both threads.
+if $MAKE --no-print-directory -s trainer FSD=examples/tiny.fsd TRAINER=$OUT/tiny_allpar \
+        TRAINER_FLAGS_cpu="-DFSD_PAR_MIN_ELEMS=0 -DFSD_PAR_MIN_MACS=0" >"$TMP/build.allpar" 2>&1; then
+    for run in tiny.1 tiny.2 tiny_allpar.2; do
+        OMP_NUM_THREADS=${run##*.} mp 1 $OUT/${run%.*}/train --data "$D" --steps 5 --micro-batch 8 \
+            --log "$TMP/par.$run.log" --export "$TMP/par.$run.st" --quiet >"$TMP/par.$run.out" 2>&1 ||
+            bad "small ops: ${run%.*} at ${run##*.} threads" "$TMP/par.$run.out"
+    done
+    for run in tiny.2 tiny_allpar.2; do
+        if ! res=$($CHECK losses "$TMP/par.tiny.1.log" "$TMP/par.$run.log" 0); then
+            bad "small ops: ${run%.*} at 2 threads and tiny at 1 thread: losses differ: $res"
+        elif ! cmp -s "$TMP/par.tiny.1.st" "$TMP/par.$run.st"; then
+            bad "small ops: ${run%.*} at 2 threads and tiny at 1 thread: exported weights differ"
+        else ok "small ops: ${run%.*} at 2 threads trains as tiny at 1 thread ($res), weights bit for bit"; fi
+    done
+else bad "small ops: make trainer with FSD_PAR_MIN_ELEMS=0 FSD_PAR_MIN_MACS=0" "$TMP/build.allpar"; fi
 
 echo "     (e2e took $(($(date +%s) - t0)) s)" >&2
 done_

@@ -153,9 +153,9 @@ static void run_copy(bool v)
 static void run_bias_add(bool v)
 {
     if (v)
-        FSD_RUN_VEC_ROWS(bias_add_v, R, (yf, xf, dyf, F));
+        FSD_RUN_VEC_ROWS(bias_add_v, R, F, (yf, xf, dyf, F));
     else
-        FSD_RUN_ROWS(bias_add, R, (yf, xf, dyf, F));
+        FSD_RUN_ROWS(bias_add, R, F, (yf, xf, dyf, F));
 }
 /* a column reduction's two passes (portable.h), pass 1 by the path asked */
 static void run_bias_bwd_c(bool v)
@@ -179,25 +179,25 @@ static void run_bias_bwd_f(bool v)
 static void run_ln_fwd(bool v)
 {
     if (v)
-        FSD_RUN_VEC_ROWS(layernorm_fwd_v, R, (yc, mean, rstd, xc, wc, biasc, C, (real)1e-5));
+        FSD_RUN_VEC_ROWS(layernorm_fwd_v, R, C, (yc, mean, rstd, xc, wc, biasc, C, (real)1e-5));
     else
-        FSD_RUN_ROWS(layernorm_fwd, R, (yc, mean, rstd, xc, wc, biasc, C, (real)1e-5));
+        FSD_RUN_ROWS(layernorm_fwd, R, C, (yc, mean, rstd, xc, wc, biasc, C, (real)1e-5));
 }
 static void run_add_ln(bool v)
 {
     if (v)
-        FSD_RUN_VEC_ROWS(add_layernorm_fwd_v, R,
+        FSD_RUN_VEC_ROWS(add_layernorm_fwd_v, R, C,
                          (sc, yc, mean, rstd, xc, dyc, wc, biasc, C, (real)1e-5, true));
     else
-        FSD_RUN_ROWS(add_layernorm_fwd, R, (sc, yc, mean, rstd, xc, dyc, wc, biasc, C, (real)1e-5));
+        FSD_RUN_ROWS(add_layernorm_fwd, R, C, (sc, yc, mean, rstd, xc, dyc, wc, biasc, C, (real)1e-5));
 }
 static void run_ln_bwd(bool v)
 {
     if (v) {
-        FSD_RUN_VEC_ROWS(layernorm_bwd_v, R, (dxc, false, dyc, xc, wc, mean, rstd, C));
+        FSD_RUN_VEC_ROWS(layernorm_bwd_v, R, C, (dxc, false, dyc, xc, wc, mean, rstd, C));
         layernorm_bwd_params_sums(true, dwc, dbc, dyc, xc, mean, rstd, R, C);
     } else {
-        FSD_RUN_ROWS(layernorm_bwd, R, (dxc, false, dyc, xc, wc, mean, rstd, C));
+        FSD_RUN_ROWS(layernorm_bwd, R, C, (dxc, false, dyc, xc, wc, mean, rstd, C));
         layernorm_bwd_params_sums(false, dwc, dbc, dyc, xc, mean, rstd, R, C);
     }
 }
@@ -208,17 +208,17 @@ static void run_ln_params(bool v)
 static void run_ce_lse(bool v)
 {
     if (v)
-        FSD_RUN_VEC_ROWS(cross_entropy_lse_v, R, (lse, logits, V));
+        FSD_RUN_VEC_ROWS(cross_entropy_lse_v, R, V, (lse, logits, V));
     else
-        FSD_RUN_ROWS(cross_entropy_lse, R, (lse, logits, V));
+        FSD_RUN_ROWS(cross_entropy_lse, R, V, (lse, logits, V));
 }
 static void run_ce_bwd(bool v)
 {
     const real scale = (real)(1.0 / (double)R);
     if (v)
-        FSD_RUN_VEC_ROWS(cross_entropy_bwd_v, R, (dlogits, false, logits, targets, lse, V, scale));
+        FSD_RUN_VEC_ROWS(cross_entropy_bwd_v, R, V, (dlogits, false, logits, targets, lse, V, scale));
     else
-        FSD_RUN_ROWS(cross_entropy_bwd, R, (dlogits, false, logits, targets, lse, V, scale));
+        FSD_RUN_ROWS(cross_entropy_bwd, R, V, (dlogits, false, logits, targets, lse, V, scale));
 }
 
 /* milliseconds a launch, over REPS launches after WARMUP */

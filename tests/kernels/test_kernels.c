@@ -1015,9 +1015,9 @@ static void tiled_vs_ref(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd
         attention_bwd(gt[0], acc, gt[1], acc, gt[2], acc, dout, q, k, v, out, lse, B, T, H, KV,
                       hd, causal);
         if (rows) {
-            FSD_RUN_ROWS(attention_bwd_dq, B * H * T,
+            FSD_RUN_ROWS(attention_bwd_dq, B * H * T, T * hd,
                          (gr[0], acc, dout, q, k, v, out, lse, T, H, KV, hd, causal));
-            FSD_RUN_ROWS(attention_bwd_dkv, B * KV * T,
+            FSD_RUN_ROWS(attention_bwd_dkv, B * KV * T, T * hd,
                          (gr[1], acc, gr[2], acc, dout, q, k, v, out, lse, T, H, KV, hd, causal));
         }
         SYNC();

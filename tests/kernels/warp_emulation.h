@@ -186,7 +186,7 @@ static inline void fsd_emu_team_check(int want)
 #define FSD_BLOCK_KERNEL(name, smem_reals, params, args) \
     static inline int64_t name##_smem_reals(void) { return (smem_reals); }
 
-#define FSD_RUN_ROWS(name, rows, args)                                          \
+#define FSD_RUN_ROWS(name, rows, width, args)                                   \
     do {                                                                        \
         const int64_t fsd_rows_ = (rows);                                       \
         omp_set_dynamic(0);                                                     \
@@ -226,7 +226,7 @@ static inline void fsd_emu_team_check(int want)
         for (int64_t fsd_i_ = 0; fsd_i_ < fsd_n_; fsd_i_++)                     \
             name##_elem(fsd_i_, FSD_UNPAREN args);                              \
     } while (0)
-#define FSD_RUN_COLS(name, cols, args)                                          \
+#define FSD_RUN_COLS(name, cols, height, args)                                  \
     do {                                                                        \
         const int64_t fsd_cols_ = (cols);                                       \
         _Pragma("omp parallel for schedule(static)")                            \
