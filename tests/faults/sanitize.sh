@@ -43,12 +43,22 @@ for m in $MODELS; do
 done
 ok "build: tiny and tiny_llama with RT_SAN=1 and without, no warnings"
 # the trainer and every object of the runtime are instrumented (a build that
-# quietly dropped the flags would pass every check below)
+# quietly dropped the flags would pass every check below): every object
+# calls ASan and was compiled with both sanitizers (its DWARF producer line
+# records the flags; an object with nothing UBSan checks, such as blas.c's
+# calls into oneDNN, calls no UBSan handler), and the library and the
+# trainers call UBSan's handlers
 # objects of LIB that call PREFIX (__asan_, __ubsan_)
 calling() { nm -A "$1" 2>/dev/null | grep -F " U $2" | cut -d: -f2 | sort -u | wc -l; }
+# objects of LIB compiled with -fsanitize=address,undefined
+flagged() {
+    readelf --debug-dump=info "$1" 2>/dev/null |
+        grep "DW_AT_producer" | grep -c -- "-fsanitize=address,undefined"
+}
 L=build/runtime-san/libfsdrt_cpu.a
-check "build: every object of $L and the trainers call ASan and UBSan" \
-    '[ "$(calling $L __asan_)" = "$(ar t $L | wc -l)" ] && [ "$(calling $L __ubsan_)" = "$(ar t $L | wc -l)" ] &&
+check "build: every object of $L calls ASan and was built with ASan and UBSan; it and the trainers call UBSan" \
+    '[ "$(calling $L __asan_)" = "$(ar t $L | wc -l)" ] && [ "$(flagged $L)" = "$(ar t $L | wc -l)" ] &&
+     [ "$(calling $L __ubsan_)" -gt 0 ] &&
      ( for m in $MODELS; do nm build/faults-san/$m/train | grep -q __ubsan_handle &&
          nm build/faults-san/$m/train | grep -q __asan_init || exit 1; done )'
 
