@@ -38,6 +38,18 @@ suite() {
     esac
 }
 
+# relay FILE: a test program's "ok ..." and "FAIL ..." lines, in FILE, as
+# this suite's checks; its other lines are left out.
+relay() {
+    local line
+    while IFS= read -r line; do
+        case "$line" in
+        "ok "*) line=${line#ok }; ok "${line#"${line%%[! ]*}"}" ;;
+        "FAIL "*) bad "${line#FAIL }" ;;
+        esac
+    done <"$1"
+}
+
 # check NAME CONDITION [LOG]: ok NAME when the shell condition holds, else
 # bad NAME (showing LOG).
 check() { if eval "$2"; then ok "$1"; else bad "$1" "${3:-}"; fi; }

@@ -39,12 +39,7 @@ mp() { local w=$1; shift; timeout 60 "${MPIRUN[@]}" -np "$w" "$@"; }
 for unit in test_arena test_half test_gemm; do
     build/runtime/$unit >"$TMP/unit" 2>&1
     st=$?
-    while read -r line; do
-        case "$line" in
-        "ok   "*) ok "${line#ok   }" ;;
-        "FAIL "*) bad "${line#FAIL }" ;;
-        esac
-    done <"$TMP/unit"
+    relay "$TMP/unit"
     grep -q " passed, 0 failed$" "$TMP/unit" && [ $st = 0 ] || bad "$unit: status $st" "$TMP/unit"
 done
 
@@ -53,12 +48,7 @@ done
 # too (so on 2 threads); the library this runtime was built with among them ──
 OMP_NUM_THREADS=2 tools/blas.sh check >"$TMP/blas" 2>&1
 st=$?
-while read -r line; do
-    case "$line" in
-    "ok "*) ok "${line#ok }" ;;
-    "FAIL "*) bad "${line#FAIL }" ;;
-    esac
-done <"$TMP/blas"
+relay "$TMP/blas"
 built=$(cut -d' ' -f1 build/runtime/blas.stamp 2>/dev/null)
 if [ $st = 0 ] && grep -q "^ok blas $built (" "$TMP/blas"; then
     ok "blas: the runtime's library ($built, build/runtime/blas.stamp) checked"
