@@ -57,15 +57,6 @@
 #define FSD_ATTN_INLINE static inline __attribute__((always_inline, unused))
 #define FSD_ATTN_CLONED LAUNCHER   /* not a launcher: the kernel's OpenMP region */
 
-/* C[M, N] = alpha·op(A)·op(B) + beta·C, row-major, one single-threaded
- * call from this worker (beta 0 never reads C) */
-FSD_ATTN_INLINE void fsd_attn_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, real alpha,
-                                   const real *A, int64_t lda, const real *B, int64_t ldb,
-                                   real beta, real *C, int64_t ldc)
-{
-    fsdrt_blas_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-}
-
 /* The products below run by slabs of at most FSD_ATTN_KC keys: OpenBLAS
  * (0.3.21, SkylakeX) takes small products through its small-matrix kernels
  * (64·128·64 multiply-adds did, 64·256·64 did not) and larger ones through
@@ -81,7 +72,7 @@ FSD_ATTN_INLINE void fsd_attn_scores(int64_t m, int64_t nk, int64_t hd, real alp
 {
     for (int64_t k0 = 0; k0 < nk; k0 += FSD_ATTN_KC) {
         int64_t kc = nk - k0 < FSD_ATTN_KC ? nk - k0 : FSD_ATTN_KC;
-        fsd_attn_gemm(false, false, m, kc, hd, alpha, A, hd, BT + k0, ldb, 0, S + k0, lds);
+        fsdrt_blas_gemm(false, false, m, kc, hd, alpha, A, hd, BT + k0, ldb, 0, S + k0, lds);
     }
 }
 
@@ -91,7 +82,7 @@ FSD_ATTN_INLINE void fsd_attn_apply(int64_t m, int64_t nk, int64_t hd, const rea
 {
     for (int64_t k0 = 0; k0 < nk; k0 += FSD_ATTN_KC) {
         int64_t kc = nk - k0 < FSD_ATTN_KC ? nk - k0 : FSD_ATTN_KC;
-        fsd_attn_gemm(false, false, m, hd, kc, 1, P + k0, ldp, X + k0 * hd, hd,
+        fsdrt_blas_gemm(false, false, m, hd, kc, 1, P + k0, ldp, X + k0 * hd, hd,
                       acc || k0 > 0 ? 1 : 0, C, ldc);
     }
 }
@@ -102,7 +93,7 @@ FSD_ATTN_INLINE void fsd_attn_apply_t(int64_t m, int64_t nk, int64_t hd, const r
 {
     for (int64_t k0 = 0; k0 < nk; k0 += FSD_ATTN_KC) {
         int64_t kc = nk - k0 < FSD_ATTN_KC ? nk - k0 : FSD_ATTN_KC;
-        fsd_attn_gemm(true, false, kc, hd, m, 1, P + k0, ldp, X, hd, 1, C + k0 * hd, hd);
+        fsdrt_blas_gemm(true, false, kc, hd, m, 1, P + k0, ldp, X, hd, 1, C + k0 * hd, hd);
     }
 }
 
