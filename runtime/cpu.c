@@ -808,7 +808,7 @@ void bk_wait_reduce(FsdRun *r, int g)
 
 /* Below this many multiply-adds a product runs on one thread: splitting
  * it costs more than it saves. */
-#define GEMM_SPLIT_MIN 4e6
+#define GEMM_SPLIT_MIN FSD_PAR_MIN_MACS   /* runtime/fsdrt.h */
 
 /* C[m, n] = beta·C (beta 0: 0, C unread): a product with K = 0. */
 static void scale_rows(real *C, int64_t m, int64_t n, int64_t ldc, real beta)

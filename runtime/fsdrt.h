@@ -62,8 +62,8 @@ typedef real act;
  * clauses in templates/portable.h's FSD_RUN_* and the templates' and
  * runtime's own regions). ELEMS counts the elements a loop of elementwise
  * or row work reads or writes (rows × width); MACS the multiply-adds of
- * attention's regions, the value of runtime/cpu.c's GEMM_SPLIT_MIN for the
- * products. The loops are static schedules over independent rows and
+ * attention's regions and, as runtime/cpu.c's GEMM_SPLIT_MIN, of the
+ * products split over the threads. The loops are static schedules over independent rows and
  * elements, so where they run changes no result bit (tests/e2e section 7).
  * 262144 was measured against 16K, 64K and 1M elements:
  * docs/performance.md#small-ops-on-one-thread. Defined before this header
