@@ -243,7 +243,7 @@ BLAS_LIBS_mkl    = $(firstword $(wildcard $(MKLROOT)/lib/libmkl_rt.so*)) -Wl,-rp
 RT_CFLAGS = $(RT_CFLAGS_BASE) $(BLAS_CFLAGS_$(BLAS))
 RT_LIBS   = -fopenmp -pthread $(BLAS_LIBS_$(BLAS)) -lm
 
-.PHONY: runtime runtime-tests rt-libs blas-bench FORCE
+.PHONY: runtime runtime-tests rt-libs blas-flags blas-bench FORCE
 runtime: $(RT)/libfsdrt_cpu.a $(RT)/libfsdrt_cpu64.a
 
 # blas.o is rebuilt when BLAS (or MKLROOT) changes: the stamp is rewritten
@@ -257,6 +257,10 @@ $(RT)/blas.stamp: FORCE
 $(RT)/obj/blas.o $(RT)/obj64/blas.o: $(RT)/blas.stamp
 rt-libs:
 	@echo "$(RT_LIBS)"
+# BLAS's own compile and link flags, "CFLAGS|LIBS" (tools/blas.sh builds its
+# benchmark with them)
+blas-flags:
+	@echo "$(BLAS_CFLAGS_$(BLAS))|$(BLAS_LIBS_$(BLAS))"
 # every library here checked, and timed on one thread (tools/blasbench.c)
 blas-bench: setup
 	@tools/blas.sh measure

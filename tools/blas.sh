@@ -70,18 +70,6 @@ wanted() {
     done
 }
 
-# flags LIB: compile and link flags for tools/blasbench.c against LIB
-flags() {
-    ob_c=$(pkg-config --cflags openblas 2>/dev/null || true)
-    ob_l=$(pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
-    case $1 in
-    openblas) echo "$ob_c|$ob_l" ;;
-    dnnl) echo "-DFSD_BLAS_DNNL|-ldnnl" ;;
-    mkl) rt=$(ls "$MKLROOT"/lib/libmkl_rt.so* | head -n 1)
-         echo "-DFSD_BLAS_MKL -I$MKLROOT/include|$rt -Wl,-rpath,$MKLROOT/lib" ;;
-    esac
-}
-
 # bench MODE: build and run tools/blasbench.c per library
 bench() {
     out=build/blas
@@ -92,7 +80,7 @@ bench() {
             echo "blas: $lib not here, skipped"
             continue
         fi
-        f=$(flags "$lib")
+        f=$(${MAKE:-make} -s --no-print-directory blas-flags BLAS="$lib")
         # shellcheck disable=SC2086  # flag lists
         if ! gcc -O2 -std=c11 -D_POSIX_C_SOURCE=200809L -Wall -Wextra -fopenmp -Iruntime ${f%%|*} -o "$out/blasbench_$lib" \
                 tools/blasbench.c runtime/blas.c ${f#*|} -lm 2>"$out/build_$lib.log"; then
