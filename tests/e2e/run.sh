@@ -342,6 +342,17 @@ if [ $st = 0 ] && res=$($CHECK losses "$TMP/sg.1.log" "$TMP/sg.4.log" 1e-5); the
     ok "small_group on 4 ranks (more than norm's 2 parameters) trains as on 1 rank: $res"
 else bad "small_group on 4 ranks vs 1: status $st ${res:-}" "$TMP/out"; fi
 
+# same_training WHAT A B: runs A and B (logs A.log, B.log, exported weights
+# A.st, B.st) trained alike: the same losses and weights, bit for bit
+same_training() {
+    local res
+    if ! res=$($CHECK losses "$2.log" "$3.log" 0); then
+        bad "$1: losses differ: $res"
+    elif ! cmp -s "$2.st" "$3.st"; then
+        bad "$1: exported weights differ"
+    else ok "$1: the same losses ($res) and weights, bit for bit"; fi
+}
+
 # ── 6. fusion: the same training bit for bit ──
 # fsdpc fuses add + norm and matmul_bias + gelu (compiler/fuse.c); on the
 # CPU the fused norm normalises the rounded sum an unfused one reads back,
@@ -359,11 +370,7 @@ for v in tiny tiny_llama tiny_bf16; do
         mp 2 $OUT/$t/train --data "$D" --steps 5 --micro-batch 2 --grad-accum 2 --log "$TMP/fuse.$t.log" \
             --export "$TMP/fuse.$t.st" --quiet >"$TMP/fuse.$t.out" 2>&1 || bad "fusion: $t on 2 ranks" "$TMP/fuse.$t.out"
     done
-    if ! res=$($CHECK losses "$TMP/fuse.${v}_nofuse.log" "$TMP/fuse.$v.log" 0); then
-        bad "fusion $v: fused and --no-fuse trainers' losses differ: $res"
-    elif ! cmp -s "$TMP/fuse.$v.st" "$TMP/fuse.${v}_nofuse.st"; then
-        bad "fusion $v: fused and --no-fuse trainers' exported weights differ"
-    else ok "fusion $v: fused and --no-fuse trainers give the same losses ($res) and weights, bit for bit"; fi
+    same_training "fusion $v: fused and --no-fuse trainers" "$TMP/fuse.${v}_nofuse" "$TMP/fuse.$v"
 done
 
 # ── 7. small ops on one thread: the same training bit for bit ──
@@ -382,11 +389,7 @@ if $MAKE --no-print-directory -s trainer FSD=examples/tiny.fsd TRAINER=$OUT/tiny
             bad "small ops: ${run%.*} at ${run##*.} threads" "$TMP/par.$run.out"
     done
     for run in tiny.2 tiny_allpar.2; do
-        if ! res=$($CHECK losses "$TMP/par.tiny.1.log" "$TMP/par.$run.log" 0); then
-            bad "small ops: ${run%.*} at 2 threads and tiny at 1 thread: losses differ: $res"
-        elif ! cmp -s "$TMP/par.tiny.1.st" "$TMP/par.$run.st"; then
-            bad "small ops: ${run%.*} at 2 threads and tiny at 1 thread: exported weights differ"
-        else ok "small ops: ${run%.*} at 2 threads trains as tiny at 1 thread ($res), weights bit for bit"; fi
+        same_training "small ops: ${run%.*} at 2 threads and tiny at 1 thread" "$TMP/par.tiny.1" "$TMP/par.$run"
     done
 else bad "small ops: make trainer with FSD_PAR_MIN_ELEMS=0 FSD_PAR_MIN_MACS=0" "$TMP/build.allpar"; fi
 
