@@ -132,6 +132,41 @@ DEVICE void add_same_v_elem(int64_t v, act *y, const act *a, const act *b)
 FSD_ELEM_KERNEL(add_same_v, (act *y, const act *a, const act *b), (y, a, b))
 #endif
 
+/* On the CPU a broadcast b (nb < n) runs by rows of nb elements, b read
+ * in step: the element kernels' i mod nb is an integer division per
+ * element, and stops the vectoriser (GPT's position add, 32k elements,
+ * took 70 us of tiny's 6.6 ms step). The GPU keeps a thread per element
+ * there: its row kernels give each row one warp, too few for B rows of
+ * T·C. */
+#if !defined(__CUDACC__) && !defined(FSD_WARP_EMULATION)
+#define FSD_BCAST_ROWS 1
+DEVICE void add_rows_row(int64_t r, int lane, int lanes, act *y, const act *a, const act *b,
+                         int64_t nb)
+{
+    FSD_SIMD
+    for (int64_t j = lane; j < nb; j += lanes)
+        y[r * nb + j] = fsd_narrow(fsd_wide(a[r * nb + j]) + fsd_wide(b[j]));
+}
+FSD_ROW_KERNEL(add_rows, (act *y, const act *a, const act *b, int64_t nb), (y, a, b, nb))
+DEVICE void mul_rows_row(int64_t r, int lane, int lanes, act *y, const act *a, const act *b,
+                         int64_t nb)
+{
+    FSD_SIMD
+    for (int64_t j = lane; j < nb; j += lanes)
+        y[r * nb + j] = fsd_narrow(fsd_wide(a[r * nb + j]) * fsd_wide(b[j]));
+}
+FSD_ROW_KERNEL(mul_rows, (act *y, const act *a, const act *b, int64_t nb), (y, a, b, nb))
+DEVICE void mul_bwd_a_rows_row(int64_t r, int lane, int lanes, act *da, bool acc,
+                               const act *dy, const act *b, int64_t nb)
+{
+    FSD_SIMD
+    for (int64_t j = lane; j < nb; j += lanes)
+        fsd_store(&da[r * nb + j], fsd_wide(dy[r * nb + j]) * fsd_wide(b[j]), acc);
+}
+FSD_ROW_KERNEL(mul_bwd_a_rows, (act *da, bool acc, const act *dy, const act *b, int64_t nb),
+               (da, acc, dy, b, nb))
+#endif
+
 /* add_fwd: y[i] = a[i] + b[i mod nb]; y, a [n], b [nb], n a multiple of
  * nb. y may be a (in place). Its backward is copy (or a pass-through) for
  * a, and reduce_to for a broadcast b. */
@@ -144,7 +179,11 @@ LAUNCHER void add_fwd(act *y, const act *a, const act *b, int64_t n, int64_t nb)
     else if (nb == n)
         FSD_RUN_ELEMS(add_same, n, (y, a, b));
     else
+#ifdef FSD_BCAST_ROWS
+        FSD_RUN_ROWS(add_rows, n / nb, nb, (y, a, b, nb));
+#else
         FSD_RUN_ELEMS(add_fwd, n, (y, a, b, nb));
+#endif
 }
 
 /* ── mul ── */
@@ -184,7 +223,11 @@ LAUNCHER void mul_fwd(act *y, const act *a, const act *b, int64_t n, int64_t nb)
     else if (nb == n)
         FSD_RUN_ELEMS(mul_same, n, (y, a, b));
     else
+#ifdef FSD_BCAST_ROWS
+        FSD_RUN_ROWS(mul_rows, n / nb, nb, (y, a, b, nb));
+#else
         FSD_RUN_ELEMS(mul_fwd, n, (y, a, b, nb));
+#endif
 }
 
 DEVICE void mul_bwd_a_elem(int64_t i, act *da, bool acc, const act *dy, const act *b,
@@ -319,7 +362,11 @@ LAUNCHER void mul_bwd(act *da, bool acc_a, act *db, bool acc_b, const act *dy,
     else if (nb == n)
         FSD_RUN_ELEMS(mul_bwd_a_same, n, (da, acc_a, dy, b));
     else
+#ifdef FSD_BCAST_ROWS
+        FSD_RUN_ROWS(mul_bwd_a_rows, n / nb, nb, (da, acc_a, dy, b, nb));
+#else
         FSD_RUN_ELEMS(mul_bwd_a, n, (da, acc_a, dy, b, nb));
+#endif
 }
 
 /* ── the Linear bias ── */
