@@ -114,3 +114,22 @@ def read_tokens(path):
     if 1024 + struct.calcsize(fmt) > len(blob):
         raise FormatError(f"{path} is truncated: its header says {count} tokens")
     return list(struct.unpack_from(fmt, blob, 1024))
+
+
+# ── training logs ──
+
+def read_log(path):
+    """A trainer's --log: one JSON object a line, a step each (blank lines
+    skipped); a line that is not JSON, or a log without steps, is a fault."""
+    steps = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                steps.append(json.loads(line))
+            except ValueError as e:
+                raise FormatError(f"{path}:{n}: not a JSON line ({e})")
+    if not steps:
+        raise FormatError(f"{path}: no steps logged")
+    return steps

@@ -16,20 +16,12 @@ import struct
 import sys
 
 sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # tests/fsdfiles.py
-from fsdfiles import FormatError, read_safetensors, write_safetensors
+from fsdfiles import FormatError, read_log, read_safetensors, write_safetensors
 
 
 def die(msg):
     print(msg)
     sys.exit(1)
-
-
-def read_log(path):
-    with open(path) as f:
-        steps = [json.loads(line) for line in f if line.strip()]
-    if not steps:
-        die(f"{path}: no steps logged")
-    return steps
 
 
 def rel(a, b):

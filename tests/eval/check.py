@@ -27,10 +27,8 @@ import os
 import sys
 import warnings
 
-
-def read_log(path):
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # tests/fsdfiles.py
+from fsdfiles import read_log  # noqa: E402
 
 
 def exact_vals(path):

@@ -20,20 +20,16 @@ against a straight one.
 Prints one line; exit status 0 when the check holds.
 """
 import json
+import os
 import sys
+
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # tests/fsdfiles.py
+from fsdfiles import read_log  # noqa: E402
 
 
 def die(msg):
     print(msg)
     sys.exit(1)
-
-
-def read_log(path):
-    with open(path) as f:
-        steps = [json.loads(line) for line in f if line.strip()]
-    if not steps:
-        die(f"{path}: no steps logged")
-    return steps
 
 
 KINDS = (("all_gather", "gather_bytes"), ("reduce_scatter", "reduce_bytes"),

@@ -34,7 +34,6 @@ errors) and ends with "N passed, N failed", like the other suites.
 import argparse
 import collections
 import copy
-import json
 import math
 import os
 import re
@@ -166,11 +165,6 @@ def write_safetensors(path, tensors):
 def read_tokens(path):
     """An llm.c token file's tokens (fsdfiles.read_tokens), as int64."""
     return np.asarray(fsdfiles.read_tokens(path), dtype=np.int64)
-
-
-def read_log(path):
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def num(v):
@@ -583,7 +577,7 @@ def train_reference(dump, init, tokens, world, steps, prec, lr=None):
 def run_case(label, dump_path, init_path, log_path, world, data_path, steps, prec, lr=None):
     with open(dump_path) as f:
         dump = f.read()
-    log = read_log(log_path)
+    log = fsdfiles.read_log(log_path)
     if len(log) != steps or [r["step"] for r in log] != list(range(steps)):
         return False, f"{label}: the log has {len(log)} steps, expected 0 … {steps - 1}"
     rows = train_reference(dump, read_safetensors(init_path), read_tokens(data_path), world,

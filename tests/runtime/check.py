@@ -14,7 +14,8 @@ import struct
 import sys
 
 sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # tests/fsdfiles.py
-from fsdfiles import FormatError, TOKEN_MAGIC, layout, read_safetensors, read_tokens, write_raw
+from fsdfiles import (FormatError, TOKEN_MAGIC, layout, read_log, read_safetensors, read_tokens,
+                      write_raw)
 
 
 def die(msg):
@@ -104,11 +105,6 @@ def cmd_weights(a, b, tol):
         diff = math.sqrt(sum((p - q) ** 2 for p, q in zip(x, y)))
         if diff > tol * norm:
             die(f"{name}: |a - b| = {diff:.3g} > {tol} x |a| = {tol * norm:.3g}")
-
-
-def read_log(path):
-    with open(path) as f:
-        return [json.loads(line) for line in f]
 
 
 def cmd_logs(a, b, tol):
