@@ -25,8 +25,9 @@ need_tools "checkpoint tests" mpicc mpirun python3
 # The trainers go to build/ckpt/, this suite's own: tests/all.sh runs suites
 # side by side, and another one's `make trainer` of tiny (build/tiny/cpu)
 # would relink the binary under this one's runs.
-# hf_qwen3: hf_qwen without its q, k, v biases, which Qwen3 has not
-sed 's/bias = qkv, //; s/model hf_qwen /model hf_qwen3 /' tests/ckpt/hf_qwen.fsd >"$TMP/hf_qwen3.fsd"
+# hf_qwen3: hf_qwen without its q, k, v biases (Qwen3's attention_bias puts
+# them on o too, or on none)
+sed 's/bias = qkv/bias = false/; s/model hf_qwen /model hf_qwen3 /' tests/ckpt/hf_qwen.fsd >"$TMP/hf_qwen3.fsd"
 for fsd in examples/tiny.fsd tests/ckpt/hf_gpt2.fsd tests/ckpt/hf_llama.fsd tests/ckpt/hf_qwen.fsd "$TMP/hf_qwen3.fsd"; do
     if ! $MAKE --no-print-directory -s trainer FSD=$fsd BACKEND=cpu TRAINER=build/ckpt/$(basename $fsd .fsd) \
             >"$TMP/build" 2>&1 ||

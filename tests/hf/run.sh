@@ -121,9 +121,11 @@ for kind in gpt2 llama llama_tb qwen2; do
 done
 
 # ── hand-written .fsd (tests/ckpt's), exported with their config.json ──
-# random weights (std 0.3, norms 1 ± 0.3: eps, theta or the activation
-# written wrong move the loss) put into the exported directory; the trainer
-# imports them and logs step 0's loss, which from_pretrained(DIR) must give
+# random weights (std 0.3, norms 1 ± 0.3) put into the exported directory;
+# the trainer imports them and logs step 0's loss, which from_pretrained(DIR)
+# must give to 5e-7 (fp32 throughout: ~1e-7 here): rope_theta 500000 for
+# 10000 moves it 2.5e-3, gelu for gelu_new 2.9e-5, and the eps 1e-5 for
+# 1e-6 (or back) 1.4e-6 (Llama) and 3.9e-6 (GPT-2)
 build/fsdata synth "$TMP/d32.bin" --tokens 4000 --vocab 32 >/dev/null
 for m in gpt2 llama; do
     [ $have_hf = 1 ] || break
@@ -135,7 +137,7 @@ for m in gpt2 llama; do
         mv "$TMP/rnd.st" "$E/model.safetensors" &&
         mp 1 $T --data "$TMP/d32.bin" --steps 1 --micro-batch 4 --grad-accum 1 --init-from "$E" \
             --hf-names $m --log "$TMP/hand_$m.json" --quiet >>"$TMP/v" 2>&1 &&
-        $HF loss "$E" "$TMP/d32.bin" 4 8 "$TMP/hand_$m.json" >>"$TMP/v" 2>&1
+        $HF loss "$E" "$TMP/d32.bin" 4 8 "$TMP/hand_$m.json" 5e-7 >>"$TMP/v" 2>&1
     st=$?
     check "hand-written $m (tests/ckpt/hf_$m.fsd): --export DIR --hf-names $m writes a config.json with which from_pretrained(DIR) gives the trainer's loss ($(tail -n 1 "$TMP/v"))" \
         '[ $st = 0 ]' "$TMP/v"
