@@ -216,7 +216,7 @@ else
   RT       := build/runtime
   RT_SANFLAGS :=
 endif
-RT_SRCS  := base.c blas.c common.c ranks.c cpu.c data.c weights.c safetensors.c arena.c json.c jsonout.c hfnames.c \
+RT_SRCS  := base.c blas.c common.c ranks.c cpu.c data.c weights.c safetensors.c arena.c json.c jsonout.c hfnames.c hfconfig.c \
             ckpt.c optim.c stop.c lr.c eval.c memory.c
 RT_HDRS  := runtime/fsdrt.h runtime/internal.h runtime/half.h runtime/json.h runtime/jsonout.h
 # -fno-math-errno: nothing reads errno after a math call, and without it a

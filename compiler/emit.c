@@ -48,6 +48,7 @@ typedef struct Emit {
     int *act;          /* by tensor id: arena index, -1 for params, inputs */
     int nacts;
     int nbuf[2];       /* buffer events of the one- and three-micro-batch steps */
+    int nlayers;       /* entries of layer_info[] (FsdLayerInfo) */
     const char **var;  /* by tensor id: the C local of an arena tensor */
     const char **pvar; /* by parameter index: its enumerator, P_... */
     const char **gvar; /* by group index: its enumerator, G_... */
@@ -117,7 +118,7 @@ static const char *runs_expr(const Tensor *t, int64_t C) { return count_expr(t, 
 static const char *const reserved[] = {
     /* the micro-batch function's own names, and train.cu's globals */
     "r", "B", "k", "micro", "act", "real", "OP", "step", "main", "model", "params", "groups",
-    "acts", "buf_one", "buf_three",
+    "acts", "layer_info", "buf_one", "buf_three",
     /* C and C++ keywords and the like */
     "auto", "bool", "break", "case", "catch", "char", "class", "const", "constexpr",
     "continue", "default", "delete", "do", "double", "else", "enum", "explicit", "export",
@@ -657,6 +658,54 @@ static void emit_tables(Emit *e)
     P("};\n\n");
 }
 
+/* The layers whose settings the parameter tables do not show (FsdLayerInfo:
+ * docs/checkpoint.md#the-config), depth first in declaration order: norms,
+ * attentions and MLPs; their own children (q, k, ..., q_norm) are theirs. */
+static void emit_layer_info(Emit *e, const Layer *L)
+{
+    static const char *const mlp_acts[] = {[ACT_GELU] = "FSD_MLP_GELU",
+                                           [ACT_RELU] = "FSD_MLP_RELU",
+                                           [ACT_SWIGLU] = "FSD_MLP_SWIGLU"};
+    switch (L->kind) {
+    case LK_BLOCK:
+    case LK_ARRAY:
+        for (int i = 0; i < L->nchildren; i++)
+            emit_layer_info(e, L->children[i]);
+        return;
+    case LK_LAYERNORM:
+    case LK_RMSNORM:
+        P("    {\"%s\", %s, 0, 0, false, 0, %.17g, FSD_MLP_GELU},\n", L->path,
+          L->kind == LK_LAYERNORM ? "FSD_LAYER_LAYERNORM" : "FSD_LAYER_RMSNORM", L->eps);
+        break;
+    case LK_ATTENTION:
+        P("    {\"%s\", FSD_LAYER_ATTENTION, %" PRId64 ", %" PRId64 ", %s, %.17g, %.17g, "
+          "FSD_MLP_GELU},\n",
+          L->path, L->heads, L->kv_heads, L->causal ? "true" : "false", L->rope_theta,
+          L->qk_norm ? L->eps : 0.0);
+        break;
+    case LK_MLP:
+        P("    {\"%s\", FSD_LAYER_MLP, 0, 0, false, 0, 0, %s},\n", L->path, mlp_acts[L->act]);
+        break;
+    default:
+        return;   /* Linear, Embedding: their shapes say all */
+    }
+    e->nlayers++;
+}
+
+static void emit_layer_table(Emit *e)
+{
+    e->nlayers = 0;
+    P("/* layers by what their shapes do not show, for --export's config.json "
+      "(docs/checkpoint.md#the-config):\n"
+      "   path, kind, heads, kv_heads, causal, rope_theta (0: none), eps (attention: "
+      "qk_norm's, 0: none), MLP activation */\n");
+    P("static const FsdLayerInfo layer_info[] = {\n");
+    emit_layer_info(e, e->m->root);
+    if (!e->nlayers)   /* an empty initializer is not C */
+        P("    {\"none\", FSD_LAYER_LAYERNORM, 0, 0, false, 0, 0, FSD_MLP_GELU},\n");
+    P("};\n\n");
+}
+
 /* The FsdModel initializer is positional, in FsdModel's field order, with
  * the field names in comments: designated initializers are C but not the
  * C++ nvcc compiles. */
@@ -713,6 +762,7 @@ static void emit_model(Emit *e, uint64_t hash)
       "replicate_auto (chosen by the planner for plan_world) */\n",
       c->replicate > 1 ? c->replicate : 1,
       c->replicate > 1 && c->replicate_auto ? "1" : "0");
+    P("    %d, layer_info,  /* nlayers, layers */\n", e->nlayers);
     P("};\n\n");
 }
 
@@ -936,6 +986,7 @@ static void write_program(FILE *out, Schedule *one, Schedule *three, Schedule *e
     emit_templates(e);
     P("/* ──── the model ──── */\n\n");
     emit_tables(e);
+    emit_layer_table(e);
     P("/* unsharded-buffer events of a step: the CUDA runtime sizes its pools by them,\n"
       " * and every runtime predicts its memory peak at its world */\n");
     emit_buffers(e, one, "buf_one", 0);

@@ -102,6 +102,23 @@ typedef struct FsdParamInfo {
     bool decay;              /* weight decay applies: 2 or more dimensions */
 } FsdParamInfo;
 
+/* A layer whose settings its parameters' shapes do not show (heads, eps,
+ * RoPE, the activation): what --export writes into a Hugging Face
+ * config.json (docs/checkpoint.md#the-config). One entry per norm,
+ * attention and MLP instance, in declaration order, depth first; each
+ * field belongs to the kinds its comment names and is 0 for the others. */
+typedef enum { FSD_LAYER_LAYERNORM, FSD_LAYER_RMSNORM, FSD_LAYER_ATTENTION, FSD_LAYER_MLP } FsdLayerKind;
+typedef enum { FSD_MLP_GELU, FSD_MLP_RELU, FSD_MLP_SWIGLU } FsdMlpAct;
+typedef struct FsdLayerInfo {
+    const char *path;        /* blocks.3.attn: its parameters are blocks.3.attn.* */
+    FsdLayerKind kind;
+    int64_t heads, kv_heads; /* Attention */
+    bool causal;             /* Attention */
+    double rope_theta;       /* Attention: 0, no RoPE */
+    double eps;              /* LayerNorm, RMSNorm; Attention: qk_norm's (0: no qk_norm) */
+    FsdMlpAct mlp_act;       /* MLP: gelu (the tanh form), relu or swiglu */
+} FsdLayerInfo;
+
 typedef struct FsdGroupInfo {
     const char *name;
     int64_t flat_numel;      /* aligned parameters end to end, before padding */
@@ -216,6 +233,10 @@ typedef struct FsdModel {
      * divides, notes a world other than plan_world and names plan_world
      * when it refuses one; 0: written in the .fsd. */
     int64_t replicate_auto;
+    /* The layer table above (FsdLayerInfo); 0 and NULL: the program has
+     * none, and --export writes no config.json. */
+    int nlayers;
+    const FsdLayerInfo *layers;
 } FsdModel;
 
 /* ── lifecycle ── */

@@ -601,6 +601,21 @@ static void build_hf(Builder *b, bool gpt2)
             refuse(b, "`%s` has no %s counterpart", m->params[p].name, b->fmt);
             return;
         }
+    /* what each layer was taken for, for config.json (hfconfig.c) */
+    WRoles *R = &b->L->roles;
+    snprintf(R->arr, sizeof R->arr, "%s", b->arr);
+    R->nblocks = b->nblocks;
+    snprintf(R->attn, sizeof R->attn, "%s", k.attn);
+    snprintf(R->mlp, sizeof R->mlp, "%s", k.mlp);
+    for (int i = 0; i < 2; i++)
+        snprintf(R->norm[i], sizeof R->norm[i], "%s", k.norm[i]);
+    snprintf(R->final_norm, sizeof R->final_norm, "%s", b->names[normw].local);
+    R->dim = C;
+    /* block 0's c_fc or gate_proj: rows = the MLP's hidden width (every
+     * block's was checked against its own) */
+    R->hidden = m->params[member(b, 0, k.mlp, k.swiglu ? "gate" : "fc", "weight", true)].shape[0];
+    R->positions = gpt2 ? m->params[second].shape[0] : 0;
+    R->untied_head = !gpt2 && second >= 0;
 }
 
 bool hf_layout(FsdRun *r, const char *names, WLayout *L)

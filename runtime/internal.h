@@ -153,6 +153,7 @@ struct FsdRun {
     const char *export_shard_flag;   /* --export-shard-size SIZE, as given (NULL: one file) */
     StDtype export_dtype;    /* what they say (weights_export_check) */
     int64_t export_shard_bytes;      /* 0: --export is one file; else a directory of shards */
+    bool export_config;      /* the directory gets config.json (hf_config_check) */
     double collective_timeout_s;   /* --collective-timeout; < 0: not given (the backend's default) */
     const char *on_nonfinite;   /* --on-nonfinite stop|skip (NULL: stop) */
     bool skip_nonfinite;     /* it says skip */
@@ -389,11 +390,26 @@ typedef struct WPlace {
     int64_t at;
 } WPlace;
 
+/* Which of the model's layers a Hugging Face layout took for what (the
+ * config.json hfconfig.c writes describes them): block n's layers are
+ * ARR.n.attn, ARR.n.mlp, ARR.n.norm[0] (before the attention) and
+ * ARR.n.norm[1] (before the MLP). */
+typedef struct WRoles {
+    char arr[128];           /* the block array: blocks, layers */
+    int nblocks;
+    char attn[256], mlp[256], norm[2][256];   /* within a block */
+    char final_norm[256];    /* at top level */
+    int64_t dim, hidden;     /* the width; the MLP's (block 0's c_fc, gate) */
+    int64_t positions;       /* GPT-2's wpe rows */
+    bool untied_head;        /* Llama's lm_head is a parameter of its own */
+} WRoles;
+
 typedef struct WLayout {
     const char *names;       /* NULL: fsdpc's own; "gpt2", "llama" */
     WTensor *tensors;        /* in the order a file written with it lists them */
     int ntensors;
     WPlace *place;           /* by parameter */
+    WRoles roles;            /* under --hf-names */
 } WLayout;
 
 /* The layout for --hf-names `names` (NULL: one tensor a parameter under its
@@ -401,6 +417,19 @@ typedef struct WLayout {
  * naming the parameter, and false returned. */
 bool hf_layout(FsdRun *r, const char *names, WLayout *out);
 void hf_layout_free(WLayout *l);
+
+/* ── hfconfig.c: the config.json of an --hf-names directory export ── */
+
+/* Rank 0, at start-up, for --export DIR --export-shard-size with
+ * --hf-names: when one Hugging Face config cannot describe the model (its
+ * blocks differ, or a layer has no place in it), a one-line warning naming
+ * the layer and the field, and export_config false: the export then
+ * writes the weights alone. */
+void hf_config_check(FsdRun *r);
+/* Rank 0, in a directory export, before the index: DIR/config.json
+ * (written beside it under a temporary name and renamed), unless
+ * export_config is false. False with rt_fail when it cannot be written. */
+bool hf_config_write(FsdRun *r, const WLayout *L, const char *dir);
 
 /* ── safetensors.c: the format, and a Hugging Face model directory ── */
 

@@ -383,7 +383,16 @@ bool weights_export_check(FsdRun *r)
                 r->export_dtype_flag ? "dtype" : "shard-size");
         return false;
     }
-    return r->rank != 0 || !r->export_path || export_path_ok(r, r->export_path, true);
+    r->export_config = false;
+    if (r->rank != 0 || !r->export_path)
+        return true;
+    if (!export_path_ok(r, r->export_path, true))
+        return false;
+    /* a model directory under HF's names gets its config.json, or a
+     * warning now saying why not (a single file has nowhere to put one) */
+    if (r->export_shard_bytes > 0 && r->hf_names)
+        hf_config_check(r);
+    return true;
 }
 
 void weights_export(FsdRun *r, const char *path)
@@ -482,7 +491,8 @@ void weights_export(FsdRun *r, const char *path)
             writing = false;
         }
     /* the temporary names keep a failed export from leaving partial files
-     * under the names asked for; the index goes last */
+     * under the names asked for; config.json (hfconfig.c) and the index go
+     * last */
     for (int f = 0; writing && f < plan.nfiles; f++)
         if (rename(tmp[f], final[f]) != 0) {
             rt_fail(r, "cannot rename %s to %s: %s", tmp[f], final[f], strerror(errno));
@@ -491,6 +501,8 @@ void weights_export(FsdRun *r, const char *path)
             free(tmp[f]);
             tmp[f] = NULL;
         }
+    if (writing && sharded)
+        writing = hf_config_write(r, &L, path);
     if (writing && sharded && plan.nfiles > 1) {
         char *index = path_join(path, "model.safetensors.index.json");
         char *itmp = path_join(path, ".model.safetensors.index.json.tmp");

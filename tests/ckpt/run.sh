@@ -4,7 +4,9 @@
 # safety under SIGKILL, checksums, every refusal, keep = N, and safetensors
 # with --hf-names gpt2 / llama (and llama's names for Qwen2's and Qwen3's
 # attention) checked by a Python reader and a transformers-style forward
-# written out in Python (check_hf.py).
+# written out in Python (check_hf.py); the config.json of a directory export
+# under those names, field by field (GPT-2, Llama, Qwen3), and the warning
+# for a model no config describes (Qwen2's biases with Qwen3's qk_norm).
 #
 # Trainers are built with `make trainer` (examples/tiny.fsd, GPT-2 shaped,
 # and two very small models in this folder). Every check prints one line;
@@ -23,7 +25,10 @@ need_tools "checkpoint tests" mpicc mpirun python3
 # The trainers go to build/ckpt/, this suite's own: tests/all.sh runs suites
 # side by side, and another one's `make trainer` of tiny (build/tiny/cpu)
 # would relink the binary under this one's runs.
-for fsd in examples/tiny.fsd tests/ckpt/hf_gpt2.fsd tests/ckpt/hf_llama.fsd tests/ckpt/hf_qwen.fsd; do
+# hf_qwen3: hf_qwen without its q, k, v biases (Qwen3's attention_bias puts
+# them on o too, or on none)
+sed 's/bias = qkv/bias = false/; s/model hf_qwen /model hf_qwen3 /' tests/ckpt/hf_qwen.fsd >"$TMP/hf_qwen3.fsd"
+for fsd in examples/tiny.fsd tests/ckpt/hf_gpt2.fsd tests/ckpt/hf_llama.fsd tests/ckpt/hf_qwen.fsd "$TMP/hf_qwen3.fsd"; do
     if ! $MAKE --no-print-directory -s trainer FSD=$fsd BACKEND=cpu TRAINER=build/ckpt/$(basename $fsd .fsd) \
             >"$TMP/build" 2>&1 ||
         grep -q "warning:" "$TMP/build"; then
@@ -31,7 +36,7 @@ for fsd in examples/tiny.fsd tests/ckpt/hf_gpt2.fsd tests/ckpt/hf_llama.fsd test
         done_
     fi
 done
-ok "build: trainers for tiny, hf_gpt2, hf_llama, hf_qwen without warnings"
+ok "build: trainers for tiny, hf_gpt2, hf_llama, hf_qwen, hf_qwen3 without warnings"
 
 TINY=build/ckpt/tiny/train
 HFG=build/ckpt/hf_gpt2/train
@@ -247,6 +252,44 @@ done
 mp 2 $HFL --steps 0 --init-from "$TMP/llama.hf.st" --hf-names llama --export "$TMP/llama.back.st" --quiet >"$TMP/out" 2>&1
 check "--hf-names llama: round trip: imported (2 ranks) and exported again, byte for byte the same" \
     'cmp -s "$TMP/llama.hf.st" "$TMP/llama.back.st"' "$TMP/out"
+# ── config.json beside a directory export (docs/checkpoint.md#the-config) ──
+# each field from the .fsd (hf_gpt2: dim 16, 2 heads, MLP 64, LayerNorm eps
+# 1e-5; hf_llama: 4 heads, 2 kv heads, RoPE 10000, RMSNorm eps 1e-6, an
+# untied head; hf_qwen3: qk_norm), the dtype from --export-dtype
+CFG="python3 tests/hf/config.py"
+# cfg NAME TRAINER NAMES DTYPE KEY=JSON...: a directory export's config.json
+cfg() {
+    local name=$1 t=$2 names=$3 dt=$4
+    shift 4
+    rm -rf "$TMP/cfg"
+    mp 2 $t --steps 0 --export "$TMP/cfg" --export-shard-size 1GB --export-dtype $dt --hf-names $names \
+        --quiet >"$TMP/out" 2>&1 && $CFG expect "$TMP/cfg/config.json" "$@" >"$TMP/v" 2>&1
+    local st=$?
+    cat "$TMP/out" >>"$TMP/v"
+    check "config.json: $name ($(head -n 1 "$TMP/v"))" '[ $st = 0 ] && [ ! -s "$TMP/out" ]' "$TMP/v"
+}
+cfg "hf_gpt2 as GPT2LMHeadModel, tanh gelu as gelu_new, no dropout" $HFG gpt2 fp32 \
+    'architectures=["GPT2LMHeadModel"]' 'model_type="gpt2"' vocab_size=32 n_positions=8 n_embd=16 \
+    n_layer=2 n_head=2 n_inner=64 'activation_function="gelu_new"' layer_norm_epsilon=1e-05 \
+    tie_word_embeddings=true resid_pdrop=0.0 embd_pdrop=0.0 attn_pdrop=0.0 'torch_dtype="float32"'
+cfg "hf_llama as LlamaForCausalLM, untied, bf16" $HFL llama bf16 \
+    'architectures=["LlamaForCausalLM"]' 'model_type="llama"' vocab_size=32 hidden_size=16 \
+    intermediate_size=24 num_hidden_layers=2 num_attention_heads=4 num_key_value_heads=2 \
+    'hidden_act="silu"' rms_norm_eps=1e-06 rope_theta=10000.0 rope_scaling=null max_position_embeddings=8 \
+    tie_word_embeddings=false attention_bias=false mlp_bias=false 'torch_dtype="bfloat16"'
+cfg "hf_qwen3 (qk_norm) as Qwen3ForCausalLM with its head_dim, fp16" build/ckpt/hf_qwen3/train llama fp16 \
+    'architectures=["Qwen3ForCausalLM"]' 'model_type="qwen3"' hidden_size=16 num_attention_heads=4 \
+    num_key_value_heads=2 head_dim=4 rms_norm_eps=1e-06 attention_bias=false use_sliding_window=false \
+    tie_word_embeddings=false 'torch_dtype="float16"'
+# hf_qwen: q, k, v biases (Qwen2's) and qk_norm (Qwen3's): no model has both
+rm -rf "$TMP/cfg"
+mp 2 build/ckpt/hf_qwen/train --steps 0 --export "$TMP/cfg" --export-shard-size 1GB --hf-names llama \
+    --quiet >"$TMP/out" 2>&1
+st=$?
+check "config.json: hf_qwen (bias = qkv and qk_norm) gets its weights alone, and one warning naming the layer" \
+    '[ $st = 0 ] && [ -f "$TMP/cfg/model.safetensors" ] && [ ! -e "$TMP/cfg/config.json" ] &&
+     [ "$(grep -c warning "$TMP/out")" = 1 ] &&
+     grep -qF -- "train: warning: --export $TMP/cfg gets the weights without config.json: \`layers.0.attn\` has biases on q, k and v alone (bias = qkv) and qk_norm: Qwen2 has no qk_norm, and Qwen3'"'"'s attention_bias is on q, k, v and o alike" "$TMP/out"' "$TMP/out"
 refuse "--hf-names llama for a GPT-2-shaped model names what does not fit" \
     "--hf-names llama: \`blocks.0.mlp\` is a gelu/relu MLP (fc, proj); Llama's MLP is gate, up, down" \
     $TINY --steps 0 --export "$TMP/x.st" --hf-names llama

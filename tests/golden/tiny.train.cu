@@ -234,6 +234,20 @@ static const FsdActInfo acts[67] = {
     {"d.pos.out", 0, 4096, 76, 77, false},
 };
 
+/* layers by what their shapes do not show, for --export's config.json (docs/checkpoint.md#the-config):
+   path, kind, heads, kv_heads, causal, rope_theta (0: none), eps (attention: qk_norm's, 0: none), MLP activation */
+static const FsdLayerInfo layer_info[] = {
+    {"blocks.0.ln1", FSD_LAYER_LAYERNORM, 0, 0, false, 0, 1.0000000000000001e-05, FSD_MLP_GELU},
+    {"blocks.0.attn", FSD_LAYER_ATTENTION, 4, 4, true, 0, 0, FSD_MLP_GELU},
+    {"blocks.0.ln2", FSD_LAYER_LAYERNORM, 0, 0, false, 0, 1.0000000000000001e-05, FSD_MLP_GELU},
+    {"blocks.0.mlp", FSD_LAYER_MLP, 0, 0, false, 0, 0, FSD_MLP_GELU},
+    {"blocks.1.ln1", FSD_LAYER_LAYERNORM, 0, 0, false, 0, 1.0000000000000001e-05, FSD_MLP_GELU},
+    {"blocks.1.attn", FSD_LAYER_ATTENTION, 4, 4, true, 0, 0, FSD_MLP_GELU},
+    {"blocks.1.ln2", FSD_LAYER_LAYERNORM, 0, 0, false, 0, 1.0000000000000001e-05, FSD_MLP_GELU},
+    {"blocks.1.mlp", FSD_LAYER_MLP, 0, 0, false, 0, 0, FSD_MLP_GELU},
+    {"ln_f", FSD_LAYER_LAYERNORM, 0, 0, false, 0, 1.0000000000000001e-05, FSD_MLP_GELU},
+};
+
 /* unsharded-buffer events of a step: the CUDA runtime sizes its pools by them,
  * and every runtime predicts its memory peak at its world */
 static const FsdBufEvent buf_one[22] = {
@@ -291,6 +305,7 @@ static const FsdModel model = {
     eval_forward,  /* eval */
     8, 3695360, 0,  /* plan_world, plan_peak_bytes, memory_budget_bytes */
     1, 0,  /* replicate (replicas of world / replicate ranks), replicate_auto (chosen by the planner for plan_world) */
+    9, layer_info,  /* nlayers, layers */
 };
 
 /* ──── the schedule ──── */

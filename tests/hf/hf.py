@@ -20,7 +20,7 @@ makes (run with .venv/bin/python, tools/venv.sh):
         targets) against the loss LOG.json's step 0 logged: the relative
         difference is printed and must be at most BOUND (default 2e-6).
     hf.py same ORIG EXPORT
-        EXPORT (fsdpc's --export DIR, with ORIG's config.json copied in)
+        EXPORT (fsdpc's --export DIR, with the config.json it wrote)
         loads with from_pretrained, and every tensor of it equals ORIG's bit
         for bit, in ORIG's dtype (BF16, or F16); and EXPORT's files are ORIG's: the same shard
         names and the same index text as save_pretrained wrote.

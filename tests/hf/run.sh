@@ -8,8 +8,13 @@
 # 2 ranks and logs the loss transformers computes for the same batch in fp32
 # (the weights are exact, so to ~1e-7), and exports it (--steps 0
 # --export-dtype bf16 --export-shard-size) as a directory that
-# from_pretrained loads, every tensor bit for bit the original's, with
-# save_pretrained's file names and index text. A third model, a Llama with
+# from_pretrained loads through the config.json the export writes (which
+# says what transformers' own config says on every field that defines the
+# model: tests/hf/config.py), every tensor bit for bit the original's, with
+# save_pretrained's file names and index text. Hand-written .fsd files
+# (tests/ckpt/hf_gpt2.fsd, hf_llama.fsd), exported as directories with
+# their config.json and given random weights, load with from_pretrained and
+# give the trainer's loss. A third model, a Llama with
 # a tied head and biases in F16, is checked on 1 rank; a fourth, a Qwen2
 # (biases on q, k and v alone, a tied head; --from-hf writes bias = qkv,
 # --hf-names llama names its tensors), on 1 and 2. Then the refusals, each
@@ -19,7 +24,8 @@
 # The transformers checks need .venv (tools/venv.sh, which tools/setup.sh
 # runs: transformers, safetensors and tokenizers from PyPI beside Debian's
 # python3-torch); without it they are skipped, saying why, and the refusals
-# run on directories the trainer exports itself. Every check prints one
+# run on directories the trainer exports itself (whose config.json is still
+# held to tests/hf/*.json). Every check prints one
 # line; the last line is "N passed, N failed".
 set -u
 cd "$(dirname "$0")/../.."
@@ -35,6 +41,7 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 mp() { local w=$1; shift; timeout 120 "${MPIRUN[@]}" -np "$w" "$@"; }
 PY=.venv/bin/python
 HF="$PY tests/hf/hf.py"
+CFG="python3 tests/hf/config.py"
 have_hf=1
 if ! tools/venv.sh --check; then
     have_hf=0
@@ -77,6 +84,10 @@ for kind in gpt2 llama llama_tb qwen2; do
         # a directory like the one transformers writes, from the trainer's own initialisation
         mp 1 $T --steps 0 --export "$D" --export-dtype bf16 --export-shard-size 20KB --hf-names $names \
             --quiet >"$TMP/out" 2>&1 || bad "$kind: the trainer exports a BF16 directory" "$TMP/out"
+        $CFG agree "$cfg" "$D/config.json" 8 >"$TMP/v" 2>&1
+        st=$?
+        check "$kind: the export's config.json says what $cfg says: $(tail -n 1 "$TMP/v")" \
+            '[ $st = 0 ]' "$TMP/v"
         continue
     fi
     size=$(cat "$TMP/$kind.size")
@@ -98,12 +109,38 @@ for kind in gpt2 llama llama_tb qwen2; do
     for w in $ranks; do
         E=$TMP/$kind.export$w
         mp $w $T --steps 0 --init-from "$D" --hf-names $names --export "$E" --export-dtype $edt \
-            --export-shard-size $size --quiet >"$TMP/out" 2>&1 && cp "$D/config.json" "$E/" &&
-            $HF same "$D" "$E" >"$TMP/v" 2>&1
+            --export-shard-size $size --quiet >"$TMP/out" 2>&1 && $HF same "$D" "$E" >"$TMP/v" 2>&1
         st=$?
-        check "$kind: --steps 0 --export DIR --export-dtype $edt --export-shard-size $size on $w rank(s): from_pretrained loads it; $(tail -n 1 "$TMP/v"), save_pretrained's file names and index" \
+        check "$kind: --steps 0 --export DIR --export-dtype $edt --export-shard-size $size on $w rank(s): from_pretrained loads it with the config.json written beside it; $(tail -n 1 "$TMP/v"), save_pretrained's file names and index" \
             '[ $st = 0 ]' "$TMP/v"
     done
+    $CFG agree "$D/config.json" "$E/config.json" 8 >"$TMP/v" 2>&1
+    st=$?
+    check "$kind: the export's config.json says what transformers' own says: $(tail -n 1 "$TMP/v")" \
+        '[ $st = 0 ]' "$TMP/v"
+done
+
+# ── hand-written .fsd (tests/ckpt's), exported with their config.json ──
+# random weights (std 0.3, norms 1 ± 0.3) put into the exported directory;
+# the trainer imports them and logs step 0's loss, which from_pretrained(DIR)
+# must give to 5e-7 (fp32 throughout: ~1e-7 here): rope_theta 500000 for
+# 10000 moves it 2.5e-3, gelu for gelu_new 2.9e-5, and the eps 1e-5 for
+# 1e-6 (or back) 1.4e-6 (Llama) and 3.9e-6 (GPT-2)
+build/fsdata synth "$TMP/d32.bin" --tokens 4000 --vocab 32 >/dev/null
+for m in gpt2 llama; do
+    [ $have_hf = 1 ] || break
+    build_trainer "hand-written $m: make trainer FSD=tests/ckpt/hf_$m.fsd" \
+        trainer FSD=tests/ckpt/hf_$m.fsd TRAINER=build/hf/hand_$m || continue
+    T=build/hf/hand_$m/train E=$TMP/hand_$m
+    mp 1 $T --steps 0 --export "$E" --export-shard-size 1GB --hf-names $m --quiet >"$TMP/v" 2>&1 &&
+        python3 tests/ckpt/check_hf.py randomize "$E/model.safetensors" "$TMP/rnd.st" 7 >>"$TMP/v" 2>&1 &&
+        mv "$TMP/rnd.st" "$E/model.safetensors" &&
+        mp 1 $T --data "$TMP/d32.bin" --steps 1 --micro-batch 4 --grad-accum 1 --init-from "$E" \
+            --hf-names $m --log "$TMP/hand_$m.json" --quiet >>"$TMP/v" 2>&1 &&
+        $HF loss "$E" "$TMP/d32.bin" 4 8 "$TMP/hand_$m.json" 5e-7 >>"$TMP/v" 2>&1
+    st=$?
+    check "hand-written $m (tests/ckpt/hf_$m.fsd): --export DIR --hf-names $m writes a config.json with which from_pretrained(DIR) gives the trainer's loss ($(tail -n 1 "$TMP/v"))" \
+        '[ $st = 0 ]' "$TMP/v"
 done
 
 # ── refusals: 2 ranks, status 1, the message on both, nothing trained ──
