@@ -132,6 +132,17 @@ DEVICE void add_same_v_elem(int64_t v, act *y, const act *a, const act *b)
 FSD_ELEM_KERNEL(add_same_v, (act *y, const act *a, const act *b), (y, a, b))
 #endif
 
+/* one row: y[r, :] = x[r, :] + b, lanes strided over the columns: the
+ * Linear bias's (bias_add_fwd), and add_fwd's broadcast on the CPU */
+DEVICE void bias_add_row(int64_t row, int lane, int lanes, act *y, const act *x, const act *b,
+                         int64_t C)
+{
+    FSD_SIMD
+    for (int64_t j = lane; j < C; j += lanes)
+        y[row * C + j] = fsd_narrow(fsd_wide(x[row * C + j]) + fsd_wide(b[j]));
+}
+FSD_ROW_KERNEL(bias_add, (act *y, const act *x, const act *b, int64_t C), (y, x, b, C))
+
 /* On the CPU a broadcast b (nb < n) runs by rows of nb elements, b read
  * in step: the element kernels' i mod nb is an integer division per
  * element, and stops the vectoriser (GPT's position add, 32k elements,
@@ -140,14 +151,6 @@ FSD_ELEM_KERNEL(add_same_v, (act *y, const act *a, const act *b), (y, a, b))
  * T·C. */
 #if !defined(__CUDACC__) && !defined(FSD_WARP_EMULATION)
 #define FSD_BCAST_ROWS 1
-DEVICE void add_rows_row(int64_t r, int lane, int lanes, act *y, const act *a, const act *b,
-                         int64_t nb)
-{
-    FSD_SIMD
-    for (int64_t j = lane; j < nb; j += lanes)
-        y[r * nb + j] = fsd_narrow(fsd_wide(a[r * nb + j]) + fsd_wide(b[j]));
-}
-FSD_ROW_KERNEL(add_rows, (act *y, const act *a, const act *b, int64_t nb), (y, a, b, nb))
 DEVICE void mul_rows_row(int64_t r, int lane, int lanes, act *y, const act *a, const act *b,
                          int64_t nb)
 {
@@ -180,7 +183,7 @@ LAUNCHER void add_fwd(act *y, const act *a, const act *b, int64_t n, int64_t nb)
         FSD_RUN_ELEMS(add_same, n, (y, a, b));
     else
 #ifdef FSD_BCAST_ROWS
-        FSD_RUN_ROWS(add_rows, n / nb, nb, (y, a, b, nb));
+        FSD_RUN_ROWS(bias_add, n / nb, nb, (y, a, b, nb));
 #else
         FSD_RUN_ELEMS(add_fwd, n, (y, a, b, nb));
 #endif
@@ -370,17 +373,6 @@ LAUNCHER void mul_bwd(act *da, bool acc_a, act *db, bool acc_b, const act *dy,
 }
 
 /* ── the Linear bias ── */
-
-/* one row: y[r, :] = x[r, :] + b, lanes strided over the columns (no
- * division per element, as add_fwd's broadcast index would take) */
-DEVICE void bias_add_row(int64_t row, int lane, int lanes, act *y, const act *x, const act *b,
-                         int64_t C)
-{
-    FSD_SIMD
-    for (int64_t j = lane; j < C; j += lanes)
-        y[row * C + j] = fsd_narrow(fsd_wide(x[row * C + j]) + fsd_wide(b[j]));
-}
-FSD_ROW_KERNEL(bias_add, (act *y, const act *x, const act *b, int64_t C), (y, x, b, C))
 
 #ifdef FSD_VEC
 /* the same, each lane on FSD_VEC columns at a time */
