@@ -34,11 +34,9 @@
  */
 #include "internal.h"
 
-#include <errno.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 /* ── the keys, composed then written sorted ── */
 
@@ -387,31 +385,9 @@ void hf_config_check(FsdRun *r)
     hf_layout_free(&L);
 }
 
-bool hf_config_write(FsdRun *r, const WLayout *L, const char *dir)
+bool hf_config_put(FILE *f, FsdRun *r, const WLayout *L)
 {
     Desc d;
     Config c;
-    if (!r->export_config || !describe(r, L, &d, &c))
-        return true;   /* hf_config_check said why, at start-up */
-    const size_t n = strlen(dir) + 64;
-    char *path = malloc(n), *tmp = malloc(n);
-    bool ok = path && tmp;
-    if (!ok) {
-        rt_fail(r, "out of memory");
-    } else {
-        snprintf(path, n, "%s/config.json", dir);
-        snprintf(tmp, n, "%s/.config.json.tmp.%ld", dir, (long)getpid());
-        FILE *f = fopen(tmp, "w");
-        ok = f && write_config(f, &c);
-        if (f && fclose(f) != 0)
-            ok = false;
-        if (!ok || rename(tmp, path) != 0) {
-            rt_fail(r, "cannot write %s: %s", ok ? path : tmp, strerror(errno));
-            remove(tmp);
-            ok = false;
-        }
-    }
-    free(path);
-    free(tmp);
-    return ok;
+    return describe(r, L, &d, &c) && write_config(f, &c);
 }

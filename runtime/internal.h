@@ -426,10 +426,10 @@ void hf_layout_free(WLayout *l);
  * the layer and the field, and export_config false: the export then
  * writes the weights alone. */
 void hf_config_check(FsdRun *r);
-/* Rank 0, in a directory export, before the index: DIR/config.json
- * (written beside it under a temporary name and renamed), unless
- * export_config is false. False with rt_fail when it cannot be written. */
-bool hf_config_write(FsdRun *r, const WLayout *L, const char *dir);
+/* The config.json of r's model under L (hf_config_check found it
+ * describable) into f: false when f fails. weights.c writes it, in a
+ * directory export before the index. */
+bool hf_config_put(FILE *f, FsdRun *r, const WLayout *L);
 
 /* ── safetensors.c: the format, and a Hugging Face model directory ── */
 

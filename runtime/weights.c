@@ -395,6 +395,49 @@ bool weights_export_check(FsdRun *r)
     return true;
 }
 
+/* What a directory export's JSON files are written from */
+typedef struct ExportFiles {
+    FsdRun *r;
+    const WLayout *L;
+    const StPlan *plan;
+} ExportFiles;
+
+static bool put_config(FILE *f, const void *x)
+{
+    const ExportFiles *e = x;
+    return hf_config_put(f, e->r, e->L);
+}
+
+static bool put_index(FILE *f, const void *x)
+{
+    const ExportFiles *e = x;
+    return st_write_index(f, e->L, e->plan);
+}
+
+/* DIR/name as put writes it, under .name.tmp beside it and renamed when
+ * complete, so a failure never leaves a partial file under the name;
+ * false with rt_fail. */
+static bool write_dir_file(FsdRun *r, const char *dir, const char *name,
+                           bool (*put)(FILE *, const void *), const void *x)
+{
+    char tmpname[128];
+    snprintf(tmpname, sizeof tmpname, ".%s.tmp", name);
+    char *final = path_join(dir, name), *tmp = path_join(dir, tmpname);
+    FILE *f = final && tmp ? fopen(tmp, "w") : NULL;
+    bool ok = f && put(f, x);
+    if (f && fclose(f) != 0)
+        ok = false;
+    if (!ok || rename(tmp, final) != 0) {
+        rt_fail(r, "cannot write %s: %s", final ? final : dir, strerror(errno));
+        if (tmp)
+            remove(tmp);
+        ok = false;
+    }
+    free(final);
+    free(tmp);
+    return ok;
+}
+
 void weights_export(FsdRun *r, const char *path)
 {
     const FsdModel *m = r->m;
@@ -501,24 +544,11 @@ void weights_export(FsdRun *r, const char *path)
             free(tmp[f]);
             tmp[f] = NULL;
         }
-    if (writing && sharded)
-        writing = hf_config_write(r, &L, path);
-    if (writing && sharded && plan.nfiles > 1) {
-        char *index = path_join(path, "model.safetensors.index.json");
-        char *itmp = path_join(path, ".model.safetensors.index.json.tmp");
-        FILE *f = index && itmp ? fopen(itmp, "w") : NULL;
-        bool ok = f && st_write_index(f, &L, &plan);
-        if (f && fclose(f) != 0)
-            ok = false;
-        if (!ok || rename(itmp, index) != 0) {
-            rt_fail(r, "cannot write %s: %s", index ? index : path, strerror(errno));
-            writing = false;
-            if (itmp)
-                remove(itmp);
-        }
-        free(index);
-        free(itmp);
-    }
+    const ExportFiles x = {r, &L, &plan};
+    if (writing && sharded && r->export_config)
+        writing = write_dir_file(r, path, "config.json", put_config, &x);
+    if (writing && sharded && plan.nfiles > 1)
+        writing = write_dir_file(r, path, "model.safetensors.index.json", put_index, &x);
     if (writing && sharded)
         remove_stale(r, path, &plan);
     for (int f = 0; tmp && f < plan.nfiles; f++) {
