@@ -199,11 +199,15 @@ static int gpu_sms(const SimGpu *gpu) { return preset_sms[gpu - presets]; }
  * doubles them: 24, on H100 (NVIDIA/nccl#1367, NCCL 2.19) as on A100
  * (NVIDIA/nccl-tests#100, "Channel 23/24"). Assumed the same on B200. */
 #define NCCL_NVLINK_CHANNELS 24
-/* Across nodes with one NIC per GPU, 16: "If you are on DGX with 8 NICs
- * ... then it would use 16 SMs" (NCCL's maintainer, quoted in
- * NVIDIA/nccl#689); rings "Channel 00/16" on 3 nodes of 8 H100s
- * (NVIDIA/nccl#1453). */
-#define NCCL_NET_CHANNELS 16
+/* Across nodes, two for each NIC a ring crosses: the search finds a ring
+ * a rail and doubles them (NCCL's maintainer in NVIDIA/nccl#524). With a
+ * node's eight NICs that is 16: "If you are on DGX with 8 NICs ... then it
+ * would use 16 SMs" (NVIDIA/nccl#689); rings "Channel 00/16" on 3 nodes of
+ * 8 H100s (NVIDIA/nccl#1453). Eight GPUs behind one NIC: "Channel 00/02"
+ * (NVIDIA/nccl-tests#133). HSDP's replica groups, one rank a node on its
+ * own rail, get 2 by this; one-GPU GH200 nodes on one NIC logged 4
+ * (NVIDIA/nccl#1291), so the estimate may be low for them. */
+#define NCCL_NIC_CHANNELS 2
 /* Each byte a rank receives crosses its HBM about three times: stored on
  * arrival, read back to be forwarded or reduced, and the user's buffer
  * written (all-gather) or read (reduce-scatter's own contribution). "300GB/s
@@ -871,48 +875,64 @@ static CostCat event_work(const Sim *sim, const Event *e, Work *w, double *laten
     return cat;
 }
 
-/* A collective event's time on its sub-group of the mesh: plain FSDP's
- * collectives span the world (sim_collective_seconds, as before); under
- * replicate = R (docs/design.md#hsdp) all-gathers and reduce-scatters run
- * over the S = W/R consecutive ranks of a replica, the all-reduce over the
- * R ranks S apart. `moved` is what event_comm_bytes counts; the group
- * model takes what each rank contributes. */
+/* The ranks a collective event runs over, and the stride between them:
+ * plain FSDP's collectives span the world; under replicate = R
+ * (docs/design.md#hsdp) all-gathers and reduce-scatters run over the
+ * S = W/R consecutive ranks of a replica, the all-reduce over the R ranks S
+ * apart; a partial gather over the N consecutive ranks that hold the copy
+ * (intra-node when N fits in a node: the point of it). */
+typedef struct {
+    int64_t ranks, stride;
+} EventGroup;
+
+static EventGroup event_group(const Sim *sim, const Event *e)
+{
+    const Model *m = sim->sched->plan->m;
+    int64_t W = sim->cluster.world, S = plan_shard_world(m, W);
+    switch (e->kind) {
+    case EV_GATHER_PARTIAL:
+        return (EventGroup){m->groups[e->group]->reshard_ranks, 1};
+    case EV_ALL_REDUCE:
+        return (EventGroup){m->shard.replicate, S};
+    default:
+        return (EventGroup){S, 1};
+    }
+}
+
+/* A collective event's time on its group (event_group). `moved` is what
+ * event_comm_bytes counts; the group model takes what each rank
+ * contributes. */
 static double mesh_collective_seconds(const Sim *sim, const Event *e, int64_t moved,
                                       SimAlgo *algo)
 {
     const Model *m = sim->sched->plan->m;
     const SimCluster *c = &sim->cluster;
-    int64_t R = m->shard.replicate;
     double busbw;
     *algo = SIM_ALGO_NONE;
     if (moved == 0)
         return 0;
-    /* partial resharding: a ring over the N consecutive ranks that hold
-     * the copy (intra-node when N fits in a node: the point of it) */
-    if (e->kind == EV_GATHER_PARTIAL) {
-        const ShardGroup *sg = m->groups[e->group];
-        int64_t N = sg->reshard_ranks;
-        return sim_collective_detail(c, COLL_ALL_GATHER,
-                                     plan_padded_numel(sg, c->world) / N * dtype_bytes(sg->param_dtype),
-                                     N, 1, algo, &busbw);
-    }
-    if (R <= 1 && e->kind != EV_ALL_REDUCE) {
+    EventGroup g = event_group(sim, e);
+    if (m->shard.replicate <= 1 && e->kind != EV_ALL_REDUCE && e->kind != EV_GATHER_PARTIAL) {
         *algo = SIM_ALGO_RING;   /* NCCL has no tree for these */
         return sim_collective_seconds(c, moved);
     }
-    int64_t S = plan_shard_world(m, c->world);
     const ShardGroup *sg = m->groups[e->group];
     int64_t shard = plan_shard_numel(sg, c->world), padded = plan_padded_numel(sg, c->world);
     switch (e->kind) {
+    case EV_GATHER_PARTIAL:
+        return sim_collective_detail(c, COLL_ALL_GATHER,
+                                     padded / g.ranks * dtype_bytes(sg->param_dtype), g.ranks,
+                                     g.stride, algo, &busbw);
     case EV_ALL_GATHER:
-        return sim_collective_detail(c, COLL_ALL_GATHER, shard * dtype_bytes(sg->param_dtype), S,
-                                     1, algo, &busbw);
+        return sim_collective_detail(c, COLL_ALL_GATHER, shard * dtype_bytes(sg->param_dtype),
+                                     g.ranks, g.stride, algo, &busbw);
     case EV_REDUCE_SCATTER:
         return sim_collective_detail(c, COLL_REDUCE_SCATTER,
-                                     padded * dtype_bytes(sg->reduce_dtype), S, 1, algo, &busbw);
+                                     padded * dtype_bytes(sg->reduce_dtype), g.ranks, g.stride,
+                                     algo, &busbw);
     case EV_ALL_REDUCE:
-        return sim_collective_detail(c, COLL_ALL_REDUCE, shard * dtype_bytes(sg->reduce_dtype), R,
-                                     S, algo, &busbw);
+        return sim_collective_detail(c, COLL_ALL_REDUCE, shard * dtype_bytes(sg->reduce_dtype),
+                                     g.ranks, g.stride, algo, &busbw);
     default:
         fsd_unreachable();
     }
@@ -921,10 +941,11 @@ static double mesh_collective_seconds(const Sim *sim, const Event *e, int64_t mo
 /* ── contention ──
  * A collective in flight on its stream, and what it takes from the compute
  * beside it while it runs: its channels' SMs, and its HBM traffic's share
- * of the achievable bandwidth. */
+ * of the achievable bandwidth, which the links it runs on bound (hbm_cap:
+ * the share at that links' full rate). */
 typedef struct {
     double start_s, end_s;
-    double sm_share, hbm_share;
+    double sm_share, hbm_share, hbm_cap;
 } Flight;
 
 /* One collective stream's flights in order. `first` is the earliest that
@@ -949,18 +970,33 @@ static void push_flight(Flights *q, Flight f)
     q->f[q->n++] = f;
 }
 
-/* The channels, so the SMs, NCCL gives a ring over the whole world. */
-static int nccl_channels(const SimCluster *c)
+/* The channels, so the SMs, NCCL gives a collective over a group of the
+ * mesh: within one node, its NVLink count; across nodes, NCCL_NIC_CHANNELS
+ * for each NIC the group's ranks on a node use, at most NCCL's MAXCHANNELS
+ * (32). */
+static int nccl_channels(const SimCluster *c, GroupShape gs)
 {
-    /* a whole-world group spans nodes when the world does */
-    return c->world > c->gpus_per_node ? NCCL_NET_CHANNELS : NCCL_NVLINK_CHANNELS;
+    if (gs.nnodes == 1)
+        return NCCL_NVLINK_CHANNELS;
+    double nics = (double)c->nics * (double)gs.ppn /
+                  (double)(c->gpus_per_node < 1 ? 1 : c->gpus_per_node);
+    double ch = NCCL_NIC_CHANNELS * fmax(1, round(nics));
+    return ch < 32 ? (int)ch : 32;
 }
 
-static Flight flight(const Sim *sim, double start_s, double dur_s, int64_t bytes)
+static GroupShape event_shape(const Sim *sim, const Event *e)
+{
+    EventGroup g = event_group(sim, e);
+    return group_shape(&sim->cluster, g.ranks, g.stride);
+}
+
+static Flight flight(const Sim *sim, const Event *e, double start_s, double dur_s, int64_t bytes)
 {
     const SimCluster *c = &sim->cluster;
-    return (Flight){start_s, start_s + dur_s, (double)nccl_channels(c) / gpu_sms(c->gpu),
-                    NCCL_HBM_BYTES_PER_LINK_BYTE * (double)bytes / dur_s / hbm_rate(sim)};
+    GroupShape gs = event_shape(sim, e);
+    return (Flight){start_s, start_s + dur_s, (double)nccl_channels(c, gs) / gpu_sms(c->gpu),
+                    NCCL_HBM_BYTES_PER_LINK_BYTE * (double)bytes / dur_s / hbm_rate(sim),
+                    NCCL_HBM_BYTES_PER_LINK_BYTE * ring_bw(c, gs) / hbm_rate(sim)};
 }
 
 /* Seconds work w takes from `start` on the compute stream, slowed while
@@ -973,12 +1009,10 @@ static Flight flight(const Sim *sim, double start_s, double dur_s, int64_t bytes
  * nothing in flight, it is exactly the plain roofline. */
 static double contended_seconds(const Sim *sim, Flights flights[STREAM_COUNT], double start, Work w)
 {
-    const SimCluster *c = &sim->cluster;
-    double hbm_max = NCCL_HBM_BYTES_PER_LINK_BYTE * ring_bw(c, group_shape(c, c->world, 1)) /
-                     hbm_rate(sim);
     double t = start, spent = 0, left = 1;   /* left: the fraction of w still to do */
     for (;;) {
-        double sm = 0, hbm = 0, next = INFINITY;   /* next: when what runs beside changes */
+        double sm = 0, hbm = 0, hbm_max = 0;
+        double next = INFINITY;   /* when what runs beside changes */
         for (int st = STREAM_GATHER; st < STREAM_COUNT; st++) {
             Flights *q = &flights[st];
             while (q->first < q->n && q->f[q->first].end_s <= t)
@@ -989,6 +1023,7 @@ static double contended_seconds(const Sim *sim, Flights flights[STREAM_COUNT], d
             if (f->start_s <= t) {
                 sm += f->sm_share;
                 hbm += f->hbm_share;
+                hbm_max = fmax(hbm_max, f->hbm_cap);
                 next = fmin(next, f->end_s);
             } else {
                 next = fmin(next, f->start_s);
@@ -1055,7 +1090,7 @@ static void replay_event(Sim *sim, Replay *r, int i, bool record)
         dur = mesh_collective_seconds(sim, e, bytes, &algo);
         sim->algo_runs[st][algo]++;
         if (dur > 0)
-            push_flight(&r->flights[st], flight(sim, start, dur, bytes));
+            push_flight(&r->flights[st], flight(sim, e, start, dur, bytes));
         r->now[st] = start + dur;
         /* a replica all-reduce follows its reduce-scatter on the reduce
          * stream: the wait is for both */
@@ -1138,7 +1173,7 @@ static void state_key(const Replay *r, int ngroups, StateKey *k)
     double t = r->now[STREAM_COMPUTE];
     int n = 2 + 2 * ngroups + 2;
     for (int st = STREAM_GATHER; st < STREAM_COUNT; st++)
-        n += 4 * r->flights[st].n;
+        n += 5 * r->flights[st].n;
     if (n > k->cap) {
         k->cap = 2 * n;
         k->v = arena_alloc(sizeof(double) * (size_t)k->cap);
@@ -1159,6 +1194,7 @@ static void state_key(const Replay *r, int ngroups, StateKey *k)
             v[j++] = q->f[f].end_s - t;
             v[j++] = q->f[f].sm_share;
             v[j++] = q->f[f].hbm_share;
+            v[j++] = q->f[f].hbm_cap;
         }
     }
     k->n = j;
@@ -1353,6 +1389,39 @@ static double contention_seconds(const Sim *sim)
     return fmax(0, sim->compute_s - alone);   /* never below 0 by rounding */
 }
 
+/* The SMs each kind of collective the schedule runs holds: "24 of 132 SMs
+ * each" when all hold the same, else "all-gather 24, all-reduce 2 of 132
+ * SMs" */
+static const char *channel_summary(const Sim *sim)
+{
+    static const EventKind kinds[] = {EV_ALL_GATHER, EV_GATHER_PARTIAL, EV_REDUCE_SCATTER,
+                                      EV_ALL_REDUCE};
+    static const char *const names[] = {"all-gather", "partial all-gather", "reduce-scatter",
+                                        "all-reduce"};
+    int ch[4] = {0}, first = 0;
+    bool same = true;
+    for (int i = 0; i < sim->sched->nev; i++)
+        for (int k = 0; k < 4; k++)
+            if (sim->sched->ev[i].kind == kinds[k] && !ch[k])
+                ch[k] = nccl_channels(&sim->cluster, event_shape(sim, &sim->sched->ev[i]));
+    for (int k = 0; k < 4; k++)
+        if (ch[k]) {
+            same = same && (!first || ch[k] == first);
+            first = first ? first : ch[k];
+        }
+    if (same)
+        return arena_printf("%d of %d SMs each",
+                            first ? first
+                                  : nccl_channels(&sim->cluster,
+                                                  group_shape(&sim->cluster, sim->cluster.world, 1)),
+                            gpu_sms(sim->cluster.gpu));
+    const char *list = "";
+    for (int k = 0; k < 4; k++)
+        if (ch[k])
+            list = arena_printf("%s%s%s %d", list, *list ? ", " : "", names[k], ch[k]);
+    return arena_printf("%s of %d SMs", list, gpu_sms(sim->cluster.gpu));
+}
+
 static const char *const track_names[STREAM_COUNT] = {"compute", "all-gather", "reduce-scatter"};
 
 /* "ring" or "ring 3, tree 1": the algorithms a stream's collectives ran */
@@ -1405,9 +1474,9 @@ void sim_dump(FILE *out, const Sim *sim, const MemPlan *mp)
             "compute", ms(sim->compute_s), sim->cat_s[CAT_MATMUL] * 1e3,
             sim->cat_s[CAT_ATTENTION] * 1e3, sim->cat_s[CAT_MEMORY] * 1e3,
             sim->cat_s[CAT_OPTIMIZER] * 1e3);
-    fprintf(out, "  %-16s %s  (of compute: the collectives beside it hold %d of %d SMs each and "
-                 "move %.0f HBM bytes per byte received)\n",
-            "contention", ms(contention_seconds(sim)), nccl_channels(c), gpu_sms(gpu),
+    fprintf(out, "  %-16s %s  (of compute: the collectives beside it hold %s and move "
+                 "%.0f HBM bytes per byte received)\n",
+            "contention", ms(contention_seconds(sim)), channel_summary(sim),
             NCCL_HBM_BYTES_PER_LINK_BYTE);
     fprintf(out, "  %-16s %s  (waiting on all-gather %.3f, reduce-scatter %.3f ms; %.1f%% of "
                  "the step)\n",

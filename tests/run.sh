@@ -334,7 +334,7 @@ for f in tests/meshplan/*.fsd; do
     done
 done
 # ── memory_budget's partial resharding: tests/meshplan/llama3_8b_partial.fsd
-# on --sim h100:nodes=8 under each budget its `# budget G: POLICY` lines
+# under each budget and --sim cluster its `# budget G SPEC: POLICY` lines
 # name, --dump-memory (the policies weighed, reshard_after_forward = N among
 # them) as a golden file, the choice held to its rule by check_choice.py
 # (it fits, none that fits is faster, a tie to the earlier), and the policy
@@ -342,22 +342,23 @@ done
 # where it does not. ──
 f=tests/meshplan/llama3_8b_partial.fsd
 name=$(basename "$f" .fsd)
-for g in $(sed -n 's/^# budget \([0-9]*\): .*/\1/p' "$f"); do
-    want=$(sed -n "s/^# budget $g: //p" "$f")
+while read -r g spec want; do
+    want=${want# }
+    gold=tests/golden/meshplan/$name.b$g$(echo "${spec#h100:nodes=8}" | tr -d ',=')
     sed "s/^  memory_budget = .*/  memory_budget = ${g}GiB/" "$f" >"$TMP/$name.fsd"
-    if "$FSDPC" "$TMP/$name.fsd" --sim h100:nodes=8 --dump-memory >"$TMP/out" 2>"$TMP/err"; then
-        compare "golden meshplan/$name.b$g" "tests/golden/meshplan/$name.b$g" "$TMP/out"
+    if "$FSDPC" "$TMP/$name.fsd" --sim "$spec" --dump-memory >"$TMP/out" 2>"$TMP/err"; then
+        compare "golden ${gold#tests/golden/}" "$gold" "$TMP/out"
         if python3 tests/budget/check_choice.py "$TMP/out" $((g << 30)) >"$TMP/why" 2>&1 &&
             grep -q "^ *[0-9]*\. $want *peak .*<- chosen$" "$TMP/out"; then
-            ok "partial resharding's candidates at memory_budget ${g}GiB on 8 nodes: $(cat "$TMP/why")"
+            ok "partial resharding's candidates at memory_budget ${g}GiB on $spec: $(cat "$TMP/why")"
         else
             echo "expected: $want" >>"$TMP/why"
-            bad "partial resharding's candidates at memory_budget ${g}GiB on 8 nodes" "$TMP/why"
+            bad "partial resharding's candidates at memory_budget ${g}GiB on $spec" "$TMP/why"
         fi
     else
-        bad "partial resharding at memory_budget ${g}GiB: fsdpc failed" "$TMP/err"
+        bad "partial resharding at memory_budget ${g}GiB on $spec: fsdpc failed" "$TMP/err"
     fi
-done
+done < <(sed -n 's/^# budget \([0-9]*\) \([^:]*:[^:]*\):\(.*\)/\1 \2 \3/p' "$f")
 f=tests/meshplan/llama3_8b_mesh_budget.fsd
 line=$(grep -n "^  replicate = auto" $f | cut -d: -f1)
 "$FSDPC" $f --sim h100:nodes=2 --dump-plan >"$TMP/out" 2>"$TMP/err"
