@@ -903,18 +903,20 @@ static EventGroup event_group(const Sim *sim, const Event *e)
  * event_comm_bytes counts; the group model takes what each rank
  * contributes. */
 static double mesh_collective_seconds(const Sim *sim, const Event *e, int64_t moved,
-                                      SimAlgo *algo)
+                                      SimAlgo *algo, double *busbw)
 {
     const Model *m = sim->sched->plan->m;
     const SimCluster *c = &sim->cluster;
-    double busbw;
     *algo = SIM_ALGO_NONE;
+    *busbw = 0;
     if (moved == 0)
         return 0;
     EventGroup g = event_group(sim, e);
     if (m->shard.replicate <= 1 && e->kind != EV_ALL_REDUCE && e->kind != EV_GATHER_PARTIAL) {
         *algo = SIM_ALGO_RING;   /* NCCL has no tree for these */
-        return sim_collective_seconds(c, moved);
+        double t = sim_collective_seconds(c, moved);
+        *busbw = t > 0 ? (double)moved / t : 0;
+        return t;
     }
     const ShardGroup *sg = m->groups[e->group];
     int64_t shard = plan_shard_numel(sg, c->world), padded = plan_padded_numel(sg, c->world);
@@ -922,52 +924,97 @@ static double mesh_collective_seconds(const Sim *sim, const Event *e, int64_t mo
     case EV_GATHER_PARTIAL:
         return sim_collective_detail(c, COLL_ALL_GATHER,
                                      padded / g.ranks * dtype_bytes(sg->param_dtype), g.ranks,
-                                     g.stride, algo, &busbw);
+                                     g.stride, algo, busbw);
     case EV_ALL_GATHER:
         return sim_collective_detail(c, COLL_ALL_GATHER, shard * dtype_bytes(sg->param_dtype),
-                                     g.ranks, g.stride, algo, &busbw);
+                                     g.ranks, g.stride, algo, busbw);
     case EV_REDUCE_SCATTER:
         return sim_collective_detail(c, COLL_REDUCE_SCATTER,
                                      padded * dtype_bytes(sg->reduce_dtype), g.ranks, g.stride,
-                                     algo, &busbw);
+                                     algo, busbw);
     case EV_ALL_REDUCE:
         return sim_collective_detail(c, COLL_ALL_REDUCE, shard * dtype_bytes(sg->reduce_dtype),
-                                     g.ranks, g.stride, algo, &busbw);
+                                     g.ranks, g.stride, algo, busbw);
     default:
         fsd_unreachable();
     }
 }
 
-/* ── contention ──
- * A collective in flight on its stream, and what it takes from the compute
- * beside it while it runs: its channels' SMs, and its HBM traffic's share
- * of the achievable bandwidth, which the links it runs on bound (hbm_cap:
- * the share at that links' full rate). */
+/* ── the links: collectives in flight share them ──
+ * Each collective stream runs one collective at a time, in issue order; a
+ * collective starts when it is issued and the one before it on its stream
+ * has finished. The gather and the reduce streams run at once, and two
+ * collectives in flight together share the links they both use. A rank's
+ * links are two: its NVLink (nvlink_bw) and its rail, its share of the
+ * node's NICs (nics / gpus per node of them). A ring of gs.ppn ranks a
+ * node that crosses nodes sends 1/ppn of its bytes over the rail (one hop
+ * in ppn leaves the node on each channel, channels spread over the rails)
+ * and the rest over NVLink; within a node it sends all of them over
+ * NVLink. Each collective alone runs at its own rate (the collective model
+ * above: `alone_s`); together they get max-min fair rates under both
+ * links' capacities (fair_rates), and a collective's time stretches by
+ * what it loses. The bus-bandwidth model's constants stay as they are:
+ * sharing only ever slows a collective that has company. */
 typedef struct {
-    double start_s, end_s;
-    double sm_share, hbm_share, hbm_cap;
-} Flight;
+    int ev;                 /* the schedule's event */
+    bool record;            /* the event's start and end go to the dumps */
+    double alone_s;         /* its time with the links to itself */
+    double left;            /* the fraction of its work still to do, at Net.t */
+    double start_s;         /* as the latest plan has it */
+    double rate;            /* its bus bandwidth alone, bytes a second */
+    double use_nv, use_rail;/* link bytes per bus byte: NVLink, the rail */
+    double sm_share;        /* the SMs its channels hold */
+    double hbm_share;       /* of the achievable HBM bandwidth, alone */
+} Coll;
 
-/* One collective stream's flights in order. `first` is the earliest that
- * may still be running at the compute stream's time, which only moves
- * forward, so the flights before it need no second look (and a pattern's
- * replay drops them between micro-batches: see forget_flights). */
 typedef struct {
-    Flight *f;
-    int n, first, cap;
-} Flights;
+    Coll *c;
+    int n, cap;
+} CollQueue;
 
-static void push_flight(Flights *q, Flight f)
+/* A stretch of the timeline in which the same collectives run at the same
+ * rates: what the compute beside them loses (contended_seconds). */
+typedef struct {
+    double t0, t1;
+    double sm_share, hbm_share;
+} Piece;
+
+typedef struct {
+    double t;                       /* the time the queues' `left` is at */
+    CollQueue q[STREAM_COUNT];      /* pending collectives by stream; compute's stays empty */
+    Piece *p;                       /* the plan from t on, in time order */
+    int np, pcap;
+} Net;
+
+static void push_coll(CollQueue *q, Coll c)
 {
     if (q->n == q->cap) {
-        int cap = q->cap ? 2 * q->cap : 64;
-        Flight *n = arena_alloc(sizeof(Flight) * (size_t)cap);
+        int cap = q->cap ? 2 * q->cap : 16;
+        Coll *n = arena_alloc(sizeof(Coll) * (size_t)cap);
         if (q->n)
-            memcpy(n, q->f, sizeof(Flight) * (size_t)q->n);
-        q->f = n;
+            memcpy(n, q->c, sizeof(Coll) * (size_t)q->n);
+        q->c = n;
         q->cap = cap;
     }
-    q->f[q->n++] = f;
+    q->c[q->n++] = c;
+}
+
+static void push_piece(Net *n, Piece p)
+{
+    if (n->np > 0 && n->p[n->np - 1].t1 == p.t0 && n->p[n->np - 1].sm_share == p.sm_share &&
+        n->p[n->np - 1].hbm_share == p.hbm_share) {
+        n->p[n->np - 1].t1 = p.t1;   /* one collective after another alike */
+        return;
+    }
+    if (n->np == n->pcap) {
+        int cap = n->pcap ? 2 * n->pcap : 64;
+        Piece *a = arena_alloc(sizeof(Piece) * (size_t)cap);
+        if (n->np)
+            memcpy(a, n->p, sizeof(Piece) * (size_t)n->np);
+        n->p = a;
+        n->pcap = cap;
+    }
+    n->p[n->np++] = p;
 }
 
 /* The channels, so the SMs, NCCL gives a collective over a group of the
@@ -990,46 +1037,84 @@ static GroupShape event_shape(const Sim *sim, const Event *e)
     return group_shape(&sim->cluster, g.ranks, g.stride);
 }
 
-static Flight flight(const Sim *sim, const Event *e, double start_s, double dur_s, int64_t bytes)
+/* A rank's rail: its share of its node's NICs. */
+static double rail_bw(const SimCluster *c)
 {
-    const SimCluster *c = &sim->cluster;
-    GroupShape gs = event_shape(sim, e);
-    return (Flight){start_s, start_s + dur_s, (double)nccl_channels(c, gs) / gpu_sms(c->gpu),
-                    NCCL_HBM_BYTES_PER_LINK_BYTE * (double)bytes / dur_s / hbm_rate(sim),
-                    NCCL_HBM_BYTES_PER_LINK_BYTE * ring_bw(c, gs) / hbm_rate(sim)};
+    return (double)c->nics * c->nic_bytes_per_s * IB_EFFICIENCY /
+           (double)(c->gpus_per_node < 1 ? 1 : c->gpus_per_node);
+}
+
+/* The fraction of its own rate each collective running together gets:
+ * max-min fair (progressive filling) under NVLink's and the rail's
+ * capacities. Alone, a collective's own rate fits both, so it gets 1. */
+static void fair_rates(const SimCluster *c, Coll *const run[], int n, double frac[])
+{
+    double cap[2] = {nvlink_bw(c), rail_bw(c)}, x[STREAM_COUNT] = {0};
+    bool active[STREAM_COUNT];
+    for (int i = 0; i < n; i++)
+        active[i] = run[i]->rate > 0;
+    for (;;) {
+        double d = INFINITY;
+        int nact = 0;
+        for (int i = 0; i < n; i++)
+            if (active[i])
+                nact++, d = fmin(d, run[i]->rate - x[i]);
+        if (nact == 0)
+            break;
+        for (int l = 0; l < 2; l++) {
+            double used = 0, grow = 0;
+            for (int i = 0; i < n; i++) {
+                double u = l == 0 ? run[i]->use_nv : run[i]->use_rail;
+                used += u * x[i];
+                if (active[i])
+                    grow += u;
+            }
+            if (grow > 0)
+                d = fmin(d, (cap[l] - used) / grow);
+        }
+        d = fmax(d, 0);
+        for (int i = 0; i < n; i++)
+            if (active[i])
+                x[i] += d;
+        for (int i = 0; i < n; i++) {
+            if (!active[i])
+                continue;
+            bool stop = x[i] >= run[i]->rate * (1 - 1e-12);
+            for (int l = 0; l < 2 && !stop; l++) {
+                double u = l == 0 ? run[i]->use_nv : run[i]->use_rail, used = 0;
+                for (int j = 0; j < n; j++)
+                    used += (l == 0 ? run[j]->use_nv : run[j]->use_rail) * x[j];
+                stop = u > 0 && used >= cap[l] * (1 - 1e-12);
+            }
+            if (stop)
+                active[i] = false;
+        }
+    }
+    for (int i = 0; i < n; i++)
+        frac[i] = n == 1 || run[i]->rate <= 0 ? 1 : fmin(1, x[i] / run[i]->rate);
 }
 
 /* Seconds work w takes from `start` on the compute stream, slowed while
- * collectives run beside it: piece by piece between the moments one starts
- * or ends, each piece at the roofline of what they leave (work_seconds).
- * An all-gather and a reduce-scatter running together both hold their
- * SMs, so those shares add; their HBM traffic is bounded by the bytes the
- * links bring in, one ring's worth (together they would share the links,
- * though the collective model lets each run at full speed). Alone, or with
- * nothing in flight, it is exactly the plain roofline. */
-static double contended_seconds(const Sim *sim, Flights flights[STREAM_COUNT], double start, Work w)
+ * collectives run beside it: piece by piece along the plan of the links
+ * (Net.p), each piece at the roofline of what its collectives leave
+ * (work_seconds). An all-gather and a reduce-scatter running together
+ * both hold their SMs, so those shares add, and each moves HBM bytes at
+ * the rate the links give it. Alone, or with nothing in flight, it is
+ * exactly the plain roofline. The plan holds until the next collective is
+ * issued, which is after this work: the compute stream issues it. */
+static double contended_seconds(const Net *n, double start, Work w)
 {
     double t = start, spent = 0, left = 1;   /* left: the fraction of w still to do */
+    int i = 0;
     for (;;) {
-        double sm = 0, hbm = 0, hbm_max = 0;
-        double next = INFINITY;   /* when what runs beside changes */
-        for (int st = STREAM_GATHER; st < STREAM_COUNT; st++) {
-            Flights *q = &flights[st];
-            while (q->first < q->n && q->f[q->first].end_s <= t)
-                q->first++;
-            if (q->first == q->n)
-                continue;
-            const Flight *f = &q->f[q->first];
-            if (f->start_s <= t) {
-                sm += f->sm_share;
-                hbm += f->hbm_share;
-                hbm_max = fmax(hbm_max, f->hbm_cap);
-                next = fmin(next, f->end_s);
-            } else {
-                next = fmin(next, f->start_s);
-            }
-        }
-        double whole = work_seconds(w, sm, fmin(hbm, hbm_max));
+        while (i < n->np && n->p[i].t1 <= t)
+            i++;
+        double sm = 0, hbm = 0, next = INFINITY;   /* next: when what runs beside changes */
+        if (i < n->np && n->p[i].t0 <= t)
+            sm = n->p[i].sm_share, hbm = n->p[i].hbm_share, next = n->p[i].t1;
+        else if (i < n->np)
+            next = n->p[i].t0;
+        double whole = work_seconds(w, sm, hbm);
         if (t + left * whole <= next)
             return spent + left * whole;
         spent += next - t;
@@ -1041,21 +1126,136 @@ static double contended_seconds(const Sim *sim, Flights flights[STREAM_COUNT], d
 /* ── replay ──
  * Compute events run back to back on the compute stream. A collective is
  * issued when the compute stream reaches it (the event recorded there
- * completes when the work before it has) and starts when its stream has
- * finished the previous collective; it does not depend on the compute
- * beside it, but slows it (contended_seconds). A wait holds the compute
- * stream until that group's latest collective of its kind has finished;
- * the time it holds is exposed communication. Reshard, allocation and free
- * events are bookkeeping and take no time. */
+ * completes when the work before it has) and runs on the links (Net); it
+ * does not depend on the compute beside it, but slows it
+ * (contended_seconds). A wait holds the compute stream until that group's
+ * latest collective of its kind has finished; the time it holds is exposed
+ * communication. Reshard, allocation and free events are bookkeeping and
+ * take no time. */
 
 /* What the replay carries from one event to the next: each stream's
  * clock, when each group's latest all-gather and reduce-scatter finish,
- * and the collectives in flight. */
+ * and the collectives on the links. */
 typedef struct {
     double now[STREAM_COUNT];
     double *gather_done, *reduce_done;   /* by group */
-    Flights flights[STREAM_COUNT];       /* by stream; the compute stream's stays empty */
+    Net net;
 } Replay;
+
+/* Runs the links' queues from r->net.t to `until` (INFINITY: until every
+ * collective has finished), the heads of both streams together at their
+ * fair rates, writing each collective's start and end as it goes. To plan
+ * (`plan`): the queues stay as they are; the pieces of the timeline are
+ * written, and each collective's finish as the replay sees it until the
+ * next issue (its stream's clock, its group's done time, the dumps'
+ * start and end). Otherwise the queues move on to `until`: `left` drops,
+ * the finished collectives leave, their busy time is counted. Both follow
+ * the same steps, so what a plan says of the time before the next issue
+ * is what happens. */
+static void net_run(Sim *sim, Replay *r, double until, bool plan)
+{
+    const SimCluster *c = &sim->cluster;
+    Net *n = &r->net;
+    int head[STREAM_COUNT] = {0};
+    double left[STREAM_COUNT] = {0};
+    double t = n->t;
+    if (plan)
+        n->np = 0;
+    for (int st = STREAM_GATHER; st < STREAM_COUNT; st++)
+        if (n->q[st].n)
+            left[st] = n->q[st].c[0].left;
+    for (;;) {
+        Coll *run[STREAM_COUNT];
+        int sts[STREAM_COUNT], k = 0;
+        for (int st = STREAM_GATHER; st < STREAM_COUNT; st++) {
+            if (head[st] == n->q[st].n)
+                continue;
+            Coll *h = &n->q[st].c[head[st]];
+            if (left[st] == 1)
+                h->start_s = t;   /* starts now (or, planned again, still at t) */
+            sts[k] = st, run[k++] = h;
+        }
+        if (k == 0 || t >= until)
+            break;
+        double frac[STREAM_COUNT], next = until, fin[STREAM_COUNT];
+        fair_rates(c, run, k, frac);
+        for (int i = 0; i < k; i++) {
+            fin[i] = t + left[sts[i]] * run[i]->alone_s / frac[i];
+            next = fmin(next, fin[i]);
+        }
+        if (plan && next > t) {
+            Piece p = {t, next, 0, 0};
+            for (int i = 0; i < k; i++)
+                p.sm_share += run[i]->sm_share, p.hbm_share += run[i]->hbm_share * frac[i];
+            push_piece(n, p);
+        }
+        for (int i = 0; i < k; i++) {
+            int st = sts[i];
+            Coll *h = run[i];
+            if (fin[i] > next) {
+                left[st] -= (next - t) * frac[i] / h->alone_s;
+                continue;
+            }
+            if (plan) {
+                r->now[st] = next;
+                const Event *e = &sim->sched->ev[h->ev];
+                (event_is_gather(e->kind) ? r->gather_done : r->reduce_done)[e->group] = next;
+                if (h->record) {
+                    sim->start_s[h->ev] = h->start_s;
+                    sim->end_s[h->ev] = next;
+                }
+            } else {
+                sim->busy_s[st] += next - h->start_s;
+            }
+            head[st]++;
+            left[st] = head[st] < n->q[st].n ? n->q[st].c[head[st]].left : 0;
+        }
+        t = next;
+    }
+    if (plan)
+        return;
+    for (int st = STREAM_GATHER; st < STREAM_COUNT; st++) {
+        CollQueue *q = &n->q[st];
+        if (head[st] < q->n)
+            q->c[head[st]].left = left[st];
+        if (head[st] > 0)
+            memmove(q->c, q->c + head[st], sizeof(Coll) * (size_t)(q->n - head[st]));
+        q->n -= head[st];
+    }
+    n->t = until;
+}
+
+/* The links moved on to the compute stream's time t, and planned from it. */
+static void net_sync(Sim *sim, Replay *r, double t)
+{
+    net_run(sim, r, t, false);
+    net_run(sim, r, INFINITY, true);
+}
+
+/* Issues collective event e at the compute stream's time `t`. */
+static void issue(Sim *sim, Replay *r, int i, bool record, double t)
+{
+    const Event *e = &sim->sched->ev[i];
+    const SimCluster *c = &sim->cluster;
+    StreamId st = event_stream(e->kind);
+    int64_t bytes = event_comm_bytes(sim->sched, e, c->world);
+    SimAlgo algo;
+    double busbw, dur = mesh_collective_seconds(sim, e, bytes, &algo, &busbw);
+    sim->algo_runs[st][algo]++;
+    sim->bytes[st] += bytes;
+    GroupShape gs = event_shape(sim, e);
+    double ppn = (double)gs.ppn;
+    Coll k = {.ev = i, .record = record, .alone_s = dur, .left = 1,
+              .rate = dur > 0 ? busbw : 0,
+              .use_nv = gs.nnodes == 1 ? 1 : (ppn - 1) / ppn,
+              .use_rail = gs.nnodes == 1 ? 0 : 1 / ppn,
+              .sm_share = (double)nccl_channels(c, gs) / gpu_sms(c->gpu),
+              .hbm_share = dur > 0 ? NCCL_HBM_BYTES_PER_LINK_BYTE * (double)bytes / dur / hbm_rate(sim)
+                                   : 0};
+    net_run(sim, r, t, false);
+    push_coll(&r->net.q[st], k);
+    net_run(sim, r, INFINITY, true);
+}
 
 /* Replays event i of the schedule from state r, adding to the step's
  * totals; its start and end are recorded when `record` (the first time a
@@ -1074,31 +1274,18 @@ static void replay_event(Sim *sim, Replay *r, int i, bool record)
         Work w;
         double latency;
         cat = event_work(sim, e, &w, &latency);
-        dur = contended_seconds(sim, r->flights, start, w) + latency;
+        dur = contended_seconds(&r->net, start, w) + latency;
         mem_bound = w.memory_s > w.compute_s;
         break;
     }
     case EV_ALL_GATHER:
     case EV_GATHER_PARTIAL:
     case EV_REDUCE_SCATTER:
-    case EV_ALL_REDUCE: {
-        StreamId st = event_stream(e->kind);
-        int64_t bytes = event_comm_bytes(s, e, sim->cluster.world);
-        if (r->now[st] > start)
-            start = r->now[st];
-        SimAlgo algo;
-        dur = mesh_collective_seconds(sim, e, bytes, &algo);
-        sim->algo_runs[st][algo]++;
-        if (dur > 0)
-            push_flight(&r->flights[st], flight(sim, e, start, dur, bytes));
-        r->now[st] = start + dur;
+    case EV_ALL_REDUCE:
         /* a replica all-reduce follows its reduce-scatter on the reduce
          * stream: the wait is for both */
-        (event_is_gather(e->kind) ? r->gather_done : r->reduce_done)[e->group] = r->now[st];
-        sim->busy_s[st] += dur;
-        sim->bytes[st] += bytes;
-        break;
-    }
+        issue(sim, r, i, record, start);
+        return;   /* its start and end are the links' (net_run) */
     case EV_WAIT_GATHER:
     case EV_WAIT_REDUCE: {
         double done = (e->kind == EV_WAIT_GATHER ? r->gather_done : r->reduce_done)[e->group];
@@ -1131,8 +1318,7 @@ static void replay_event(Sim *sim, Replay *r, int i, bool record)
         sim->end_s[i] = start + dur;
         sim->mem_bound[i] = mem_bound;
     }
-    if (event_stream(e->kind) == STREAM_COMPUTE)
-        r->now[STREAM_COMPUTE] = start + dur;
+    r->now[STREAM_COMPUTE] = start + dur;
     if (cat != CAT_COUNT) {
         sim->compute_s += dur;
         sim->busy_s[STREAM_COMPUTE] += dur;
@@ -1140,29 +1326,13 @@ static void replay_event(Sim *sim, Replay *r, int i, bool record)
     }
 }
 
-/* Drops the flights that ended by the compute stream's time: nothing
- * later runs beside them (flights on a stream end in order). */
-static void forget_flights(Replay *r)
-{
-    for (int st = STREAM_GATHER; st < STREAM_COUNT; st++) {
-        Flights *q = &r->flights[st];
-        int k = 0;
-        while (k < q->n && q->f[k].end_s <= r->now[STREAM_COMPUTE])
-            k++;
-        if (k > 0)
-            memmove(q->f, q->f + k, sizeof(Flight) * (size_t)(q->n - k));
-        q->n -= k;
-        q->first = 0;
-    }
-}
-
 /* The state as the rest of a replay sees it, relative to the compute
  * stream's time t: a stream clock, or a collective's end, at or before t
  * delays nothing (whatever comes next starts at t or later), so each is
- * max(0, x - t); and the flights still running, relative to t. Two states
- * with the same key replay the same events alike, shifted by the
- * difference of their t (the replay depends on time differences only).
- * Written into k, which grows as needed; call after forget_flights. */
+ * max(0, x - t); and the collectives still on the links, relative to t.
+ * Two states with the same key replay the same events alike, shifted by
+ * the difference of their t (the replay depends on time differences only).
+ * Written into k, which grows as needed; call after net_sync(t). */
 typedef struct {
     double *v;
     int n, cap;
@@ -1173,7 +1343,7 @@ static void state_key(const Replay *r, int ngroups, StateKey *k)
     double t = r->now[STREAM_COMPUTE];
     int n = 2 + 2 * ngroups + 2;
     for (int st = STREAM_GATHER; st < STREAM_COUNT; st++)
-        n += 5 * r->flights[st].n;
+        n += 9 * r->net.q[st].n;
     if (n > k->cap) {
         k->cap = 2 * n;
         k->v = arena_alloc(sizeof(double) * (size_t)k->cap);
@@ -1187,14 +1357,19 @@ static void state_key(const Replay *r, int ngroups, StateKey *k)
         v[j++] = fmax(0, r->reduce_done[g] - t);
     }
     for (int st = STREAM_GATHER; st < STREAM_COUNT; st++) {
-        const Flights *q = &r->flights[st];
+        const CollQueue *q = &r->net.q[st];
         v[j++] = q->n;
         for (int f = 0; f < q->n; f++) {
-            v[j++] = q->f[f].start_s - t;
-            v[j++] = q->f[f].end_s - t;
-            v[j++] = q->f[f].sm_share;
-            v[j++] = q->f[f].hbm_share;
-            v[j++] = q->f[f].hbm_cap;
+            const Coll *c = &q->c[f];
+            v[j++] = c->ev;
+            v[j++] = c->left;
+            v[j++] = c->left < 1 ? c->start_s - t : 0;
+            v[j++] = c->alone_s;
+            v[j++] = c->rate;
+            v[j++] = c->use_nv;
+            v[j++] = c->use_rail;
+            v[j++] = c->sm_share;
+            v[j++] = c->hbm_share;
         }
     }
     k->n = j;
@@ -1218,11 +1393,13 @@ static void shift_state(Replay *r, int ngroups, double dt)
 {
     for (int st = 0; st < STREAM_COUNT; st++) {
         r->now[st] += dt;
-        for (int f = 0; f < r->flights[st].n; f++) {
-            r->flights[st].f[f].start_s += dt;
-            r->flights[st].f[f].end_s += dt;
+        for (int f = 0; f < r->net.q[st].n; f++) {
+            r->net.q[st].c[f].start_s += dt;
         }
     }
+    for (int i = 0; i < r->net.np; i++)
+        r->net.p[i].t0 += dt, r->net.p[i].t1 += dt;
+    r->net.t += dt;
     for (int g = 0; g < ngroups; g++) {
         r->gather_done[g] += dt;
         r->reduce_done[g] += dt;
@@ -1263,7 +1440,7 @@ static void replay_middle(Sim *sim, Replay *r, int from, int to)
 {
     int G = sim->sched->plan->m->ngroups;
     StateKey keys[2] = {{0}}, *key = &keys[0], *next = &keys[1];
-    forget_flights(r);
+    net_sync(sim, r, r->now[STREAM_COMPUTE]);
     state_key(r, G, key);
     for (int run = 1; run <= sim->sched->repeat; run++) {
         Sim before = *sim;
@@ -1273,7 +1450,7 @@ static void replay_middle(Sim *sim, Replay *r, int from, int to)
         sim->replayed_runs = run;
         if (run == 1)
             sim->elided_from_s = r->now[STREAM_COMPUTE];
-        forget_flights(r);
+        net_sync(sim, r, r->now[STREAM_COMPUTE]);
         state_key(r, G, next);
         int64_t left = sim->sched->repeat - run;
         if (left > 0 && same_state(key, next, r->now[STREAM_COMPUTE])) {
@@ -1334,6 +1511,7 @@ Sim *sim_run(Schedule *s, const SimCluster *c)
                                     ? arena_printf("%s, %s", sim->uncalibrated, k)
                                     : k;
         }
+    net_run(sim, &r, INFINITY, false);   /* the busy time of the last collectives */
     double end = 0;
     for (int st = 0; st < STREAM_COUNT; st++)
         end = r.now[st] > end ? r.now[st] : end;
@@ -1488,7 +1666,7 @@ void sim_dump(FILE *out, const Sim *sim, const MemPlan *mp)
                 fmt_count(sim->bytes[st]));
         if (sim->busy_s[st] > 0)
             fprintf(out, "  %-16s %s, bus bandwidth %s (its bytes over its busy time: latency "
-                         "included)\n",
+                         "and sharing the links included)\n",
                     "", algo_summary(sim->algo_runs[st]),
                     human_rate((double)sim->bytes[st] / sim->busy_s[st], "B/s"));
     }

@@ -18,6 +18,9 @@
 #   f. recomputation: GPT-2 with `recompute = full` counts the same model
 #      FLOPs for MFU as without it, more for HFU, takes longer and peaks
 #      lower, and its trace names the recompute ops;
+#   g. the links: with one NIC a node, all-gathers and reduce-scatters
+#      together never move more bytes in a step than that NIC carries
+#      (they share it: docs/simulator.md#the-links);
 #   and the --sim command line's errors.
 set -u
 cd "$(dirname "$0")/.."
@@ -384,6 +387,27 @@ if n=$(python3 -c "import json,sys; e=json.load(open(sys.argv[1]))['traceEvents'
 else
     bad "sim recompute: no recompute op in the trace ('${n:-}')"
 fi
+
+# ── g. collectives in flight together share the links ──
+# Llama 3 8B at sequence 2048, plain FSDP over 8 nodes of 8 GPUs behind one
+# NIC a node: every ring crosses that NIC, so the two streams' bus bytes over
+# the step are bounded by its rate (nic_gbps / 8 x 0.96, IB_EFFICIENCY), and a
+# model that let both streams run at full speed beside each other would
+# exceed it.
+variant examples/llama3_8b.fsd "$TMP/l2048.fsd" -e 's/seq = 8192/seq = 2048/'
+for preset in h100:nodes=8,nics=1 a100:nodes=8,nics=1; do
+    gbps=400
+    [ "${preset%%:*}" = a100 ] && gbps=200
+    if "$FSDPC" "$TMP/l2048.fsd" --sim "$preset" >"$TMP/links" 2>&1 &&
+        st=$(field step "$TMP/links") && ag=$(bytes all-gather "$TMP/links") &&
+        rs=$(bytes reduce-scatter "$TMP/links") && [ -n "$st" ] && [ -n "$ag" ] && [ -n "$rs" ] &&
+        awk -v st="$st" -v ag="$ag" -v rs="$rs" -v g="$gbps" \
+            'BEGIN { exit !((ag + rs) / (st / 1e3) <= g / 8 * 0.96 * 1e9 * (1 + 1e-9)) }'; then
+        ok "sim links $preset: all-gathers and reduce-scatters move $(awk -v st="$st" -v ag="$ag" -v rs="$rs" 'BEGIN { printf "%.1f", (ag + rs) / (st / 1e3) / 1e9 }') GB/s over the step, within one NIC's $(awk -v g=$gbps 'BEGIN { print g / 8 * 0.96 }') GB/s"
+    else
+        bad "sim links $preset: all-gather $ag + reduce-scatter $rs bytes in $st ms exceed one NIC" "$TMP/links"
+    fi
+done
 
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]
