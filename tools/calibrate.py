@@ -2,7 +2,7 @@
 """calibrate.py — writes a kernel calibration for `fsdpc --sim PRESET:calib=FILE`
 (docs/simulator.md#calibration-files) from what a trainer measured.
 
-  tools/calibrate.py --gpu h200 --plan plan.json --measured run.json [-o out.calib]
+  tools/calibrate.py --gpu h200 --plan plan.json --measured run.json [--skip-steps K] [-o out.calib]
   tools/calibrate.py --gpu h200 --plan plan.json --figures figures.txt [-o out.calib]
 
 --plan is fsdpc's own `--trace` of the same .fsd at world 1 (`fsdpc m.fsd
@@ -88,8 +88,12 @@ def decade(w):
     return int(math.floor(math.log10(w))) if w >= 1 else 0
 
 
-def from_trace(ops, path):
-    """(kind, class, by) -> [work, seconds, calls] from a trainer's --trace-out."""
+def from_trace(ops, path, skip_steps=0):
+    """(kind, class, by) -> [work, seconds, calls] from a trainer's --trace-out,
+    leaving out its first skip_steps steps (a GPU's first step also pays for
+    cuBLASLt's heuristics and first touches). The trace holds whole steps (the
+    trainer writes every step it ran): their number is how often the first op
+    ran over its calls a step in the plan."""
     t = load_json(path, "trace")
     evs = t.get("traceEvents") if isinstance(t, dict) else None
     if not isinstance(evs, list):
@@ -97,6 +101,7 @@ def from_trace(ops, path):
     acc = collections.defaultdict(lambda: [0.0, 0.0, 0])
     unknown = set()
     seen = 0
+    slices = []
     for e in evs:
         if e.get("ph") != "X" or e.get("pid") != 0 or e.get("tid") != 0:
             continue
@@ -106,6 +111,22 @@ def from_trace(ops, path):
         if name not in ops:
             unknown.add(name)
             continue
+        slices.append((e, name))
+    if skip_steps and slices:
+        # steps: how often the step's first op ran, over its calls a step
+        slices.sort(key=lambda x: x[0]["ts"])
+        first = slices[0][1]
+        ran = sum(1 for _, n in slices if n == first)
+        steps, odd = divmod(ran, ops[first][3])
+        if odd or len(slices) % steps:
+            fail(f"{path}: rank 0's {len(slices)} op slices ({first!r} {ran} times, "
+                 f"{ops[first][3]} a step in the plan) are not whole steps; is the plan of the "
+                 "same .fsd?")
+        if skip_steps >= steps:
+            fail(f"{path} holds {steps} step{'s' if steps != 1 else ''}: --skip-steps "
+                 f"{skip_steps} would leave none")
+        slices = slices[skip_steps * (len(slices) // steps):]
+    for e, name in slices:
         kind, flops, nbytes = ops[name][:3]
         w, by = work(kind, flops, nbytes)
         if w <= 0 or e["dur"] <= 0:
@@ -191,14 +212,20 @@ def main():
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--measured", help="the trainer's --trace-out")
     src.add_argument("--figures", help="per-step figures by op kind (see the docstring)")
+    ap.add_argument("--skip-steps", type=int, default=0, metavar="K",
+                    help="with --measured: leave out the trace's first K steps")
     ap.add_argument("-o", dest="out", help="write here instead of standard output")
     args = ap.parse_args()
+    if args.skip_steps < 0 or (args.skip_steps and not args.measured):
+        fail("--skip-steps K takes a whole number K >= 0, with --measured")
 
     ops, other_s = plan_ops(args.plan)
     note = ""
     if args.measured:
-        acc = from_trace(ops, args.measured)
+        acc = from_trace(ops, args.measured, args.skip_steps)
         source = f"measured: {args.measured}"
+        if args.skip_steps:
+            source += f" less its first {args.skip_steps} step{'s' if args.skip_steps > 1 else ''}"
     else:
         acc, overhead = from_figures(ops, other_s, args.figures)
         source = f"figures: {args.figures}"

@@ -182,6 +182,17 @@ if [ -n "$PACK" ]; then
             bad "fsdpc $(fsd_of "$m")" "$OUT/emit.log"
         fi
     done
+    # GPT-2's plan for tools/calibrate.py: each op's FLOPs and bytes, by the
+    # names the device run's --trace-out (check 4b, DIR/out/gpt2_trace.json)
+    # gives its slices (docs/simulator.md#calibration-files)
+    if [[ " ${PACK_MODELS[*]} " == *" gpt2 "* ]]; then
+        if build/fsdpc examples/gpt2.fsd --sim h200:gpus=1 --trace "$PACK/gpt2.plan.json" \
+                >"$OUT/plan.log" 2>&1; then
+            ok "fsdpc examples/gpt2.fsd --sim h200:gpus=1 --trace $PACK/gpt2.plan.json"
+        else
+            bad "fsdpc examples/gpt2.fsd --trace $PACK/gpt2.plan.json" "$OUT/plan.log"
+        fi
+    fi
     cp runtime/*.c runtime/*.h runtime/*.cu "$PACK/runtime/"
     cp templates/*.h "$PACK/templates/"
     cp tests/kernels/*.c tests/kernels/*.h "$PACK/tests/kernels/"

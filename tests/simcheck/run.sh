@@ -148,6 +148,21 @@ PY
         else
             bad "simcheck calibrate: ops $meas ms a step measured, $pred ms predicted; op runs calibrated: $runs" "$TMP/sim"
         fi
+        # --skip-steps: the first steps' slices left out, whole steps only
+        calls() { sed -n 's/.* \([0-9]*\) calls$/\1/p' "$1" | awk '{ n += $1 } END { print n + 0 }'; }
+        if tools/calibrate.py --gpu h100 --plan "$TMP/plan.json" --measured "$TMP/cpu.json" \
+                --skip-steps 1 -o "$TMP/skip.calib" 2>"$TMP/skip.err" &&
+                all=$(calls "$TMP/cpu.calib") && kept=$(calls "$TMP/skip.calib") &&
+                [ "$all" -gt 0 ] && [ $((kept * STEPS)) = $((all * (STEPS - 1))) ] &&
+                grep -q "less its first 1 step;" "$TMP/skip.calib" &&
+                ! tools/calibrate.py --gpu h100 --plan "$TMP/plan.json" --measured "$TMP/cpu.json" \
+                    --skip-steps $STEPS >/dev/null 2>"$TMP/skip.err2" &&
+                grep -q "holds $STEPS steps: --skip-steps $STEPS would leave none" "$TMP/skip.err2"; then
+            ok "simcheck calibrate --skip-steps 1: $kept of $all op calls kept ($((STEPS - 1)) of $STEPS steps); skipping all $STEPS is refused"
+        else
+            cat "$TMP/skip.err" "$TMP/skip.err2" >"$TMP/all" 2>/dev/null
+            bad "simcheck calibrate --skip-steps: calls ${kept:-?} of ${all:-?} kept" "$TMP/all"
+        fi
     else
         cat "$TMP/run" "$TMP/cal.err" "$TMP/sim" >"$TMP/all" 2>/dev/null
         bad "simcheck calibrate: the CPU run, the tool or the calibrated --sim failed" "$TMP/all"
