@@ -1094,15 +1094,25 @@ typedef struct SimCluster {
     int64_t world;               /* ranks; at most nodes x gpus_per_node */
     int64_t nics;                /* NICs per node (nics=), the preset's unless told */
     double nic_bytes_per_s;      /* each NIC, one direction (nic_gbps=) */
+    /* the GPU's memory and NVLink: the preset's, or the hbm_gbs=, hbm_gib=
+     * and nvlink_gbs= settings for a variant of it (an H800's NVLink, a
+     * 96 GB part); `variant` lists those settings ("" when none) */
+    double hbm_bytes_per_s;
+    int64_t hbm_bytes;
+    double nvlink_bytes_per_s;   /* one direction */
+    const char *variant;
     SimEff eff;
     const SimCalib *calib;       /* eff = measured: the figures (NULL otherwise) */
 } SimCluster;
 
 /* Parses a --sim spec: "h100", "h100:nodes=16", "a100:gpus=4,nodes=2",
  * "h100:nodes=8,nics=4,nic_gbps=200", "h200:gpus=1,eff=measured",
- * "h200:calib=FILE" (one node of 8 GPUs unless told). On error returns
+ * "h200:calib=FILE", "h100:hbm_gbs=2400,hbm_gib=96,nvlink_gbs=400" (one
+ * node of 8 GPUs unless told). On error returns
  * false with a message for the user in msg naming the key and value. */
 bool sim_parse_cluster(const char *spec, SimCluster *c, char *msg, size_t msgsize);
+/* "H100 SXM 80GB", or with the variant's settings "H100 SXM 80GB (hbm_gib=96)" */
+const char *sim_gpu_label(const SimCluster *c);
 /* What --trace assumes without --sim: h100 nodes of 8, ceil(world/8) nodes. */
 SimCluster sim_default_cluster(int64_t world);
 const char *sim_preset_list(void);        /* "a100, h100, h200, b200" */

@@ -754,9 +754,9 @@ static Plan *choose_replicate(Model *m, Graph *g, const SimCluster *c, Diag *d)
     MeshChoice *mc = arena_alloc(sizeof *mc);
     *mc = (MeshChoice){.tries = arena_alloc(sizeof(MeshTry) * (size_t)n), .ntries = n,
                        .world = c->world, .nodes = c->nodes, .gpus_per_node = c->gpus_per_node,
-                       .gpu = c->gpu->name};
+                       .gpu = sim_gpu_label(c)};
     mc->limit_is_budget = m->shard.memory_budget_bytes > 0;
-    mc->limit = mc->limit_is_budget ? m->shard.memory_budget_bytes : c->gpu->hbm_bytes;
+    mc->limit = mc->limit_is_budget ? m->shard.memory_budget_bytes : c->hbm_bytes;
     int best = -1;
     for (int k = 0; k < n; k++) {
         MeshTry *t = &mc->tries[k];

@@ -442,12 +442,18 @@ static const CalibEntry *calib_find(const SimCalib *c, OpKind kind, double flops
     return any ? any : near;
 }
 
+const char *sim_gpu_label(const SimCluster *c)
+{
+    return *c->variant ? arena_printf("%s (%s)", c->gpu->name, c->variant) : c->gpu->name;
+}
+
 SimCluster sim_default_cluster(int64_t world)
 {
     const SimGpu *gpu = &presets[1];
     SimCluster c = {gpu, (world + NODE_MAX_GPUS - 1) / NODE_MAX_GPUS,
                     world < NODE_MAX_GPUS ? world : NODE_MAX_GPUS, world,
-                    gpu->nics, gpu->nic_bytes_per_s, SIM_EFF_IDEAL, NULL};
+                    gpu->nics, gpu->nic_bytes_per_s, gpu->hbm_bytes_per_s, gpu->hbm_bytes,
+                    gpu->nvlink_bytes_per_s, "", SIM_EFF_IDEAL, NULL};
     return c;
 }
 
@@ -473,8 +479,9 @@ static bool setting_number(const char *v, size_t n, double max, double *out)
 
 /*   spec := preset [ ':' setting { ',' setting } ]
  *   setting := 'nodes' '=' integer | 'gpus' '=' integer | 'nics' '=' integer
- *            | 'nic_gbps' '=' number | 'eff' '=' ( 'ideal' | 'measured' )
- *            | 'calib' '=' path */
+ *            | 'nic_gbps' '=' number | 'hbm_gbs' '=' number
+ *            | 'hbm_gib' '=' integer | 'nvlink_gbs' '=' number
+ *            | 'eff' '=' ( 'ideal' | 'measured' ) | 'calib' '=' path */
 bool sim_parse_cluster(const char *spec, SimCluster *c, char *msg, size_t msgsize)
 {
     const char *colon = strchr(spec, ':');
@@ -487,6 +494,9 @@ bool sim_parse_cluster(const char *spec, SimCluster *c, char *msg, size_t msgsiz
         return false;
     }
     double nodes = 1, gpus = NODE_MAX_GPUS, nics = gpu->nics, gbps = gpu->nic_bytes_per_s * 8 / 1e9;
+    double hbm_gbs = gpu->hbm_bytes_per_s / 1e9, hbm_gib = (double)(gpu->hbm_bytes >> 30),
+           nvlink_gbs = gpu->nvlink_bytes_per_s * 2 / 1e9;
+    const char *variant = "";
     SimEff eff = SIM_EFF_IDEAL;
     bool eff_set = false;
     const char *calib_path = NULL;
@@ -510,6 +520,16 @@ bool sim_parse_cluster(const char *spec, SimCluster *c, char *msg, size_t msgsiz
             dst = &nics, max = 64, what = " (NICs per node)";
         else if (eq && KEY("nic_gbps"))
             dst = &gbps, max = -1, what = " (each NIC's line rate in Gb/s, e.g. 400)";
+        else if (eq && KEY("hbm_gbs"))
+            dst = &hbm_gbs, max = -1, what = " (the GPU's memory bandwidth in GB/s, e.g. 2400)";
+        else if (eq && KEY("hbm_gib"))
+            dst = &hbm_gib, max = 65536, what = " (the GPU's memory in GiB)";
+        else if (eq && KEY("nvlink_gbs"))
+            dst = &nvlink_gbs, max = -1,
+            what = " (NVLink's bandwidth in GB/s, both directions as datasheets print it, "
+                   "e.g. 400 for an H800)";
+        if (dst && (dst == &hbm_gbs || dst == &hbm_gib || dst == &nvlink_gbs))
+            variant = arena_printf("%s%s%.*s", variant, *variant ? ", " : "", (int)len, p);
         if (dst) {
             if (!setting_number(v, vlen, max, dst)) {
                 if (max > 0)
@@ -544,6 +564,7 @@ bool sim_parse_cluster(const char *spec, SimCluster *c, char *msg, size_t msgsiz
         } else {
             snprintf(msg, msgsize, "--sim %s: unknown setting `%.*s`; the settings are nodes=N, "
                                    "gpus=N (per node), nics=N (per node), nic_gbps=G (per NIC), "
+                                   "hbm_gbs=G, hbm_gib=N, nvlink_gbs=G (a variant of the GPU), "
                                    "eff=ideal|measured and calib=FILE, e.g. --sim %s:nodes=16",
                      spec, (int)len, p, gpu->key);
             return false;
@@ -577,7 +598,8 @@ bool sim_parse_cluster(const char *spec, SimCluster *c, char *msg, size_t msgsiz
         eff = SIM_EFF_MEASURED;
     }
     *c = (SimCluster){gpu, (int64_t)nodes, (int64_t)gpus, (int64_t)nodes * (int64_t)gpus,
-                      (int64_t)nics, gbps * 1e9 / 8, eff, calib};
+                      (int64_t)nics, gbps * 1e9 / 8, hbm_gbs * 1e9, (int64_t)hbm_gib << 30,
+                      nvlink_gbs * 1e9 / 2, variant, eff, calib};
     return true;
 }
 
@@ -598,7 +620,7 @@ static double matmul_peak(const Sim *sim)
 
 static double hbm_rate(const Sim *sim)
 {
-    return sim->cluster.gpu->hbm_bytes_per_s * HBM_EFFICIENCY;
+    return sim->cluster.hbm_bytes_per_s * HBM_EFFICIENCY;
 }
 
 /* Work on the compute stream as the roofline's two sides: seconds of
@@ -721,7 +743,7 @@ static GroupShape group_shape(const SimCluster *c, int64_t ranks, int64_t stride
 
 static double nvlink_bw(const SimCluster *c)
 {
-    return c->gpu->nvlink_bytes_per_s * NVLINK_EFFICIENCY;
+    return c->nvlink_bytes_per_s * NVLINK_EFFICIENCY;
 }
 
 /* The node's network bandwidth that serves one group: its share of the
@@ -1623,11 +1645,12 @@ void sim_dump(FILE *out, const Sim *sim, const MemPlan *mp)
     Model *m = p->m;
     bool multi = c->world > c->gpus_per_node;
     fprintf(out, "simulation %s on %" PRId64 " node%s x %" PRId64 " %s (world %" PRId64 ")\n",
-            m->name, c->nodes, c->nodes == 1 ? "" : "s", c->gpus_per_node, gpu->name, c->world);
+            m->name, c->nodes, c->nodes == 1 ? "" : "s", c->gpus_per_node, sim_gpu_label(c),
+            c->world);
     fprintf(out, "  per GPU: matmul peak %s (%s), HBM %s; NVLink %s per direction\n",
             human_rate(sim->peak_flops, "FLOP/s"),
             compute_dtype(m) == DTYPE_BF16 ? "bf16" : FP32_MATMUL_USES_TF32 ? "tf32" : "fp32",
-            human_rate(gpu->hbm_bytes_per_s, "B/s"), human_rate(gpu->nvlink_bytes_per_s, "B/s"));
+            human_rate(c->hbm_bytes_per_s, "B/s"), human_rate(c->nvlink_bytes_per_s, "B/s"));
     if (multi)
         fprintf(out, "  per node: %" PRId64 " NIC%s of %s (%.0f Gb/s) each, one rail per ring "
                      "channel\n",
@@ -1712,8 +1735,8 @@ void sim_dump(FILE *out, const Sim *sim, const MemPlan *mp)
             sim->tokens_per_s);
     if (mp)
         fprintf(out, "  %-16s %10s peak of %s HBM per GPU%s\n", "memory", gib((double)mp->peak),
-                gib((double)gpu->hbm_bytes),
-                mp->peak > gpu->hbm_bytes ? "  -- DOES NOT FIT" : "");
+                gib((double)c->hbm_bytes),
+                mp->peak > c->hbm_bytes ? "  -- DOES NOT FIT" : "");
 }
 
 /* ── --trace: Chrome trace (Trace Event Format) ──
@@ -1740,7 +1763,7 @@ void sim_trace(FILE *out, const Sim *sim, const MemPlan *mp)
     fputs("{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": 0, \"args\": {\"name\": ",
           out);
     json_str(out, arena_printf("fsdpc plan: %s on %" PRId64 " x %" PRId64 " %s (world %" PRId64 ")",
-                               m->name, c->nodes, c->gpus_per_node, c->gpu->name, c->world));
+                               m->name, c->nodes, c->gpus_per_node, sim_gpu_label(c), c->world));
     fputs("}}", out);
     /* under HSDP the mesh's two dimensions get tracks of their own: the
      * shard group's collectives (intra-node when a replica fits in a node)
@@ -1855,7 +1878,7 @@ void sim_trace(FILE *out, const Sim *sim, const MemPlan *mp)
     fputs("\"model\": ", out);
     json_str(out, m->name);
     fprintf(out, ", \"gpu\": ");
-    json_str(out, c->gpu->name);
+    json_str(out, sim_gpu_label(c));
     fprintf(out, ", \"world\": %" PRId64 ", \"step_ms\": %.6f, \"exposed_comm_ms\": %.6f, "
                  "\"mfu\": %.6f, \"hfu\": %.6f, \"mem_peak_bytes\": %" PRId64 "}\n}\n",
             c->world, sim->step_s * 1e3, sim->exposed_s * 1e3, sim->mfu, sim->hfu, mp->peak);

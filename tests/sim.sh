@@ -21,7 +21,8 @@
 #   g. the links: with one NIC a node, all-gathers and reduce-scatters
 #      together never move more bytes in a step than that NIC carries
 #      (they share it: docs/simulator.md#the-links);
-#   and the --sim command line's errors.
+#   and the --sim command line: its errors, and a variant of a preset's GPU
+#   (hbm_gbs, hbm_gib, nvlink_gbs).
 set -u
 cd "$(dirname "$0")/.."
 
@@ -359,6 +360,36 @@ check_cli trace-needs-arg 1 "--trace needs a file name" "$FSDPC" examples/tiny.f
 check_cli preset-case 0 "on 2 nodes x 4 A100 SXM 80GB (world 8)" \
     "$FSDPC" examples/tiny.fsd --sim A100:nodes=2,gpus=4
 check_cli help-mentions-sim 0 "--sim PRESET" "$FSDPC" --help
+check_cli bad-hbm-gib 1 "\`hbm_gib\` must be a whole number from 1 to 65536 (the GPU's memory in GiB)" \
+    "$FSDPC" examples/tiny.fsd --sim h100:hbm_gib=95.5
+check_cli bad-nvlink 1 "\`nvlink_gbs\` must be a positive number" \
+    "$FSDPC" examples/tiny.fsd --sim h100:nvlink_gbs=-400
+
+# A variant of a preset's GPU: hbm_gib moves the capacity the plan is held
+# to, hbm_gbs the memory-bound ops' time, nvlink_gbs (both directions, as
+# datasheets print it) the collectives' within a node; the title says so.
+"$FSDPC" examples/gpt2.fsd --sim h100:gpus=1 >"$TMP/v0" 2>&1
+"$FSDPC" examples/gpt2.fsd --sim h100:gpus=1,hbm_gbs=1675,hbm_gib=4 >"$TMP/v1" 2>&1
+# memops FILE: the memory-bound ops' milliseconds in the compute line
+memops() { sed -n 's/^  compute .*memory-bound ops \([0-9.]*\),.*/\1/p' "$1"; }
+if grep -q "^simulation gpt2 on 1 node x 1 H100 SXM 80GB (hbm_gbs=1675, hbm_gib=4) (world 1)$" "$TMP/v1" &&
+    grep -q "HBM 1.675 TB/s" "$TMP/v1" && grep -q "peak of 4.00 GiB HBM per GPU  -- DOES NOT FIT$" "$TMP/v1" &&
+    ! grep -q "DOES NOT FIT" "$TMP/v0" &&
+    awk -v a="$(memops "$TMP/v0")" -v b="$(memops "$TMP/v1")" 'BEGIN { exit !(a > 0 && b >= 1.9 * a && b <= 2 * a * (1 + 1e-9)) }'; then
+    ok "sim variant: hbm_gbs=1675 takes the memory-bound ops $(memops "$TMP/v0") -> $(memops "$TMP/v1") ms; hbm_gib=4 does not fit gpt2's plan; the title names both"
+else
+    bad "sim variant: hbm_gbs / hbm_gib" "$TMP/v1"
+fi
+"$FSDPC" examples/gpt2.fsd --sim h100 >"$TMP/n0" 2>&1
+"$FSDPC" examples/gpt2.fsd --sim h100:nvlink_gbs=400 >"$TMP/n1" 2>&1
+# busy TRACK FILE: a collective stream's busy milliseconds
+busy() { sed -n "s/^  $1  *\([0-9.]*\) ms busy.*/\1/p" "$2"; }
+if grep -q "NVLink 200 GB/s per direction" "$TMP/n1" &&
+    awk -v a="$(busy all-gather "$TMP/n0")" -v b="$(busy all-gather "$TMP/n1")" 'BEGIN { exit !(a > 0 && b > 1.5 * a) }'; then
+    ok "sim variant: nvlink_gbs=400 (an H800's) takes gpt2's all-gathers on 8 GPUs $(busy all-gather "$TMP/n0") -> $(busy all-gather "$TMP/n1") ms"
+else
+    bad "sim variant: nvlink_gbs=400" "$TMP/n1"
+fi
 
 # ── f. recomputation: MFU counts the model's FLOPs, HFU what runs ──
 variant examples/gpt2.fsd "$TMP/gpt2_rc.fsd" -e 's/^shard {/shard {\n  recompute = full/'

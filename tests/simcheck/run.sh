@@ -83,7 +83,8 @@ coll_row() {
 
 step_row torchtitan-llama3-8b-64xa100   $D/llama3_8b_a100.fsd  a100:nodes=8 2876 tok/s
 step_row torchtitan-llama3-70b-64xa100  $D/llama3_70b_a100.fsd a100:nodes=8 323 tok/s
-step_row torchtitan-llama3.1-8b-8xh100  $D/llama3_8b_h100.fsd  h100 5762 tok/s
+# torchtitan's H100s have 96 GB of HBM2e at 2.4 TB/s (its docs/performance.md)
+step_row torchtitan-llama3.1-8b-8xh100  $D/llama3_8b_h100.fsd  h100:hbm_gbs=2400,hbm_gib=96 5762 tok/s
 step_row llmc-gpt2-124m-8xa100          $D/gpt2_llmc.fsd       a100 218000 tok/s
 step_row llmc-gpt2-124m-8xh100          $D/gpt2_llmc.fsd       h100 463000 tok/s
 step_row fsdpc-gpt2-124m-1xh200         examples/gpt2.fsd      h200:gpus=1,eff=measured 122.0 ms
