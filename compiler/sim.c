@@ -261,6 +261,19 @@ struct SimCalib {
     int n;
 };
 
+/* An arena array of n elements of `size` bytes with room for one more:
+ * `a` itself, or a copy twice as large when it is full. */
+static void *room_for_one(void *a, int n, int *cap, size_t size)
+{
+    if (n < *cap)
+        return a;
+    *cap = *cap ? 2 * *cap : 16;
+    void *b = arena_alloc(size * (size_t)*cap);
+    if (n)
+        memcpy(b, a, size * (size_t)n);
+    return b;
+}
+
 const char *embedded_calib_text(const char *name);   /* gen/calib.c */
 
 static bool op_kind_named(const char *name, OpKind *k)
@@ -342,13 +355,7 @@ static SimCalib *calib_parse(const char *text, const char *source, char *msg, si
             for (int i = 0; i < c->n; i++)
                 if (c->e[i].kind == e.kind && c->e[i].decade == e.decade)
                     BAD("a second entry for %s class %s", tok[1], tok[2]);
-            if (c->n == cap) {
-                cap = cap ? 2 * cap : 32;
-                CalibEntry *ne = arena_alloc(sizeof *ne * (size_t)cap);
-                if (c->n)
-                    memcpy(ne, c->e, sizeof *ne * (size_t)c->n);
-                c->e = ne;
-            }
+            c->e = room_for_one(c->e, c->n, &cap, sizeof *c->e);
             c->e[c->n++] = e;
         } else {
             BAD("unknown line `%s`; a calibration has `gpu` and `op` lines", tok[0]);
@@ -1010,14 +1017,7 @@ typedef struct {
 
 static void push_coll(CollQueue *q, Coll c)
 {
-    if (q->n == q->cap) {
-        int cap = q->cap ? 2 * q->cap : 16;
-        Coll *n = arena_alloc(sizeof(Coll) * (size_t)cap);
-        if (q->n)
-            memcpy(n, q->c, sizeof(Coll) * (size_t)q->n);
-        q->c = n;
-        q->cap = cap;
-    }
+    q->c = room_for_one(q->c, q->n, &q->cap, sizeof(Coll));
     q->c[q->n++] = c;
 }
 
@@ -1028,14 +1028,7 @@ static void push_piece(Net *n, Piece p)
         n->p[n->np - 1].t1 = p.t1;   /* one collective after another alike */
         return;
     }
-    if (n->np == n->pcap) {
-        int cap = n->pcap ? 2 * n->pcap : 64;
-        Piece *a = arena_alloc(sizeof(Piece) * (size_t)cap);
-        if (n->np)
-            memcpy(a, n->p, sizeof(Piece) * (size_t)n->np);
-        n->p = a;
-        n->pcap = cap;
-    }
+    n->p = room_for_one(n->p, n->np, &n->pcap, sizeof(Piece));
     n->p[n->np++] = p;
 }
 
