@@ -1826,8 +1826,13 @@ void sim_trace(FILE *out, const Sim *sim, const MemPlan *mp)
             fputs(", \"group\": ", out);
             json_str(out, m->groups[e->group]->name);
         }
-        if (event_is_gather(e->kind) || e->kind == EV_REDUCE_SCATTER || e->kind == EV_ALL_REDUCE)
-            fprintf(out, ", \"bytes\": %" PRId64, event_comm_bytes(s, e, c->world));
+        if (event_is_gather(e->kind) || e->kind == EV_REDUCE_SCATTER || e->kind == EV_ALL_REDUCE) {
+            /* its time with the links to itself: dur beyond it is sharing's */
+            int64_t moved = event_comm_bytes(s, e, c->world);
+            SimAlgo algo;
+            double busbw, alone = mesh_collective_seconds(sim, e, moved, &algo, &busbw);
+            fprintf(out, ", \"bytes\": %" PRId64 ", \"alone_us\": %.3f", moved, alone * 1e6);
+        }
         if ((hsdp || e->kind == EV_GATHER_PARTIAL) && event_mesh_dim(s, e))
             fprintf(out, ", \"mesh\": \"%s\"", event_mesh_dim(s, e));
         if (e->op)

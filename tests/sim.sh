@@ -440,5 +440,21 @@ for preset in h100:nodes=8,nics=1 a100:nodes=8,nics=1; do
     fi
 done
 
+# and in the trace: no collective takes less than its time alone
+# (args.alone_us), and with one NIC a node sharing stretches some of them
+"$FSDPC" "$TMP/l2048.fsd" --sim h100:nodes=8,nics=1 --trace "$TMP/links.json" >/dev/null 2>&1
+if r=$(python3 - "$TMP/links.json" <<'PY'
+import json, sys
+c = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if "alone_us" in e.get("args", {})]
+fast = [e["name"] for e in c if e["dur"] < e["args"]["alone_us"] * (1 - 1e-9) - 1e-3]
+worst = max((e["dur"] / e["args"]["alone_us"] for e in c if e["args"]["alone_us"] > 0), default=0)
+print(f"{len(c)} {len(fast)} {worst:.2f}")
+PY
+) && set -- $r && [ "$1" -gt 0 ] && [ "$2" = 0 ] && awk -v w="$3" 'BEGIN { exit !(w >= 1.5) }'; then
+    ok "sim links trace: $1 collective slices, none shorter than alone, the most stretched ${3}x"
+else
+    bad "sim links trace: slices, shorter than alone, most stretched: ${r:-none}"
+fi
+
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]
