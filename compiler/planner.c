@@ -255,8 +255,9 @@ static Plan *choose_buckets(Model *m, Graph *g, const SimCluster *c)
  * each group keeps a copy sharded over N ranks (1/N of it per rank), and
  * backward gathers within those N. It pays when the shard group spans
  * nodes: with N the GPUs of a node, backward's all-gathers stay on NVLink
- * instead of crossing the network, for a copy of 1/N per group held from
- * forward to backward. So the search tries N = the GPUs per node when the
+ * instead of crossing the network, on a communicator of their own instead
+ * of waiting behind the reduce-scatters on the shard group's, for a copy of
+ * 1/N per group held from forward to backward. So the search tries N = the GPUs per node when the
  * shard group S is more than one node and a whole number of them, and
  * N = half a node beside it (gathers over fewer ranks for twice the copy);
  * within a node (S <= GPUs per node) every gather is on NVLink already,

@@ -792,7 +792,8 @@ static double ring_seconds(const SimCluster *c, CollKind k, double bus_bytes, Gr
  * `buffer` bytes. */
 static double tree_seconds(const SimCluster *c, double buffer, GroupShape gs)
 {
-    double links = gs.nnodes <= 2 ? nvlink_bw(c) : fmin(nvlink_bw(c), net_bw(c, gs));
+    /* with one rank a node there is no intra-node link: the NICs are it */
+    double links = gs.nnodes <= 2 && gs.ppn > 1 ? nvlink_bw(c) : fmin(nvlink_bw(c), net_bw(c, gs));
     double lat = NCCL_BASE_LAT_S + 2 * ((double)(gs.ppn - 1) * NCCL_TREE_NVLINK_LAT_S +
                                         ceil(log2((double)gs.nnodes)) * NCCL_TREE_NET_LAT_S);
     return lat + buffer / (0.5 * NCCL_TREE_BW_FACTOR * links);
@@ -972,8 +973,15 @@ static double mesh_collective_seconds(const Sim *sim, const Event *e, int64_t mo
 /* ── the links: collectives in flight share them ──
  * Each collective stream runs one collective at a time, in issue order; a
  * collective starts when it is issued and the one before it on its stream
- * has finished. The gather and the reduce streams run at once, and two
- * collectives in flight together share the links they both use. A rank's
+ * has finished, and, as the runtime issues them, when the one before it on
+ * its communicator has: NCCL runs a communicator's collectives one after
+ * another whatever streams they are on ("NCCL collective operations on a
+ * given communicator are always serialized; NCCL adds CUDA events to
+ * enforce that": NVIDIA/nccl#574). The step's all-gathers and
+ * reduce-scatters share the shard group's communicator (runtime/cuda_comm.c),
+ * so they take turns; HSDP's replica all-reduce and a partial gather have
+ * communicators of their own, so they can run beside the other stream, and
+ * two collectives in flight together share the links they both use. A rank's
  * links are two: its NVLink (nvlink_bw) and its rail, its share of the
  * node's NICs (nics / gpus per node of them). A ring of gs.ppn ranks a
  * node that crosses nodes sends 1/ppn of its bytes over the rail (one hop
@@ -986,6 +994,8 @@ static double mesh_collective_seconds(const Sim *sim, const Event *e, int64_t mo
  * sharing only ever slows a collective that has company. */
 typedef struct {
     int ev;                 /* the schedule's event */
+    int comm;               /* its communicator (event_comm) */
+    int64_t seq;            /* its place in issue order */
     bool record;            /* the event's start and end go to the dumps */
     double alone_s;         /* its time with the links to itself */
     double left;            /* the fraction of its work still to do, at Net.t */
@@ -1010,6 +1020,7 @@ typedef struct {
 
 typedef struct {
     double t;                       /* the time the queues' `left` is at */
+    int64_t seq;                    /* collectives issued so far */
     CollQueue q[STREAM_COUNT];      /* pending collectives by stream; compute's stays empty */
     Piece *p;                       /* the plan from t on, in time order */
     int np, pcap;
@@ -1046,6 +1057,19 @@ static int nccl_channels(const SimCluster *c, GroupShape gs)
     return ch < 32 ? (int)ch : 32;
 }
 
+/* The communicator a collective event runs on, as the runtime chooses it:
+ * the shard group's (the world's under plain FSDP) for all-gathers and
+ * reduce-scatters, the replica group's for HSDP's all-reduce, one for each
+ * partial resharding N. */
+static int event_comm(const Sim *sim, const Event *e)
+{
+    if (e->kind == EV_ALL_REDUCE)
+        return 1;
+    if (e->kind == EV_GATHER_PARTIAL)
+        return 2 + (int)sim->sched->plan->m->groups[e->group]->reshard_ranks;
+    return 0;
+}
+
 static GroupShape event_shape(const Sim *sim, const Event *e)
 {
     EventGroup g = event_group(sim, e);
@@ -1060,53 +1084,49 @@ static double rail_bw(const SimCluster *c)
 }
 
 /* The fraction of its own rate each collective running together gets:
- * max-min fair (progressive filling) under NVLink's and the rail's
- * capacities. Alone, a collective's own rate fits both, so it gets 1. */
+ * the fractions grow together until a link they use is full (each stops
+ * at 1, its rate alone), and the others go on growing (progressive
+ * filling, max-min fair in fractions of each one's own rate). Alone, a
+ * collective's own rate fits both links, so it gets 1. */
 static void fair_rates(const SimCluster *c, Coll *const run[], int n, double frac[])
 {
-    double cap[2] = {nvlink_bw(c), rail_bw(c)}, x[STREAM_COUNT] = {0};
+    double cap[2] = {nvlink_bw(c), rail_bw(c)};
     bool active[STREAM_COUNT];
     for (int i = 0; i < n; i++)
-        active[i] = run[i]->rate > 0;
+        frac[i] = 0, active[i] = run[i]->rate > 0;
     for (;;) {
-        double d = INFINITY;
-        int nact = 0;
+        double d = INFINITY;   /* how far the active fractions can grow together */
         for (int i = 0; i < n; i++)
             if (active[i])
-                nact++, d = fmin(d, run[i]->rate - x[i]);
-        if (nact == 0)
+                d = fmin(d, 1 - frac[i]);
+        if (d == INFINITY)
             break;
         for (int l = 0; l < 2; l++) {
-            double used = 0, grow = 0;
+            double used = 0, grow = 0;   /* bytes a second on link l, and per unit of d */
             for (int i = 0; i < n; i++) {
-                double u = l == 0 ? run[i]->use_nv : run[i]->use_rail;
-                used += u * x[i];
-                if (active[i])
-                    grow += u;
+                double u = (l == 0 ? run[i]->use_nv : run[i]->use_rail) * run[i]->rate;
+                used += u * frac[i];
+                grow += active[i] ? u : 0;
             }
             if (grow > 0)
-                d = fmin(d, (cap[l] - used) / grow);
+                d = fmin(d, fmax(0, cap[l] - used) / grow);
         }
-        d = fmax(d, 0);
         for (int i = 0; i < n; i++)
-            if (active[i])
-                x[i] += d;
+            frac[i] += active[i] ? d : 0;
         for (int i = 0; i < n; i++) {
-            if (!active[i])
-                continue;
-            bool stop = x[i] >= run[i]->rate * (1 - 1e-12);
+            bool stop = !active[i] || frac[i] >= 1 - 1e-12;
             for (int l = 0; l < 2 && !stop; l++) {
-                double u = l == 0 ? run[i]->use_nv : run[i]->use_rail, used = 0;
+                double used = 0;
                 for (int j = 0; j < n; j++)
-                    used += (l == 0 ? run[j]->use_nv : run[j]->use_rail) * x[j];
-                stop = u > 0 && used >= cap[l] * (1 - 1e-12);
+                    used += (l == 0 ? run[j]->use_nv : run[j]->use_rail) * run[j]->rate * frac[j];
+                stop = (l == 0 ? run[i]->use_nv : run[i]->use_rail) > 0 &&
+                       used >= cap[l] * (1 - 1e-12);
             }
-            if (stop)
-                active[i] = false;
+            active[i] = active[i] && !stop;
         }
     }
     for (int i = 0; i < n; i++)
-        frac[i] = n == 1 || run[i]->rate <= 0 ? 1 : fmin(1, x[i] / run[i]->rate);
+        frac[i] = n == 1 || run[i]->rate <= 0 ? 1 : fmin(1, frac[i]);
 }
 
 /* Seconds work w takes from `start` on the compute stream, slowed while
@@ -1158,8 +1178,9 @@ typedef struct {
 } Replay;
 
 /* Runs the links' queues from r->net.t to `until` (INFINITY: until every
- * collective has finished), the heads of both streams together at their
- * fair rates, writing each collective's start and end as it goes. To plan
+ * collective has finished): the heads of both streams, a communicator's
+ * one at a time in issue order, together at their fair rates, writing each
+ * collective's start and end as it goes. To plan
  * (`plan`): the queues stay as they are; the pieces of the timeline are
  * written, and each collective's finish as the replay sees it until the
  * next issue (its stream's clock, its group's done time, the dumps'
@@ -1186,6 +1207,13 @@ static void net_run(Sim *sim, Replay *r, double until, bool plan)
             if (head[st] == n->q[st].n)
                 continue;
             Coll *h = &n->q[st].c[head[st]];
+            bool turn = true;   /* no earlier one on its communicator is waiting */
+            for (int o = STREAM_GATHER; o < STREAM_COUNT; o++)
+                if (o != st && head[o] < n->q[o].n && n->q[o].c[head[o]].comm == h->comm &&
+                    n->q[o].c[head[o]].seq < h->seq)
+                    turn = false;
+            if (!turn)
+                continue;
             if (left[st] == 1)
                 h->start_s = t;   /* starts now (or, planned again, still at t) */
             sts[k] = st, run[k++] = h;
@@ -1260,7 +1288,8 @@ static void issue(Sim *sim, Replay *r, int i, bool record, double t)
     sim->bytes[st] += bytes;
     GroupShape gs = event_shape(sim, e);
     double ppn = (double)gs.ppn;
-    Coll k = {.ev = i, .record = record, .alone_s = dur, .left = 1,
+    Coll k = {.ev = i, .comm = event_comm(sim, e), .seq = r->net.seq++, .record = record,
+              .alone_s = dur, .left = 1,
               .rate = dur > 0 ? busbw : 0,
               .use_nv = gs.nnodes == 1 ? 1 : (ppn - 1) / ppn,
               .use_rail = gs.nnodes == 1 ? 0 : 1 / ppn,
@@ -1358,7 +1387,7 @@ static void state_key(const Replay *r, int ngroups, StateKey *k)
     double t = r->now[STREAM_COMPUTE];
     int n = 2 + 2 * ngroups + 2;
     for (int st = STREAM_GATHER; st < STREAM_COUNT; st++)
-        n += 9 * r->net.q[st].n;
+        n += 11 * r->net.q[st].n;
     if (n > k->cap) {
         k->cap = 2 * n;
         k->v = arena_alloc(sizeof(double) * (size_t)k->cap);
@@ -1377,6 +1406,8 @@ static void state_key(const Replay *r, int ngroups, StateKey *k)
         for (int f = 0; f < q->n; f++) {
             const Coll *c = &q->c[f];
             v[j++] = c->ev;
+            v[j++] = c->comm;
+            v[j++] = (double)(r->net.seq - c->seq);
             v[j++] = c->left;
             v[j++] = c->left < 1 ? c->start_s - t : 0;
             v[j++] = c->alone_s;

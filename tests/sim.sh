@@ -19,8 +19,9 @@
 #      FLOPs for MFU as without it, more for HFU, takes longer and peaks
 #      lower, and its trace names the recompute ops;
 #   g. the links: with one NIC a node, all-gathers and reduce-scatters
-#      together never move more bytes in a step than that NIC carries
-#      (they share it: docs/simulator.md#the-links);
+#      together never move more bytes in a step than that NIC carries; one
+#      communicator runs its collectives one at a time, two communicators'
+#      collectives share the links (docs/simulator.md#the-links);
 #   and the --sim command line: its errors, and a variant of a preset's GPU
 #   (hbm_gbs, hbm_gib, nvlink_gbs).
 set -u
@@ -440,20 +441,42 @@ for preset in h100:nodes=8,nics=1 a100:nodes=8,nics=1; do
     fi
 done
 
-# and in the trace: no collective takes less than its time alone
-# (args.alone_us), and with one NIC a node sharing stretches some of them
+# and in the trace (args.alone_us: a collective's time with the links to
+# itself): under plain FSDP all-gathers and reduce-scatters share one
+# communicator, which runs them one at a time, so their slices never
+# overlap; under HSDP the replica all-reduce has a communicator of its own
+# and runs beside the shard group's collectives, sharing the one NIC: each
+# then takes longer than alone, but never more than twice (two sharing get
+# at least half each).
+variant tests/meshplan/llama3_8b_mesh.fsd "$TMP/hsdp4.fsd" -e 's/^  replicate = auto/  replicate = 2/' \
+    -e 's/seq = 8192/seq = 2048/'
 "$FSDPC" "$TMP/l2048.fsd" --sim h100:nodes=8,nics=1 --trace "$TMP/links.json" >/dev/null 2>&1
-if r=$(python3 - "$TMP/links.json" <<'PY'
+"$FSDPC" "$TMP/hsdp4.fsd" --sim h100:nodes=4,nics=1 --trace "$TMP/hsdp4.json" >/dev/null 2>&1
+# links_trace FILE: slices, overlapping gather/reduce pairs, shorter than alone, most stretched
+links_trace() {
+    python3 - "$1" <<'PY'
 import json, sys
-c = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if "alone_us" in e.get("args", {})]
-fast = [e["name"] for e in c if e["dur"] < e["args"]["alone_us"] * (1 - 1e-9) - 1e-3]
+ev = json.load(open(sys.argv[1]))["traceEvents"]
+c = [e for e in ev if "alone_us" in e.get("args", {})]
+ag = [e for e in c if e["tid"] == 1]
+rs = [e for e in c if e["tid"] == 2]
+both = sum(1 for a in ag for r in rs
+           if min(a["ts"] + a["dur"], r["ts"] + r["dur"]) - max(a["ts"], r["ts"]) > 1e-3)
+fast = sum(1 for e in c if e["dur"] < e["args"]["alone_us"] * (1 - 1e-9) - 1e-3)
 worst = max((e["dur"] / e["args"]["alone_us"] for e in c if e["args"]["alone_us"] > 0), default=0)
-print(f"{len(c)} {len(fast)} {worst:.2f}")
+print(f"{len(c)} {both} {fast} {worst:.3f}")
 PY
-) && set -- $r && [ "$1" -gt 0 ] && [ "$2" = 0 ] && awk -v w="$3" 'BEGIN { exit !(w >= 1.5) }'; then
-    ok "sim links trace: $1 collective slices, none shorter than alone, the most stretched ${3}x"
+}
+if r=$(links_trace "$TMP/links.json") && set -- $r && [ "$1" -gt 0 ] && [ "$2" = 0 ] && [ "$3" = 0 ]; then
+    ok "sim links trace, plain FSDP: $1 collective slices, no all-gather beside a reduce-scatter (one communicator), none shorter than alone"
 else
-    bad "sim links trace: slices, shorter than alone, most stretched: ${r:-none}"
+    bad "sim links trace, plain FSDP: slices, gather/reduce overlaps, shorter than alone, most stretched: ${r:-none}"
+fi
+if r=$(links_trace "$TMP/hsdp4.json") && set -- $r && [ "$1" -gt 0 ] && [ "$3" = 0 ] &&
+    awk -v w="$4" 'BEGIN { exit !(w >= 1.5 && w <= 2 + 1e-6) }'; then
+    ok "sim links trace, HSDP 2 x 16 on one NIC a node: $1 collective slices, none shorter than alone, the most stretched ${4}x (at most 2)"
+else
+    bad "sim links trace, HSDP: slices, gather/reduce overlaps, shorter than alone, most stretched: ${r:-none}"
 fi
 
 echo "$pass passed, $fail failed"

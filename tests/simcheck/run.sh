@@ -91,6 +91,9 @@ step_row fsdpc-gpt2-124m-1xh200         examples/gpt2.fsd      h200:gpus=1,eff=m
 coll_row nccl-allreduce-1xdgxa100       a100 all_reduce 4294967296 232.54
 coll_row nccl-allreduce-dgxa100-8nic    a100:nodes=4 all_reduce 8589934592 192
 coll_row nccl-allreduce-a100-1nic       a100:nodes=12,nics=1 all_reduce 8589934592 24
+# the same NIC between two nodes of one GPU each: no NVLink on the way, so
+# NCCL's tree is held to the NIC as the ring is
+coll_row nccl-allreduce-2x1gpu-1nic     a100:nodes=2,gpus=1,nics=1 all_reduce 8589934592 24
 
 # ── the shipped H200 calibration is what the tool makes of its figures ──
 if h200_calib >"$TMP/h200.calib" && diff -u compiler/calib/h200.calib "$TMP/h200.calib" >"$TMP/diff"; then
