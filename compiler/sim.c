@@ -988,10 +988,11 @@ static double mesh_collective_seconds(const Sim *sim, const Event *e, int64_t mo
  * in ppn leaves the node on each channel, channels spread over the rails)
  * and the rest over NVLink; within a node it sends all of them over
  * NVLink. Each collective alone runs at its own rate (the collective model
- * above: `alone_s`); together they get max-min fair rates under both
- * links' capacities (fair_rates), and a collective's time stretches by
- * what it loses. The bus-bandwidth model's constants stay as they are:
- * sharing only ever slows a collective that has company. */
+ * above: `alone_s`); two together each get a fraction of it, max-min fair
+ * under both links' capacities (fair_rates), and a collective's time
+ * stretches by what it loses. The bus-bandwidth model's constants stay as
+ * they are: sharing only ever slows a collective that has company
+ * (docs/simulator.md#the-links). */
 typedef struct {
     int ev;                 /* the schedule's event */
     int comm;               /* its communicator (event_comm) */
