@@ -755,10 +755,16 @@ static double nvlink_bw(const SimCluster *c)
 
 /* The node's network bandwidth that serves one group: its share of the
  * node's NICs (all of them when the group holds every GPU of the node). */
+/* A rank's rail: its share of its node's NICs. */
+static double rail_bw(const SimCluster *c)
+{
+    return (double)c->nics * c->nic_bytes_per_s * IB_EFFICIENCY /
+           (double)(c->gpus_per_node < 1 ? 1 : c->gpus_per_node);
+}
+
 static double net_bw(const SimCluster *c, GroupShape gs)
 {
-    double share = (double)gs.ppn / (double)(c->gpus_per_node < 1 ? 1 : c->gpus_per_node);
-    return (double)c->nics * share * c->nic_bytes_per_s * IB_EFFICIENCY;
+    return (double)gs.ppn * rail_bw(c);
 }
 
 /* The bus bandwidth of a ring through the group (nccl-tests' convention:
@@ -1001,8 +1007,7 @@ typedef struct {
     double alone_s;         /* its time with the links to itself */
     double left;            /* the fraction of its work still to do, at Net.t */
     double start_s;         /* as the latest plan has it */
-    double rate;            /* its bus bandwidth alone, bytes a second */
-    double use_nv, use_rail;/* link bytes per bus byte: NVLink, the rail */
+    double link[2];         /* bytes a second it puts on NVLink and on the rail, alone */
     double sm_share;        /* the SMs its channels hold */
     double hbm_share;       /* of the achievable HBM bandwidth, alone */
 } Coll;
@@ -1077,13 +1082,6 @@ static GroupShape event_shape(const Sim *sim, const Event *e)
     return group_shape(&sim->cluster, g.ranks, g.stride);
 }
 
-/* A rank's rail: its share of its node's NICs. */
-static double rail_bw(const SimCluster *c)
-{
-    return (double)c->nics * c->nic_bytes_per_s * IB_EFFICIENCY /
-           (double)(c->gpus_per_node < 1 ? 1 : c->gpus_per_node);
-}
-
 /* The fraction of its own rate each collective running together gets:
  * the fractions grow together until a link they use is full (each stops
  * at 1, its rate alone), and the others go on growing (progressive
@@ -1091,10 +1089,10 @@ static double rail_bw(const SimCluster *c)
  * collective's own rate fits both links, so it gets 1. */
 static void fair_rates(const SimCluster *c, Coll *const run[], int n, double frac[])
 {
-    double cap[2] = {nvlink_bw(c), rail_bw(c)};
+    const double cap[2] = {nvlink_bw(c), rail_bw(c)};
     bool active[STREAM_COUNT];
     for (int i = 0; i < n; i++)
-        frac[i] = 0, active[i] = run[i]->rate > 0;
+        frac[i] = 0, active[i] = run[i]->link[0] > 0 || run[i]->link[1] > 0;
     for (;;) {
         double d = INFINITY;   /* how far the active fractions can grow together */
         for (int i = 0; i < n; i++)
@@ -1102,32 +1100,31 @@ static void fair_rates(const SimCluster *c, Coll *const run[], int n, double fra
                 d = fmin(d, 1 - frac[i]);
         if (d == INFINITY)
             break;
+        double used[2] = {0, 0};
         for (int l = 0; l < 2; l++) {
-            double used = 0, grow = 0;   /* bytes a second on link l, and per unit of d */
+            double grow = 0;   /* bytes a second on link l per unit of d */
             for (int i = 0; i < n; i++) {
-                double u = (l == 0 ? run[i]->use_nv : run[i]->use_rail) * run[i]->rate;
-                used += u * frac[i];
-                grow += active[i] ? u : 0;
+                used[l] += run[i]->link[l] * frac[i];
+                grow += active[i] ? run[i]->link[l] : 0;
             }
             if (grow > 0)
-                d = fmin(d, fmax(0, cap[l] - used) / grow);
+                d = fmin(d, fmax(0, cap[l] - used[l]) / grow);
         }
-        for (int i = 0; i < n; i++)
-            frac[i] += active[i] ? d : 0;
+        for (int l = 0; l < 2; l++)
+            for (int i = 0; i < n; i++)
+                used[l] += active[i] ? run[i]->link[l] * d : 0;
         for (int i = 0; i < n; i++) {
-            bool stop = !active[i] || frac[i] >= 1 - 1e-12;
-            for (int l = 0; l < 2 && !stop; l++) {
-                double used = 0;
-                for (int j = 0; j < n; j++)
-                    used += (l == 0 ? run[j]->use_nv : run[j]->use_rail) * run[j]->rate * frac[j];
-                stop = (l == 0 ? run[i]->use_nv : run[i]->use_rail) > 0 &&
-                       used >= cap[l] * (1 - 1e-12);
-            }
-            active[i] = active[i] && !stop;
+            if (!active[i])
+                continue;
+            frac[i] += d;
+            active[i] = frac[i] < 1 - 1e-12;
+            for (int l = 0; l < 2; l++)
+                if (run[i]->link[l] > 0 && used[l] >= cap[l] * (1 - 1e-12))
+                    active[i] = false;   /* a link it uses is full */
         }
     }
     for (int i = 0; i < n; i++)
-        frac[i] = n == 1 || run[i]->rate <= 0 ? 1 : fmin(1, frac[i]);
+        frac[i] = n == 1 || !(run[i]->link[0] > 0 || run[i]->link[1] > 0) ? 1 : fmin(1, frac[i]);
 }
 
 /* Seconds work w takes from `start` on the compute stream, slowed while
@@ -1288,12 +1285,12 @@ static void issue(Sim *sim, Replay *r, int i, bool record, double t)
     sim->algo_runs[st][algo]++;
     sim->bytes[st] += bytes;
     GroupShape gs = event_shape(sim, e);
-    double ppn = (double)gs.ppn;
+    double ppn = (double)gs.ppn, rate = dur > 0 ? busbw : 0;
     Coll k = {.ev = i, .comm = event_comm(sim, e), .seq = r->net.seq++, .record = record,
               .alone_s = dur, .left = 1,
-              .rate = dur > 0 ? busbw : 0,
-              .use_nv = gs.nnodes == 1 ? 1 : (ppn - 1) / ppn,
-              .use_rail = gs.nnodes == 1 ? 0 : 1 / ppn,
+              /* across nodes, one hop in ppn on the rail, the rest on NVLink */
+              .link = {gs.nnodes == 1 ? rate : rate * (ppn - 1) / ppn,
+                       gs.nnodes == 1 ? 0 : rate / ppn},
               .sm_share = (double)nccl_channels(c, gs) / gpu_sms(c->gpu),
               .hbm_share = dur > 0 ? NCCL_HBM_BYTES_PER_LINK_BYTE * (double)bytes / dur / hbm_rate(sim)
                                    : 0};
@@ -1388,7 +1385,7 @@ static void state_key(const Replay *r, int ngroups, StateKey *k)
     double t = r->now[STREAM_COMPUTE];
     int n = 2 + 2 * ngroups + 2;
     for (int st = STREAM_GATHER; st < STREAM_COUNT; st++)
-        n += 11 * r->net.q[st].n;
+        n += 10 * r->net.q[st].n;
     if (n > k->cap) {
         k->cap = 2 * n;
         k->v = arena_alloc(sizeof(double) * (size_t)k->cap);
@@ -1412,9 +1409,8 @@ static void state_key(const Replay *r, int ngroups, StateKey *k)
             v[j++] = c->left;
             v[j++] = c->left < 1 ? c->start_s - t : 0;
             v[j++] = c->alone_s;
-            v[j++] = c->rate;
-            v[j++] = c->use_nv;
-            v[j++] = c->use_rail;
+            v[j++] = c->link[0];
+            v[j++] = c->link[1];
             v[j++] = c->sm_share;
             v[j++] = c->hbm_share;
         }
